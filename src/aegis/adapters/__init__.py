@@ -1,0 +1,1 @@
+"""Adapters: real implementations of the ports (NATS, gRPC, JetStream KV, processes)."""

@@ -1,0 +1,1 @@
+"""Training-side fast checkpoint API (DESIGN section 7)."""

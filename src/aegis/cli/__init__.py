@@ -1,0 +1,1 @@
+"""The ``aegis`` command line (DESIGN section 12)."""

@@ -1,0 +1,49 @@
+"""Entry point of the ``aegis`` command. Each sub-command lives in its own module."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer._click import exceptions as click_errors
+
+from aegis.cli import replay_cmd, verify_cmd
+
+app = typer.Typer(
+    name="aegis",
+    help="Fault tolerance for synchronous distributed training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+for module in (verify_cmd, replay_cmd):
+    module.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; a usage error is one readable line on stderr and exit status 2."""
+    try:
+        result = app(args=argv, prog_name="aegis", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        print(exc.format_message() if hasattr(exc, "format_message") else str(exc))
+        return 2
+    except click_errors.UsageError as exc:
+        name = exc.ctx.command.name if exc.ctx and exc.ctx.command else None
+        hint = f" (see 'aegis {name} --help')" if name and name != "aegis" else ""
+        print(f"aegis: error: {exc.format_message()}{hint}", file=sys.stderr)
+        return 2
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        print("aegis: aborted", file=sys.stderr)
+        return 130
+    except click_errors.ClickException as exc:
+        print(f"aegis: error: {exc.format_message()}", file=sys.stderr)
+        return exc.exit_code
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

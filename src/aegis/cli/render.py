@@ -1,0 +1,68 @@
+"""Rendering of statuses and reports for people (rich tables) and machines (JSON lines)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, JobStatus, pods_by_rank, retries_of
+
+
+def pod_table(spec: JobSpec, status: JobStatus, title: str = "") -> Table:
+    table = Table(title=title or None, title_justify="left", expand=False)
+    for column in ("pod", "node", "inner phase", "finished", "retries", "last failure"):
+        table.add_column(column)
+    for pod, info in pods_by_rank(status):
+        table.add_row(
+            pod,
+            info.node or "-",
+            info.inner_phase.value,
+            "yes" if info.finished else "no",
+            str(info.retries),
+            info.last_failed_reason or "-",
+        )
+    return table
+
+
+def summary_line(spec: JobSpec, status: JobStatus) -> str:
+    retries = ",".join(str(r) for r in retries_of(status))
+    quit_flag = " should_quit" if status.should_quit else ""
+    return (
+        f"phase={status.phase.value} recover_count={status.recover_count} "
+        f"retries=({retries}) seq={status.seq}{quit_flag}"
+    )
+
+
+def describe_event(event: ev.Event) -> str:
+    fields = ", ".join(
+        f"{name}={getattr(event, name)!s}" for name in event.__slots__ if getattr(event, name, "")
+    )
+    return f"{type(event).__name__}({fields})"
+
+
+def describe_actions(actions: tuple[act.Action, ...]) -> str:
+    parts: list[str] = []
+    for action in actions:
+        match action:
+            case act.SendOrder(order=order, seq=seq, pods=pods):
+                target = ",".join(pods) if pods else "all"
+                parts.append(f"order {order.value}#{seq} -> {target}")
+            case act.EvictPod(pod=pod, level=level, reason=reason):
+                parts.append(f"evict {pod} (level {int(level)}: {reason})")
+            case act.ReplacePod(pod=pod):
+                parts.append(f"replace {pod}")
+            case act.BlacklistNode(node=node):
+                parts.append(f"blacklist {node}")
+            case act.RecordFault(pod=pod, counted=counted):
+                parts.append(f"fault of {pod} {'counted' if counted else 'not counted'}")
+            case act.EndJob(phase=phase, reason=reason):
+                parts.append(f"job {phase.value}: {reason}")
+            case act.Rejected(reason=reason, detail=detail):
+                parts.append(f"rejected ({reason.value}: {detail})")
+    return "; ".join(parts) if parts else "-"
+
+
+def make_console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)

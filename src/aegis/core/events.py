@@ -1,0 +1,107 @@
+"""Events fed to ``step``: what happened (past tense). A closed union dispatched with ``match``.
+
+Messages from agents carry the round they answer (``phase``, ``seq``); platform and operator
+events (heartbeat lost, pod restarted, quit requested, checkpoint committed) carry none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aegis.core.model import NodeName, PodName
+from aegis.core.phases import Phase
+from aegis.core.recovery import Classification
+
+
+@dataclass(frozen=True, slots=True)
+class PodAcked:
+    """The pod's agent subscribed to its job's orders (sent once per agent incarnation)."""
+
+    pod: PodName
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksReported:
+    """The pod finished a bootcheck or troubleshoot round; its check results, classified."""
+
+    pod: PodName
+    phase: Phase
+    seq: int
+    verdict: Classification
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodFinished:
+    """The pod's training command exited with ``exit_code``."""
+
+    pod: PodName
+    phase: Phase
+    seq: int
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodErrored:
+    """The pod's agent reported an error (matched log signature, crash, failed check run)."""
+
+    pod: PodName
+    phase: Phase
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HangReported:
+    """The pod's agent saw no progress for its hang timeout (processes are left running)."""
+
+    pod: PodName
+    phase: Phase
+    seq: int
+    reason: str = "hang"
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatLost:
+    """The shell saw no heartbeat from the pod for the heartbeat timeout: the pod is gone."""
+
+    pod: PodName
+
+
+@dataclass(frozen=True, slots=True)
+class PodRestarted:
+    """The platform saw the pod's container restart or a replacement pod start (maybe elsewhere)."""
+
+    pod: PodName
+    node: NodeName | None = None
+    pod_ip: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuitRequested:
+    """``should_quit`` was set from outside (a user or operator stopped the job)."""
+
+    reason: str = "stopped by user"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCommitted:
+    """A checkpoint was safely committed: the safe point for evicting slow pods."""
+
+    step: int
+
+
+Event = (
+    PodAcked
+    | ChecksReported
+    | PodFinished
+    | PodErrored
+    | HangReported
+    | HeartbeatLost
+    | PodRestarted
+    | QuitRequested
+    | CheckpointCommitted
+)
+
+# Events that answer a round: they carry (phase, seq) and are stale when these do not match.
+RoundMessage = ChecksReported | PodFinished | PodErrored | HangReported

@@ -1,0 +1,192 @@
+"""The safety properties of DESIGN section 3, as pure predicates.
+
+State invariants look at one status; transition invariants at (before, event, after). The model
+checker (``aegis verify``) evaluates all of them on every reachable state and transition; the
+property tests evaluate them along random runs. Each returns ``None`` when it holds, else a
+one-line explanation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import ALLOWED_UNFINISHED_INNER, TERMINAL_PHASES, Phase
+
+StateInvariant = Callable[[JobSpec, JobStatus], str | None]
+TransitionInvariant = Callable[[JobSpec, JobStatus, ev.Event, JobStatus], str | None]
+
+_PHASES = frozenset(Phase)
+
+
+def valid_phase(spec: JobSpec, s: JobStatus) -> str | None:
+    return None if s.phase in _PHASES else f"unknown phase {s.phase!r}"
+
+
+def valid_inner_phase(spec: JobSpec, s: JobStatus) -> str | None:
+    for pod, info in s.pod_infos.items():
+        if info.inner_phase not in _PHASES:
+            return f"{pod} has unknown inner phase {info.inner_phase!r}"
+    return None
+
+
+def recover_count_bound(spec: JobSpec, s: JobStatus) -> str | None:
+    if 0 <= s.recover_count <= spec.max_retry + 1:
+        return None
+    return f"recover_count {s.recover_count} outside [0, {spec.max_retry + 1}]"
+
+
+def retries_bound(spec: JobSpec, s: JobStatus) -> str | None:
+    for pod, info in s.pod_infos.items():
+        if not 0 <= info.retries <= spec.max_retry + 1:
+            return f"{pod} retries {info.retries} outside [0, {spec.max_retry + 1}]"
+    return None
+
+
+def phase_consistency(spec: JobSpec, s: JobStatus) -> str | None:
+    allowed = ALLOWED_UNFINISHED_INNER[s.phase]
+    for pod, info in s.pod_infos.items():
+        if s.phase in TERMINAL_PHASES:
+            if info.inner_phase is not s.phase:
+                return f"job {s.phase} but {pod} is {info.inner_phase}"
+        elif not info.finished and info.inner_phase not in allowed:
+            return f"job {s.phase} but unfinished {pod} is {info.inner_phase}"
+    return None
+
+
+def worker_seq_bound(spec: JobSpec, s: JobStatus) -> str | None:
+    for pod, info in s.pod_infos.items():
+        if info.seq > s.seq:
+            return f"{pod} answered seq {info.seq} beyond the master's {s.seq}"
+    return None
+
+
+def count_matches_max(spec: JobSpec, s: JobStatus) -> str | None:
+    if s.phase is Phase.FAILED:
+        return None
+    expected = min(max(info.retries for info in s.pod_infos.values()), spec.max_retry)
+    if s.recover_count == expected:
+        return None
+    return f"recover_count {s.recover_count} != min(max retries, max_retry) = {expected}"
+
+
+def counters_consistent(spec: JobSpec, s: JobStatus) -> str | None:
+    """Our own: the round counters kept beside the pod map agree with the map."""
+    unfinished = sum(1 for info in s.pod_infos.values() if not info.finished)
+    if s.outstanding != unfinished:
+        return f"outstanding {s.outstanding} != {unfinished} unfinished pods"
+    if s.phase is not Phase.PENDING:
+        away = sum(
+            1
+            for info in s.pod_infos.values()
+            if not info.finished and info.inner_phase in (Phase.PENDING, Phase.RESTARTING)
+        )
+        if s.away != away:
+            return f"away {s.away} != {away} pods away"
+    slow = sum(1 for info in s.pod_infos.values() if info.slow)
+    if s.slow_count != slow:
+        return f"slow_count {s.slow_count} != {slow} pods marked slow"
+    return None
+
+
+def failed_means_quit(spec: JobSpec, s: JobStatus) -> str | None:
+    if s.phase is Phase.FAILED and not s.should_quit:
+        return "Failed without should_quit"
+    return None
+
+
+STATE_INVARIANTS: dict[str, StateInvariant] = {
+    "ValidPhase": valid_phase,
+    "ValidInnerPhase": valid_inner_phase,
+    "RecoverCountBound": recover_count_bound,
+    "RetriesBound": retries_bound,
+    "PhaseConsistency": phase_consistency,
+    "WorkerSeqNumBound": worker_seq_bound,
+    "CountMatchesMax": count_matches_max,
+    "CountersConsistent": counters_consistent,
+    "FailedMeansShouldQuit": failed_means_quit,
+}
+
+
+def no_finish_double_processed(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """An answer from a pod that already answered this round changes nothing."""
+    if not isinstance(event, ev.RoundMessage):
+        return None
+    info = before.pod_infos.get(event.pod)
+    if info is None or not info.finished or event.seq != before.seq:
+        return None
+    if after != before:
+        return f"second answer of {event.pod} in round {event.seq} changed the status"
+    return None
+
+
+def master_seq_monotonic(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    if after.seq < before.seq:
+        return f"master seq went back from {before.seq} to {after.seq}"
+    return None
+
+
+def stale_finish_rejected(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """A message of another round (phase or seq) never changes anything."""
+    if not isinstance(event, ev.RoundMessage):
+        return None
+    if event.seq == before.seq and event.phase == before.phase:
+        return None
+    if after != before:
+        return f"stale {type(event).__name__} ({event.phase}/{event.seq}) changed the status"
+    return None
+
+
+def no_count_outside_run_command(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Outside RunCommand no fault is counted: recover_count stays, and a pod's retries only
+    move to recover_count (the alignment on the way back to RunCommand)."""
+    if before.phase is Phase.RUN_COMMAND or after.phase is Phase.FAILED:
+        return None
+    if after.recover_count != before.recover_count:
+        return f"recover_count {before.recover_count}->{after.recover_count} in {before.phase}"
+    for pod, info in after.pod_infos.items():
+        old = before.pod_infos[pod].retries
+        if info.retries not in (old, after.recover_count):
+            return f"{pod} retries {old}->{info.retries} in {before.phase}"
+    return None
+
+
+def terminal_absorbing(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    if before.phase in TERMINAL_PHASES and after != before:
+        return f"{type(event).__name__} changed a {before.phase} job"
+    return None
+
+
+def one_fault_counts_once(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Our own: one event adds at most one to the retries of at most one pod."""
+    added = sum(
+        max(0, info.retries - before.pod_infos[pod].retries)
+        for pod, info in after.pod_infos.items()
+        if not (before.phase is not Phase.RUN_COMMAND and info.retries == after.recover_count)
+    )
+    if added > 1:
+        return f"{type(event).__name__} added {added} to retries"
+    return None
+
+
+TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
+    "NoFinishDoubleProcessed": no_finish_double_processed,
+    "MasterSeqNumMonotonic": master_seq_monotonic,
+    "StaleFinishRejected": stale_finish_rejected,
+    "NoCountOutsideRunCommand": no_count_outside_run_command,
+    "TerminalAbsorbing": terminal_absorbing,
+    "OneFaultCountsOnce": one_fault_counts_once,
+}

@@ -1,0 +1,548 @@
+"""The job state machine: ``step(spec, status, event, now) -> (status, actions)``.
+
+Pure: no I/O, no clock, no logging. Every rule of DESIGN section 3 lives here, one small function
+per decision so that a transition reads like a table row (and so that the model checker's mutants
+can replace exactly one rule). An event that changes nothing returns the same status object and
+one ``Rejected`` action saying why.
+
+Cost: an ordinary event (ACK, one pod's answer) touches one pod in the persistent map and the
+round counters: O(log pods). Only a phase change walks the pods, once per round.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import assert_never
+
+import immutables
+
+from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.model import ErrorNode, JobSpec, JobStatus, NodeName, PodInfo, PodName
+from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Order, Phase
+from aegis.core.recovery import (
+    CONTAINER_RESTART_EXIT_CODE,
+    JOB_FAILED_EXIT_CODE,
+    LEVEL_BY_CLASS,
+    NODE_BAD_EXIT_CODE,
+    Classification,
+    RecoveryLevel,
+)
+
+Result = tuple[JobStatus, tuple[act.Action, ...]]
+PodMap = immutables.Map[PodName, PodInfo]
+
+
+def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Result:
+    """Feed one event to the job; return the new status and what the shells must do."""
+    if status.phase in TERMINAL_PHASES:
+        return _reject(status, act.RejectReason.TERMINAL, status.phase)
+    match event:
+        case ev.QuitRequested(reason=reason):
+            return _fail(spec, status, reason, now, budget_spent=False)
+        case ev.CheckpointCommitted():
+            return _on_checkpoint(status, now)
+        case ev.PodAcked(pod=pod):
+            info = status.pod_infos.get(pod)
+            if info is None:
+                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+            return _on_ack(spec, status, pod, info, now)
+        case ev.HeartbeatLost(pod=pod):
+            info = status.pod_infos.get(pod)
+            if info is None:
+                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+            return _on_lost(spec, status, pod, info, now)
+        case ev.PodRestarted(pod=pod):
+            info = status.pod_infos.get(pod)
+            if info is None:
+                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+            return _on_restarted(spec, status, event, info, now)
+        case ev.ChecksReported() | ev.PodFinished() | ev.PodErrored() | ev.HangReported():
+            return _on_round_message(spec, status, event, now)
+        case _:
+            assert_never(event)
+
+
+# ---------------------------------------------------------------------------------------------
+# Round messages: answers to the current round, stale or duplicate ones rejected.
+
+
+def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, now: float) -> Result:
+    info = status.pod_infos.get(msg.pod)
+    if info is None:
+        return _reject(status, act.RejectReason.UNKNOWN_POD, msg.pod)
+    if not _is_current(status, msg.phase, msg.seq):
+        return _reject(status, act.RejectReason.STALE, f"{msg.phase}/{msg.seq}")
+    if info.inner_phase != status.phase:
+        return _reject(status, act.RejectReason.STALE, f"pod is {info.inner_phase}")
+    if _already_finished(info):
+        return _reject(status, act.RejectReason.DUPLICATE, f"{msg.pod} seq {msg.seq}")
+    phase = status.phase
+    match msg:
+        case ev.ChecksReported(verdict=verdict, reason=reason) if phase in CHECK_PHASES:
+            return _record_answer(spec, status, msg.pod, info, verdict, reason, now)
+        case ev.PodErrored(reason=reason) if phase in CHECK_PHASES:
+            # An error while checking: the pod is marked for exit (seed 7.2 step 3).
+            verdict = Classification.HARDWARE
+            return _record_answer(spec, status, msg.pod, info, verdict, reason, now)
+        case ev.PodFinished(exit_code=0) if phase is Phase.RUN_COMMAND:
+            return _on_success(status, msg.pod, info, now)
+        case ev.PodFinished(exit_code=code) if phase is Phase.RUN_COMMAND:
+            return _count_fault(spec, status, msg.pod, f"exit code {code}", now, leaving=None)
+        case ev.PodErrored(reason=reason) if phase is Phase.RUN_COMMAND:
+            return _count_fault(spec, status, msg.pod, reason, now, leaving=None)
+        case ev.HangReported(reason=reason) if phase is Phase.RUN_COMMAND:
+            marked = _mark_slow(status, msg.pod, info)
+            return _count_fault(spec, marked, msg.pod, reason, now, leaving=None)
+        case _:
+            return _reject(status, act.RejectReason.WRONG_PHASE, f"{type(msg).__name__} in {phase}")
+
+
+def _is_current(status: JobStatus, phase: Phase, seq: int) -> bool:
+    """A message answers the current round only if both its phase and its seq match."""
+    return seq == status.seq and phase == status.phase
+
+
+def _already_finished(info: PodInfo) -> bool:
+    """The same answer is never processed twice (NoFinishDoubleProcessed)."""
+    return info.finished
+
+
+def _record_answer(
+    spec: JobSpec,
+    status: JobStatus,
+    pod: PodName,
+    info: PodInfo,
+    verdict: Classification,
+    reason: str,
+    now: float,
+) -> Result:
+    failed_reason = reason if verdict is not Classification.HEALTHY else info.last_failed_reason
+    new_info = _pod(
+        info, finished=True, seq=status.seq, verdict=verdict, reason=failed_reason, ts=now
+    )
+    status = _replace(
+        status,
+        pod_infos=status.pod_infos.set(pod, new_info),
+        outstanding=status.outstanding - 1,
+    )
+    if status.outstanding > 0:
+        return status, ()
+    if status.phase is Phase.BOOT_CHECKING:
+        return _resolve_bootcheck(spec, status, now)
+    return _resolve_troubleshooting(spec, status, now)
+
+
+def _on_success(status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
+    new_info = _pod(info, finished=True, seq=status.seq, ts=now)
+    status = _replace(
+        status, pod_infos=status.pod_infos.set(pod, new_info), outstanding=status.outstanding - 1
+    )
+    if status.outstanding > 0:
+        return status, ()
+    return _end(status, Phase.SUCCEED, "every pod finished with exit code 0", now)
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults in RunCommand: the only place where fault budget is spent.
+
+
+def _count_fault(
+    spec: JobSpec,
+    status: JobStatus,
+    pod: PodName,
+    reason: str,
+    now: float,
+    *,
+    leaving: Phase | None,
+) -> Result:
+    """Transition 5: one fault of ``pod`` in RunCommand. ``leaving``: the pod's inner phase when
+    it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again)."""
+    info = status.pod_infos[pod]
+    counted = _pod(info, retries=info.retries + 1, reason=reason, ts=now)
+    status = _replace(
+        status,
+        pod_infos=status.pod_infos.set(pod, counted),
+        recover_count=_capped_recover_count(spec, status),
+    )
+    record = act.RecordFault(pod=pod, reason=reason, counted=True)
+    if leaving is None:
+        new_status, orders = _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
+        return new_status, (record, *orders)
+    new_status = _enter_restarting(status, {pod: leaving}, now)
+    stop = act.SendOrder(Order.STOP, Phase.RESTARTING, new_status.seq)
+    replace: tuple[act.Action, ...] = ()
+    if leaving is Phase.RESTARTING:
+        replace = (act.ReplacePod(pod=pod, reason=reason),)
+    return new_status, (record, stop, *replace)
+
+
+def _capped_recover_count(spec: JobSpec, status: JobStatus) -> int:
+    """recover_count = min(recover_count + 1, max_retry): the cap TLC found missing in the seed."""
+    return min(status.recover_count + 1, spec.max_retry)
+
+
+def _mark_slow(status: JobStatus, pod: PodName, info: PodInfo) -> JobStatus:
+    if info.slow:
+        return status
+    return _replace(
+        status,
+        pod_infos=status.pod_infos.set(pod, _pod(info, slow=True)),
+        slow_count=status.slow_count + 1,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving a round of checks.
+
+
+def _resolve_bootcheck(spec: JobSpec, status: JobStatus, now: float) -> Result:
+    """Transition 3: all PASS -> RunCommand; a failing pod exits (not counted) and is replaced,
+    after which a fresh bootcheck round runs for everybody."""
+    leaving = {
+        pod: _bootcheck_level(info.verdict)
+        for pod, info in status.pod_infos.items()
+        if info.verdict is not Classification.HEALTHY
+    }
+    if not leaving:
+        return _start_round(status, Phase.RUN_COMMAND, Order.RUN, now)
+    return _evict(status, leaving, now, phase=Phase.BOOT_CHECKING)
+
+
+def _bootcheck_level(verdict: Classification | None) -> RecoveryLevel:
+    # Before training nothing is lost by moving: a slow node leaves at once.
+    if verdict is Classification.RUNTIME:
+        return RecoveryLevel.CONTAINER
+    return RecoveryLevel.NODE
+
+
+def _resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Result:
+    """Transition 8: budget exhausted -> Failed; a pod must exit -> Restarting; else restart
+    every pod in place (RunCommand) with retries aligned to recover_count."""
+    if _budget_exhausted(spec, status):
+        return _fail(spec, status, "fault budget exhausted", now, budget_spent=True)
+    leaving: dict[PodName, RecoveryLevel] = {}
+    for pod, info in status.pod_infos.items():
+        if info.verdict is None:
+            continue
+        level = LEVEL_BY_CLASS[info.verdict]
+        if level is RecoveryLevel.EVICT_SLOW:
+            status = _mark_slow(status, pod, info)
+        elif level is not RecoveryLevel.IN_PLACE:
+            leaving[pod] = level
+    if leaving:
+        return _evict(status, leaving, now, phase=Phase.RESTARTING)
+    status = _replace(status, pod_infos=_align_retries(status))
+    return _start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
+
+
+def _budget_exhausted(spec: JobSpec, status: JobStatus) -> bool:
+    return any(info.retries > spec.max_retry for info in status.pod_infos.values())
+
+
+def _align_retries(status: JobStatus) -> PodMap:
+    """Back to RunCommand: every pod's retries = recover_count (one down, all down)."""
+    rc = status.recover_count
+    with status.pod_infos.mutate() as pods:
+        for pod, info in status.pod_infos.items():
+            if info.retries != rc:
+                pods[pod] = _pod(info, retries=rc)
+        aligned = pods.finish()
+    return aligned
+
+
+def _evict(
+    status: JobStatus, leaving: dict[PodName, RecoveryLevel], now: float, *, phase: Phase
+) -> Result:
+    """Make pods leave. In Troubleshooting the job waits in Restarting; in BootChecking it stays
+    BootChecking and starts a new round when they are back."""
+    actions: list[act.Action] = []
+    error_nodes = status.error_nodes
+    for pod, level in sorted(leaving.items()):
+        info = status.pod_infos[pod]
+        reason = info.last_failed_reason or (info.verdict.value if info.verdict else "evicted")
+        code = (
+            CONTAINER_RESTART_EXIT_CODE if level is RecoveryLevel.CONTAINER else NODE_BAD_EXIT_CODE
+        )
+        actions.append(act.EvictPod(pod=pod, level=level, exit_code=code, reason=reason))
+        if level is not RecoveryLevel.CONTAINER:
+            error_nodes = _add_error_node(error_nodes, info.node, reason, now)
+            actions.append(act.BlacklistNode(node=info.node, reason=reason))
+    status = _replace(status, error_nodes=error_nodes)
+    if phase is Phase.RESTARTING:
+        return _enter_restarting(status, dict.fromkeys(leaving, Phase.RESTARTING), now), tuple(
+            actions
+        )
+    with status.pod_infos.mutate() as pods:
+        for pod, level in leaving.items():
+            pods[pod] = _pod(pods[pod], inner=Phase.RESTARTING, finished=False, evict=level, ts=now)
+        pod_infos = pods.finish()
+    status = _replace(
+        status,
+        pod_infos=pod_infos,
+        outstanding=status.outstanding + len(leaving),
+        away=status.away + len(leaving),
+    )
+    return status, tuple(actions)
+
+
+def _add_error_node(
+    nodes: tuple[ErrorNode, ...], node: NodeName, reason: str, now: float
+) -> tuple[ErrorNode, ...]:
+    if any(entry.node == node for entry in nodes):
+        return nodes
+    return (*nodes, ErrorNode(node=node, reason=reason, ts=now))
+
+
+# ---------------------------------------------------------------------------------------------
+# Membership: ACKs, lost pods, restarted pods.
+
+
+def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
+    if status.phase is Phase.PENDING:
+        if info.finished:
+            return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
+        if info.inner_phase is not Phase.PENDING:
+            return _reject(status, act.RejectReason.STALE, f"{pod} is awaiting a replacement")
+        status = _replace(
+            status,
+            pod_infos=status.pod_infos.set(pod, _pod(info, finished=True, ts=now)),
+            outstanding=status.outstanding - 1,
+        )
+        if status.outstanding > 0:
+            return status, ()
+        return _start_round(status, Phase.BOOT_CHECKING, Order.BOOTCHECK, now)
+    # The PENDING exception: an ACK carries no round; it is accepted from a pod that (re)joined.
+    if info.inner_phase is not Phase.PENDING:
+        return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
+    if status.phase is Phase.RESTARTING:
+        back = _pod(info, inner=Phase.RESTARTING, finished=True, evict=None, ts=now)
+        status = _replace(
+            status,
+            pod_infos=status.pod_infos.set(pod, back),
+            outstanding=status.outstanding - 1,
+            away=status.away - 1,
+        )
+        if status.away > 0:
+            return status, ()
+        return _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
+    if status.phase in CHECK_PHASES:
+        back = _pod(info, inner=status.phase, evict=None, ts=now)
+        status = _replace(status, pod_infos=status.pod_infos.set(pod, back), away=status.away - 1)
+        if status.away > 0:
+            return status, ()
+        order = Order.BOOTCHECK if status.phase is Phase.BOOT_CHECKING else Order.TROUBLESHOOT
+        return _start_round(status, status.phase, order, now)
+    return _reject(status, act.RejectReason.WRONG_PHASE, f"ACK in {status.phase}")
+
+
+def _on_lost(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
+    reason = "heartbeat lost"
+    if _awaiting_replacement(info):
+        return _reject(status, act.RejectReason.IGNORED, f"{pod} is already being replaced")
+    replace = act.ReplacePod(pod=pod, reason=reason)
+    if status.phase is Phase.RUN_COMMAND:
+        return _count_fault(spec, status, pod, reason, now, leaving=Phase.RESTARTING)
+    status = _leave(status, pod, info, Phase.RESTARTING, reason, now)
+    return status, (act.RecordFault(pod=pod, reason=reason, counted=False), replace)
+
+
+def _on_restarted(
+    spec: JobSpec, status: JobStatus, event: ev.PodRestarted, info: PodInfo, now: float
+) -> Result:
+    pod = event.pod
+    placed = _pod(
+        info,
+        node=event.node if event.node is not None else info.node,
+        pod_ip=event.pod_ip if event.pod_ip is not None else info.pod_ip,
+        ts=now,
+    )
+    if _awaiting_replacement(info):
+        # The replacement the platform was asked for: it must ACK before it counts as back.
+        return _replace(
+            status, pod_infos=status.pod_infos.set(pod, _pod(placed, inner=Phase.PENDING))
+        ), ()
+    reason = "pod restarted"
+    status = _replace(status, pod_infos=status.pod_infos.set(pod, placed))
+    if status.phase is Phase.RUN_COMMAND:
+        return _count_fault(spec, status, pod, reason, now, leaving=Phase.PENDING)
+    # Outside RunCommand nothing is counted and only this pod is reset (seed branch 4).
+    status = _leave(status, pod, placed, Phase.PENDING, reason, now)
+    return status, (act.RecordFault(pod=pod, reason=reason, counted=False),)
+
+
+def _awaiting_replacement(info: PodInfo) -> bool:
+    return info.inner_phase is Phase.RESTARTING and not info.finished
+
+
+def _leave(
+    status: JobStatus, pod: PodName, info: PodInfo, inner: Phase, reason: str, now: float
+) -> JobStatus:
+    """Outside RunCommand a pod goes away (lost or restarted) without a fault being counted."""
+    if status.phase is Phase.PENDING:
+        # Before bootcheck a pod only has to (re)ACK (once replaced, when it was lost).
+        left = _pod(info, inner=inner, finished=False, reason=reason, ts=now)
+        outstanding = status.outstanding + (1 if info.finished else 0)
+        return _replace(status, pod_infos=status.pod_infos.set(pod, left), outstanding=outstanding)
+    was_away = info.inner_phase in (Phase.PENDING, Phase.RESTARTING) and not info.finished
+    left = _pod(info, inner=inner, finished=False, verdict=None, reason=reason, ts=now)
+    return _replace(
+        status,
+        pod_infos=status.pod_infos.set(pod, left),
+        outstanding=status.outstanding + (1 if info.finished else 0),
+        away=status.away + (0 if was_away else 1),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Safe point, terminal phases, rounds.
+
+
+def _on_checkpoint(status: JobStatus, now: float) -> Result:
+    """At a committed checkpoint, pods marked slow (or hung) are evicted and blacklisted."""
+    if status.phase is not Phase.RUN_COMMAND or status.slow_count == 0:
+        return _reject(status, act.RejectReason.IGNORED, "no pod to evict at this checkpoint")
+    slow = [pod for pod, info in status.pod_infos.items() if info.slow]
+    with status.pod_infos.mutate() as pods:
+        for pod in slow:
+            info = pods[pod]
+            pods[pod] = _pod(info, slow=False, reason=info.last_failed_reason or "slow")
+        status = _replace(status, pod_infos=pods.finish(), slow_count=0)
+    evicted, actions = _evict(
+        status, dict.fromkeys(slow, RecoveryLevel.EVICT_SLOW), now, phase=Phase.RESTARTING
+    )
+    stop = act.SendOrder(Order.STOP, Phase.RESTARTING, evicted.seq)
+    return evicted, (stop, *actions)
+
+
+def _fail(
+    spec: JobSpec, status: JobStatus, reason: str, now: float, *, budget_spent: bool
+) -> Result:
+    """Transitions 8 (budget exhausted) and 9 (should_quit from outside)."""
+    rc = spec.max_retry + 1 if budget_spent else status.recover_count
+    status = _replace(status, recover_count=rc, should_quit=True)
+    return _end(status, Phase.FAILED, reason, now)
+
+
+def _end(status: JobStatus, phase: Phase, reason: str, now: float) -> Result:
+    with status.pod_infos.mutate() as pods:
+        for pod, info in status.pod_infos.items():
+            pods[pod] = _pod(info, inner=phase, finished=True, ts=now)
+        pod_infos = pods.finish()
+    seq = status.seq + 1
+    status = _replace(status, phase=phase, seq=seq, pod_infos=pod_infos, outstanding=0, away=0)
+    code = 0 if phase is Phase.SUCCEED else JOB_FAILED_EXIT_CODE
+    return status, (
+        act.SendOrder(Order.EXIT, phase, seq, exit_code=code),
+        act.EndJob(phase=phase, reason=reason),
+    )
+
+
+def _start_round(
+    status: JobStatus, phase: Phase, order: Order, now: float
+) -> tuple[JobStatus, tuple[act.Action, ...]]:
+    """A new round: bump seq, every pod enters ``phase`` unfinished, one order to all."""
+    with status.pod_infos.mutate() as pods:
+        for pod, info in status.pod_infos.items():
+            pods[pod] = _pod(info, inner=phase, finished=False, verdict=None, evict=None, ts=now)
+        pod_infos = pods.finish()
+    seq = status.seq + 1
+    status = _replace(
+        status,
+        phase=phase,
+        seq=seq,
+        pod_infos=pod_infos,
+        outstanding=len(pod_infos),
+        away=0,
+    )
+    return status, (act.SendOrder(order, phase, seq),)
+
+
+def _enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: float) -> JobStatus:
+    """Restarting: the leaving pods are away, the others present (finished) and idle."""
+    with status.pod_infos.mutate() as pods:
+        for pod, info in status.pod_infos.items():
+            if pod in leaving:
+                pods[pod] = _pod(info, inner=leaving[pod], finished=False, verdict=None, ts=now)
+            else:
+                pods[pod] = _pod(info, inner=Phase.RESTARTING, finished=True, verdict=None, ts=now)
+        pod_infos = pods.finish()
+    return _replace(
+        status,
+        phase=Phase.RESTARTING,
+        seq=status.seq + 1,
+        pod_infos=pod_infos,
+        outstanding=len(leaving),
+        away=len(leaving),
+    )
+
+
+def _reject(status: JobStatus, reason: act.RejectReason, detail: str = "") -> Result:
+    return status, (act.Rejected(reason=reason, detail=detail),)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast immutable updates (dataclasses.replace is several times slower on the hot path).
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+_KEEP = _Keep.KEEP
+
+
+def _pod(
+    info: PodInfo,
+    *,
+    inner: Phase | None = None,
+    finished: bool | None = None,
+    retries: int | None = None,
+    reason: str | None = None,
+    ts: float | None = None,
+    seq: int | None = None,
+    verdict: Classification | _Keep | None = _KEEP,
+    evict: RecoveryLevel | _Keep | None = _KEEP,
+    slow: bool | None = None,
+    node: NodeName | None = None,
+    pod_ip: str | None = None,
+) -> PodInfo:
+    return PodInfo(
+        inner_phase=info.inner_phase if inner is None else inner,
+        node=info.node if node is None else node,
+        pod_ip=info.pod_ip if pod_ip is None else pod_ip,
+        finished=info.finished if finished is None else finished,
+        retries=info.retries if retries is None else retries,
+        last_failed_reason=info.last_failed_reason if reason is None else reason,
+        updated_ts=info.updated_ts if ts is None else ts,
+        seq=info.seq if seq is None else seq,
+        verdict=info.verdict if isinstance(verdict, _Keep) else verdict,
+        evict=info.evict if isinstance(evict, _Keep) else evict,
+        slow=info.slow if slow is None else slow,
+    )
+
+
+def _replace(
+    status: JobStatus,
+    *,
+    phase: Phase | None = None,
+    recover_count: int | None = None,
+    should_quit: bool | None = None,
+    seq: int | None = None,
+    pod_infos: PodMap | None = None,
+    error_nodes: tuple[ErrorNode, ...] | None = None,
+    outstanding: int | None = None,
+    away: int | None = None,
+    slow_count: int | None = None,
+) -> JobStatus:
+    return JobStatus(
+        phase=status.phase if phase is None else phase,
+        recover_count=status.recover_count if recover_count is None else recover_count,
+        should_quit=status.should_quit if should_quit is None else should_quit,
+        seq=status.seq if seq is None else seq,
+        pod_infos=status.pod_infos if pod_infos is None else pod_infos,
+        error_nodes=status.error_nodes if error_nodes is None else error_nodes,
+        outstanding=status.outstanding if outstanding is None else outstanding,
+        away=status.away if away is None else away,
+        slow_count=status.slow_count if slow_count is None else slow_count,
+    )

@@ -1,0 +1,122 @@
+"""The job's desired state (``JobSpec``) and observed state (``JobStatus``), as in the seed's CR.
+
+Field names follow DESIGN section 3. ``pod_infos`` is a persistent (HAMT) map, so changing one pod
+costs O(log pods), not a copy of the whole job; the round counters kept beside it (``outstanding``,
+``slow_count``) let ``step`` decide phase changes without scanning every pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+import immutables
+
+from aegis.core.phases import Phase
+from aegis.core.recovery import Classification, RecoveryLevel
+
+PodName = NewType("PodName", str)
+NodeName = NewType("NodeName", str)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    job: str
+    namespace: str
+    worker_num: int
+    max_retry: int
+
+    def __post_init__(self) -> None:
+        if self.worker_num < 1:
+            raise ValueError(f"worker_num must be >= 1, got {self.worker_num}")
+        if self.max_retry < 0:
+            raise ValueError(f"max_retry must be >= 0, got {self.max_retry}")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorNode:
+    node: NodeName
+    reason: str
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """One pod as the master sees it.
+
+    ``finished``: the pod has done what the current round asks (ACKed in Pending, answered the
+    checks in BootChecking/Troubleshooting, exited 0 in RunCommand, is present in Restarting).
+    ``seq``: the round in which the pod's last accepted answer arrived (the worker seq number).
+    ``verdict``: its troubleshooting class this round. ``evict``: the level it is leaving with.
+    ``slow``: marked slow or hung; evicted at the next committed checkpoint.
+    """
+
+    inner_phase: Phase
+    node: NodeName = NodeName("")
+    pod_ip: str = ""
+    finished: bool = False
+    retries: int = 0
+    last_failed_reason: str = ""
+    updated_ts: float = 0.0
+    seq: int = -1
+    verdict: Classification | None = None
+    evict: RecoveryLevel | None = None
+    slow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    phase: Phase
+    recover_count: int
+    should_quit: bool
+    seq: int
+    pod_infos: immutables.Map[PodName, PodInfo]
+    error_nodes: tuple[ErrorNode, ...] = ()
+    outstanding: int = 0  # pods that have not yet finished the current round
+    away: int = 0  # pods gone (awaiting replacement or not yet re-ACKed) outside Pending
+    slow_count: int = 0  # pods marked slow
+
+
+def pod_names(spec: JobSpec) -> tuple[PodName, ...]:
+    """The stable pod names of a job: ``<job>-<rank>`` (a replacement keeps its name)."""
+    return tuple(PodName(f"{spec.job}-{rank}") for rank in range(spec.worker_num))
+
+
+def initial_status(
+    spec: JobSpec, nodes: Sequence[NodeName] | None = None, *, now: float = 0.0
+) -> JobStatus:
+    """Transition 1: a created job is Pending with every pod Pending."""
+    names = pod_names(spec)
+    if nodes is not None and len(nodes) != len(names):
+        raise ValueError(f"expected {len(names)} nodes, got {len(nodes)}")
+    placed: Iterable[NodeName] = nodes if nodes is not None else (NodeName("") for _ in names)
+    infos = immutables.Map(
+        {
+            name: PodInfo(inner_phase=Phase.PENDING, node=node, updated_ts=now)
+            for name, node in zip(names, placed, strict=True)
+        }
+    )
+    return JobStatus(
+        phase=Phase.PENDING,
+        recover_count=0,
+        should_quit=False,
+        seq=0,
+        pod_infos=infos,
+        outstanding=len(names),
+    )
+
+
+def rank_of(pod: str) -> int:
+    """The rank in a pod name ``<job>-<rank>`` (0 when there is none)."""
+    tail = pod.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def pods_by_rank(status: JobStatus) -> list[tuple[PodName, PodInfo]]:
+    return sorted(status.pod_infos.items(), key=lambda kv: rank_of(kv[0]))
+
+
+def retries_of(status: JobStatus) -> tuple[int, ...]:
+    """Retries in rank order, the seed's (1:0:0) notation."""
+    return tuple(info.retries for _, info in pods_by_rank(status))

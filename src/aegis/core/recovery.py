@@ -1,0 +1,90 @@
+"""Classification of check results and the recovery level each class leads to (DESIGN section 6).
+
+This is data the master consumes: the core's ``step`` reads ``LEVEL_BY_CLASS`` when it resolves a
+round of troubleshooting, and ``classify`` turns a pod's check results into one class.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class CheckType(enum.StrEnum):
+    IO = "io"
+    GPU = "gpu"
+    RUNTIME = "runtime"
+    RDMA = "rdma"
+    ALLREDUCE_CONNECT = "allreduce_connect"
+    ALLREDUCE_PERF = "allreduce_perf"
+    HANG = "hang"
+
+
+class Classification(enum.StrEnum):
+    HEALTHY = "healthy"  # every check passed: the process died on its own
+    RUNTIME = "runtime"  # environment/runtime broken: restart the container
+    HARDWARE = "hardware"  # gpu/rdma/io/network broken: move off the node, blacklist it
+    SLOW = "slow"  # alive but slow or hung: mark, evict at the next checkpoint
+
+
+class RecoveryLevel(enum.IntEnum):
+    IN_PLACE = 1  # restart the training processes in place, all pods
+    CONTAINER = 2  # the pod's agent exits with the restart code; same node
+    NODE = 3  # the pod exits 1, its node joins ErrorNodes, a replacement runs elsewhere
+    EVICT_SLOW = 4  # marked now, evicted at the next committed checkpoint, node blacklisted
+
+
+LEVEL_BY_CLASS: dict[Classification, RecoveryLevel] = {
+    Classification.HEALTHY: RecoveryLevel.IN_PLACE,
+    Classification.RUNTIME: RecoveryLevel.CONTAINER,
+    Classification.HARDWARE: RecoveryLevel.NODE,
+    Classification.SLOW: RecoveryLevel.EVICT_SLOW,
+}
+
+# Which class a failing check puts its pod in. The worst class wins (order of SEVERITY).
+CLASS_BY_FAILED_CHECK: dict[CheckType, Classification] = {
+    CheckType.IO: Classification.HARDWARE,
+    CheckType.GPU: Classification.HARDWARE,
+    CheckType.RDMA: Classification.HARDWARE,
+    CheckType.ALLREDUCE_CONNECT: Classification.HARDWARE,
+    CheckType.RUNTIME: Classification.RUNTIME,
+    CheckType.ALLREDUCE_PERF: Classification.SLOW,
+    CheckType.HANG: Classification.SLOW,
+}
+
+SEVERITY: tuple[Classification, ...] = (
+    Classification.HEALTHY,
+    Classification.SLOW,
+    Classification.RUNTIME,
+    Classification.HARDWARE,
+)
+
+# Exit code of an agent told to restart its container (level 2); level 3 exits 1.
+CONTAINER_RESTART_EXIT_CODE = 75
+NODE_BAD_EXIT_CODE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOutcome:
+    """The part of a check result the classification needs."""
+
+    check_type: CheckType
+    passed: bool
+
+
+def classify(outcomes: Iterable[CheckOutcome]) -> Classification:
+    """The class of one pod from its check outcomes: the most severe failing check decides."""
+    worst = Classification.HEALTHY
+    for outcome in outcomes:
+        if outcome.passed:
+            continue
+        cls = CLASS_BY_FAILED_CHECK[outcome.check_type]
+        if SEVERITY.index(cls) > SEVERITY.index(worst):
+            worst = cls
+    return worst
+
+
+# Exit code the master gives every agent when the job has Failed (the platform deletes the pods;
+# distinct from NODE_BAD_EXIT_CODE so that no platform mistakes it for a bad node).
+JOB_FAILED_EXIT_CODE = 3

@@ -1,0 +1,1 @@
+"""Platforms that create, replace and delete pods: local, slurm, kubernetes."""

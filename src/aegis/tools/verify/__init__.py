@@ -1,0 +1,1 @@
+"""``aegis verify``: an explicit-state model checker over the production ``step``."""

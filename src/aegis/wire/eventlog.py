@@ -1,0 +1,154 @@
+"""The event log (``events.jsonl``): one JSON object per line, every event the master fed the core.
+
+Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
+platform events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``), each with the ``ts``
+the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines through the same
+``step`` and so reproduces every decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from aegis.core import events as ev
+from aegis.core.errors import RemoteError
+from aegis.core.model import JobSpec, JobStatus, NodeName, PodName, initial_status
+from aegis.wire import messages as m
+from aegis.wire.codec import WireError
+from aegis.wire.translate import to_event
+
+
+class SpecRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    job: str
+    namespace: str
+    worker_num: int
+    max_retry: int
+
+
+class JobCreated(msgspec.Struct, tag="JobCreated", tag_field="type", forbid_unknown_fields=True):
+    spec: SpecRecord
+    ts: float
+    nodes: list[str] = []
+
+
+class PodRestartedRecord(
+    msgspec.Struct, tag="PodRestarted", tag_field="type", forbid_unknown_fields=True
+):
+    pod: str
+    ts: float
+    node: str | None = None
+    pod_ip: str | None = None
+
+
+class HeartbeatLostRecord(
+    msgspec.Struct, tag="HeartbeatLost", tag_field="type", forbid_unknown_fields=True
+):
+    pod: str
+    ts: float
+
+
+class QuitRequestedRecord(
+    msgspec.Struct, tag="QuitRequested", tag_field="type", forbid_unknown_fields=True
+):
+    ts: float
+    reason: str = "stopped by user"
+
+
+PlatformRecord = JobCreated | PodRestartedRecord | HeartbeatLostRecord | QuitRequestedRecord
+_PLATFORM_TYPES = {"JobCreated", "PodRestarted", "HeartbeatLost", "QuitRequested"}
+
+
+class _Head(msgspec.Struct):
+    type: str
+
+
+_head = msgspec.json.Decoder(_Head)
+_platform = msgspec.json.Decoder(PlatformRecord)
+_message = msgspec.json.Decoder(m.Message)
+_encoder = msgspec.json.Encoder()
+
+
+class EventLogError(RemoteError):
+    """A line of an event log that cannot be replayed; ``line`` is 1-based."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    line: int
+    ts: float
+    event: ev.Event | None  # None: a line with no core meaning (heartbeat)
+    text: str
+
+
+def encode(record: PlatformRecord | m.Message) -> bytes:
+    return _encoder.encode(record) + b"\n"
+
+
+def job_created(spec: JobSpec, nodes: list[str], ts: float) -> JobCreated:
+    rec = SpecRecord(spec.job, spec.namespace, spec.worker_num, spec.max_retry)
+    return JobCreated(spec=rec, ts=ts, nodes=nodes)
+
+
+def read(lines: Iterator[str]) -> tuple[JobSpec, JobStatus, Iterator[Entry]]:
+    """Parse the header, then lazily the entries. Raises ``EventLogError`` on a bad line."""
+    first = next(lines, None)
+    if first is None:
+        raise EventLogError(1, "empty event log (expected a JobCreated line)")
+    header = _decode_line(1, first)
+    if not isinstance(header, JobCreated):
+        raise EventLogError(1, "the first line must be a JobCreated record")
+    try:
+        spec = JobSpec(**msgspec.structs.asdict(header.spec))
+        nodes = [NodeName(n) for n in header.nodes] if header.nodes else None
+        status = initial_status(spec, nodes, now=header.ts)
+    except ValueError as exc:
+        raise EventLogError(1, str(exc)) from None
+    return spec, status, _entries(spec, lines)
+
+
+def _entries(spec: JobSpec, lines: Iterator[str]) -> Iterator[Entry]:
+    for number, text in enumerate(lines, start=2):
+        if not text.strip():
+            continue
+        record = _decode_line(number, text)
+        match record:
+            case JobCreated():
+                raise EventLogError(number, "a second JobCreated record")
+            case PodRestartedRecord(pod=pod, ts=ts, node=node, pod_ip=ip):
+                event: ev.Event | None = ev.PodRestarted(
+                    PodName(pod), NodeName(node) if node is not None else None, ip
+                )
+            case HeartbeatLostRecord(pod=pod, ts=ts):
+                event = ev.HeartbeatLost(PodName(pod))
+            case QuitRequestedRecord(ts=ts, reason=reason):
+                event = ev.QuitRequested(reason)
+            case m.Message(ts=ts):
+                try:
+                    event = to_event(record, job=spec.job, namespace=spec.namespace)
+                except WireError as exc:
+                    raise EventLogError(number, str(exc)) from None
+        yield Entry(line=number, ts=ts, event=event, text=text.strip())
+
+
+def _decode_line(number: int, text: str) -> PlatformRecord | m.Message:
+    raw = text.encode()
+    try:
+        head = _head.decode(raw)
+        if head.type in _PLATFORM_TYPES:
+            record: PlatformRecord = _platform.decode(raw)
+            return record
+        msg = _message.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise EventLogError(number, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise EventLogError(number, f"not JSON ({exc})") from None
+    if not isinstance(msg.data, m.PAYLOAD_FOR_TYPE[msg.type]):
+        raise EventLogError(number, f"{msg.type} cannot carry this data")
+    return msg

@@ -1,0 +1,130 @@
+"""Wire messages (seed section 4.3): JSON, decoded strictly into typed structs.
+
+``Message`` is the envelope on both subjects; ``data`` is a tagged union (``kind``) whose variant
+must fit the message ``type``. ``CheckResult``/``CheckResponse`` carry check outcomes.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from aegis.core.phases import Order, Phase
+from aegis.core.recovery import CheckType
+
+
+class MessageType(enum.StrEnum):
+    ACK = "ACK"
+    ORDER = "Order"
+    ERROR = "Error"
+    FINISH = "Finish"
+    HANG = "Hang"
+    HEARTBEAT = "Heartbeat"
+    CHECKPOINT = "Checkpoint"
+
+
+class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    check_type: CheckType
+    passed: bool
+    result: str
+    duration_s: float
+    ts: float
+    not_applicable: bool = False
+
+
+class CheckResponse(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    results: list[CheckResult]
+
+
+class AckData(msgspec.Struct, tag="ack", tag_field="kind", forbid_unknown_fields=True, frozen=True):
+    node: str = ""
+    pod_ip: str = ""
+    incarnation: str = ""
+
+
+class OrderData(
+    msgspec.Struct, tag="order", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    order: Order
+    pods: list[str] = []
+    exit_code: int = 0
+
+
+class ExitData(
+    msgspec.Struct, tag="exit", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    """A Finish of the training command."""
+
+    exit_code: int
+
+
+class ChecksData(
+    msgspec.Struct, tag="checks", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    """A Finish of a bootcheck or troubleshoot round."""
+
+    response: CheckResponse
+
+
+class ErrorData(
+    msgspec.Struct, tag="error", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    reason: str
+    fault_class: str = ""
+    exit_code: int | None = None
+    lines: list[str] = []
+
+
+class HangData(
+    msgspec.Struct, tag="hang", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    idle_s: float
+    stacks: str = ""
+
+
+class HeartbeatData(
+    msgspec.Struct, tag="heartbeat", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    step: int | None = None
+
+
+class CheckpointData(
+    msgspec.Struct, tag="checkpoint", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    step: int
+
+
+Payload = (
+    AckData
+    | OrderData
+    | ExitData
+    | ChecksData
+    | ErrorData
+    | HangData
+    | HeartbeatData
+    | CheckpointData
+)
+
+# Which payload kinds each message type may carry.
+PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
+    MessageType.ACK: (AckData,),
+    MessageType.ORDER: (OrderData,),
+    MessageType.FINISH: (ExitData, ChecksData),
+    MessageType.ERROR: (ErrorData,),
+    MessageType.HANG: (HangData,),
+    MessageType.HEARTBEAT: (HeartbeatData,),
+    MessageType.CHECKPOINT: (CheckpointData,),
+}
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    job: str
+    namespace: str
+    pod: str  # "master" for the master's broadcasts
+    type: MessageType
+    phase: Phase
+    seq: int
+    ts: float
+    data: Payload
+    id: str = ""  # unique per report, so a re-sent report is processed at most once

@@ -1,0 +1,43 @@
+"""Turn a decoded wire message into the core event it means (or nothing, for heartbeats)."""
+
+from __future__ import annotations
+
+from aegis.core import events as ev
+from aegis.core.model import PodName
+from aegis.core.recovery import CheckOutcome, Classification, classify
+from aegis.wire import messages as m
+from aegis.wire.codec import WireError
+
+
+def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
+    """The core event for ``msg``; ``None`` for a heartbeat or an order; ``WireError`` when the
+    message belongs to another job."""
+    if msg.job != job or msg.namespace != namespace:
+        raise WireError("wrong_job", detail=f"{msg.namespace}/{msg.job} on {namespace}/{job}")
+    pod = PodName(msg.pod)
+    match msg.data:
+        case m.AckData():
+            return ev.PodAcked(pod)
+        case m.ExitData(exit_code=code):
+            return ev.PodFinished(pod, msg.phase, msg.seq, code)
+        case m.ChecksData(response=response):
+            verdict = verdict_of(response)
+            return ev.ChecksReported(pod, msg.phase, msg.seq, verdict, failing_checks(response))
+        case m.ErrorData(reason=reason, fault_class=fault_class):
+            label = f"{fault_class}: {reason}" if fault_class else reason
+            return ev.PodErrored(pod, msg.phase, msg.seq, label)
+        case m.HangData(idle_s=idle_s):
+            return ev.HangReported(pod, msg.phase, msg.seq, f"hang: no progress for {idle_s:.1f} s")
+        case m.CheckpointData(step=step):
+            return ev.CheckpointCommitted(step)
+        case m.HeartbeatData() | m.OrderData():
+            return None
+
+
+def verdict_of(response: m.CheckResponse) -> Classification:
+    return classify(CheckOutcome(r.check_type, r.passed) for r in response.results)
+
+
+def failing_checks(response: m.CheckResponse) -> str:
+    failed = [f"{r.check_type}: {r.result}" for r in response.results if not r.passed]
+    return "; ".join(failed)

@@ -1,0 +1,181 @@
+"""The model checker: exhaustive over the production ``step``, and it catches mutants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from aegis.cli import main as cli
+from aegis.core import events as ev
+from aegis.core import machine
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import Phase
+from aegis.tools.verify import checker
+
+
+def test_verify_holds_exhaustively_for_3_workers_max_retry_2() -> None:
+    spec = JobSpec("verify", "default", 3, 2)
+    result = checker.check(spec)
+    assert result.ok, result.violation
+    assert result.complete
+    assert result.states > 10_000  # the whole space, not a sample
+    assert result.terminal_states > 0
+    assert set(result.verdicts) >= {
+        "ValidPhase",
+        "ValidInnerPhase",
+        "RecoverCountBound",
+        "RetriesBound",
+        "PhaseConsistency",
+        "NoFinishDoubleProcessed",
+        "MasterSeqNumMonotonic",
+        "WorkerSeqNumBound",
+        "StaleFinishRejected",
+        "CountMatchesMax",
+        "NoCountOutsideRunCommand",
+        "TerminalAbsorbing",
+        "NoDeadlock",
+        "FaultFreeTermination",
+        "TerminalReachable",
+    }
+
+
+def test_verify_cli_prints_report_and_exits_0() -> None:
+    code = cli.main(["verify", "--workers", "2", "--max-retry", "1"])
+    assert code == 0
+
+
+def test_verify_cli_json_has_counts_bounds_and_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["verify", "--workers", "2", "--max-retry", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] is True
+    assert out["distinct_states"] > 0 and out["transitions"] > out["distinct_states"]
+    assert out["bounds"]["faults"] == 5
+    assert all(v == "ok" for v in out["invariants"].values())
+
+
+def test_verify_cli_rejects_bad_worker_count_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["verify", "--workers", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workers" in err[0]
+
+
+# --- mutants: each breaks one rule of step; the checker must catch it with a trace ---------
+
+
+def _wrap_step(mutate: Callable[..., tuple[JobStatus, tuple[object, ...]]]) -> checker.StepFn:
+    return mutate  # type: ignore[return-value]
+
+
+def _count_outside_run_command(spec, status, event, now):  # type: ignore[no-untyped-def]
+    after, actions = machine.step(spec, status, event, now)
+    if (
+        status.phase is Phase.TROUBLESHOOTING
+        and isinstance(event, ev.PodErrored)
+        and after != status
+    ):
+        info = after.pod_infos[event.pod]
+        import dataclasses
+
+        bumped = dataclasses.replace(info, retries=info.retries + 1)
+        after = dataclasses.replace(after, pod_infos=after.pod_infos.set(event.pod, bumped))
+    return after, actions
+
+
+MUTANTS: dict[str, tuple[str, object, set[str]]] = {
+    "drop the recover_count cap": (
+        "_capped_recover_count",
+        lambda spec, status: status.recover_count + 1,
+        {"RecoverCountBound", "CountMatchesMax"},
+    ),
+    "process a duplicate finish": (
+        "_already_finished",
+        lambda info: False,
+        {"NoFinishDoubleProcessed"},
+    ),
+    "accept a stale seq": (
+        "_is_current",
+        lambda status, phase, seq: True,
+        {"StaleFinishRejected"},
+    ),
+    "forget to align retries on return to RunCommand": (
+        "_align_retries",
+        lambda status: status.pod_infos,
+        {"CountMatchesMax"},
+    ),
+    "never leave Troubleshooting when a pod exits": (
+        "_evict",
+        lambda status, leaving, now, phase: (status, ()),
+        {"NoDeadlock", "CountersConsistent", "FaultFreeTermination"},
+    ),
+    "terminal Failed not absorbing": (
+        "TERMINAL_PHASES",
+        frozenset({Phase.SUCCEED}),
+        {"TerminalAbsorbing"},
+    ),
+    "budget exhausted without should_quit": (
+        "_fail",
+        lambda spec, status, reason, now, budget_spent: machine._end(
+            machine._replace(status, recover_count=spec.max_retry + 1), Phase.FAILED, reason, now
+        ),
+        {"FailedMeansShouldQuit"},
+    ),
+}
+
+
+@pytest.fixture
+def small_spec() -> Iterator[JobSpec]:
+    yield JobSpec("mutant", "default", 2, 2)
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_checker_catches_mutant_with_a_trace(
+    name: str, small_spec: JobSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attribute, replacement, expected = MUTANTS[name]
+    monkeypatch.setattr(machine, attribute, replacement)
+    result = checker.check(small_spec, checker.Bounds(faults=4, max_states=200_000))
+    assert not result.ok
+    assert result.violation is not None
+    assert result.violation.invariant in expected, result.violation
+    assert result.violation.trace, "a violation must come with the events that lead to it"
+
+
+def test_checker_catches_mutant_counting_outside_run_command(small_spec: JobSpec) -> None:
+    result = checker.check(
+        small_spec, checker.Bounds(faults=4, max_states=200_000), step=_count_outside_run_command
+    )
+    assert result.violation is not None
+    assert result.violation.invariant in {"NoCountOutsideRunCommand", "OneFaultCountsOnce"}
+    trace = result.violation.trace
+    assert any(isinstance(e, ev.PodErrored) for e in trace)
+
+
+def test_violation_trace_replays_to_the_violating_status(
+    small_spec: JobSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        machine, "_capped_recover_count", lambda spec, status: status.recover_count + 1
+    )
+    result = checker.check(small_spec, checker.Bounds(faults=4, max_states=200_000))
+    assert result.violation is not None
+    from aegis.core.model import NodeName, initial_status
+
+    status = initial_status(small_spec, [NodeName("node-0"), NodeName("node-1")])
+    for event in result.violation.trace:
+        status, _ = machine.step(small_spec, status, event, 0.0)
+    assert status.recover_count == small_spec.max_retry + 1
+    assert status.phase is not Phase.FAILED
+
+
+def test_verify_cli_exits_1_and_prints_trace_on_violation(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(machine, "_is_current", lambda status, phase, seq: True)
+    code = cli.main(["verify", "--workers", "2", "--max-retry", "2"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "VIOLATED StaleFinishRejected" in out and "shortest trace" in out
