@@ -47,9 +47,7 @@ def main() -> None:
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--max-retry", type=int, default=2)
     args = parser.parse_args()
-    print(
-        f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}"
-    )
+    print(f"machine: {platform.machine()} python {platform.python_version()}")
     baseline = raw_steps_per_s()
     print(f"baseline: raw step() calls/s = {baseline:,.0f}")
     for workers in range(1, args.max_workers + 1):

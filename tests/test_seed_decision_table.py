@@ -111,7 +111,7 @@ def test_seed_worked_example_counts_exactly() -> None:
 
 
 def test_seed_worked_example_trace_replays_to_the_same_counts() -> None:
-    spec, status, steps = replay.replay(TRACE.read_text().splitlines())
+    _, _, steps = replay.replay(TRACE.read_text().splitlines())
     history = [(retries_of(s.status), s.status.recover_count, s.status.phase) for s in steps]
     distinct = []
     for retries, rc, phase in history:

@@ -1,1 +1,1 @@
-"""Node checks (DESIGN section 6): io, gpu, runtime, rdma, allreduce_connect, allreduce_perf, hang."""
+"""Node checks (DESIGN section 6): io, gpu, runtime, rdma, allreduce, hang."""
