@@ -294,3 +294,18 @@ def test_recover_count_is_capped_at_max_retry() -> None:
     d.error(1)
     assert d.retries() == (1, 2, 1)
     assert d.status.recover_count == 1  # min(2, max_retry)
+
+
+def test_slow_mark_does_not_follow_a_pod_replaced_for_hardware() -> None:
+    """Found by the simulator: a hung pod replaced for a hardware fault must not have its
+    healthy replacement evicted at the next checkpoint."""
+    d = Driver(workers=2, max_retry=5)
+    d.to_running()
+    d.feed(ev.HangReported(d.pod(0), Phase.RUN_COMMAND, d.status.seq))
+    d.answer_all({0: Classification.HARDWARE})
+    assert d.status.phase is Phase.RESTARTING and d.status.slow_count == 0
+    d.feed(ev.PodRestarted(d.pod(0), node=NodeName("spare-0")))
+    d.feed(ev.PodAcked(d.pod(0)))
+    d.answer_all()
+    assert d.status.phase is Phase.RUN_COMMAND
+    assert rejected(d.feed(ev.CheckpointCommitted(step=1))) is RejectReason.IGNORED

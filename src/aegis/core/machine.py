@@ -260,6 +260,12 @@ def _evict(
     error_nodes = status.error_nodes
     for pod, level in sorted(leaving.items()):
         info = status.pod_infos[pod]
+        if info.slow:  # the mark belongs to the node it leaves, not to its replacement
+            status = _replace(
+                status,
+                pod_infos=status.pod_infos.set(pod, _pod(info, slow=False)),
+                slow_count=status.slow_count - 1,
+            )
         reason = info.last_failed_reason or (info.verdict.value if info.verdict else "evicted")
         code = (
             CONTAINER_RESTART_EXIT_CODE if level is RecoveryLevel.CONTAINER else NODE_BAD_EXIT_CODE
