@@ -49,6 +49,7 @@ class OrderData(
     order: Order
     pods: list[str] = []
     exit_code: int = 0
+    env: dict[str, str] = {}  # per-incarnation environment (a fresh MASTER_PORT per run round)
 
 
 class ExitData(

@@ -1,0 +1,99 @@
+"""A small real DDP job (gloo on CPU) for Aegis demos and end-to-end tests.
+
+Checkpoints every ``--ckpt-every`` steps with ``torch.save`` (rank 0, atomically), resumes from the
+newest checkpoint, reports progress to the agent with ``aegis.progress(step)`` and logs one line
+per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R`` crashes rank R
+once (a marker in the checkpoint directory remembers it); ``--always-crash-rank R`` crashes
+rank R in every incarnation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import aegis
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--ckpt-dir", default=os.environ.get("AEGIS_CKPT_DIR", "/tmp/aegis-ckpt"))
+    p.add_argument("--step-time-s", type=float, default=0.01)
+    p.add_argument("--crash-at-step", type=int, default=-1)
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--always-crash-rank", type=int, default=-1)
+    return p.parse_args()
+
+
+def newest_checkpoint(directory: Path) -> Path | None:
+    found = sorted(directory.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+    return found[-1] if found else None
+
+
+def log(rank: int, message: str) -> None:
+    now = datetime.datetime.now().isoformat(timespec="milliseconds")
+    print(f"{now} rank={rank} {message}", flush=True)
+
+
+def main() -> None:
+    args = parse()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    incarnation = int(
+        os.environ.get("AEGIS_RESTART_COUNT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    ckpt_dir = Path(args.ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = 0
+    latest = newest_checkpoint(ckpt_dir)
+    if latest is not None:
+        state = torch.load(latest, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+        log(rank, f"resumed from {latest.name} at step {start} (incarnation {incarnation})")
+    else:
+        log(rank, f"fresh start (incarnation {incarnation}, world {world})")
+    data = torch.randn(64, 32, generator=torch.Generator().manual_seed(rank))
+    target = data.sum(dim=1, keepdim=True)
+    for step in range(start + 1, args.steps + 1):
+        if rank == args.always_crash_rank and step == start + 3:
+            log(rank, f"crashing at step {step}")
+            raise RuntimeError(f"injected crash of rank {rank} at step {step} (always)")
+        marker = ckpt_dir / f".crashed-rank-{rank}"
+        if step == args.crash_at_step and rank == args.crash_rank and not marker.exists():
+            marker.touch()  # once per checkpoint directory, whoever relaunches the job
+            log(rank, f"crashing at step {step}")
+            raise RuntimeError(f"injected crash of rank {rank} at step {step}")
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(ddp(data), target)
+        loss.backward()
+        optimizer.step()
+        aegis.progress(step)
+        log(rank, f"step {step} loss {loss.item():.4f}")
+        if step % args.ckpt_every == 0 and rank == 0:
+            tmp = ckpt_dir / f".ckpt-{step}.tmp"
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            torch.save(state, tmp)
+            tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
+        time.sleep(args.step_time_s)
+    dist.barrier()
+    log(rank, "done")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""gRPC: the credential handshake. Generated code in ``_generated`` (from ``proto/``)."""

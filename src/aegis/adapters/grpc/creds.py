@@ -1,0 +1,128 @@
+"""``SyncWorkerCreds``: the master's gRPC server and the agent's client (one call per agent)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+
+from aegis.adapters.grpc._generated import aegis_pb2, aegis_pb2_grpc
+from aegis.adapters.nats_auth import Authority, UserCreds, job_subject_prefix
+from aegis.core.errors import RemoteError
+
+log = logging.getLogger(__name__)
+
+
+class CredsRefused(RemoteError):
+    """The master refused to hand out credentials (wrong token, unknown job or pod)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobAccess:
+    """What the master knows of a job for the handshake."""
+
+    namespace: str
+    job: str
+    token: str
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCreds:
+    nats_url: str
+    creds: UserCreds
+    subject_prefix: str
+    worker_num: int
+    rank: int
+
+
+class _Servicer(aegis_pb2_grpc.CredentialsServicer):
+    def __init__(
+        self,
+        authority: Authority | None,
+        nats_url: str,
+        lookup: Callable[[str, str], JobAccess | None],
+        ttl_s: float | None,
+    ) -> None:
+        self.authority, self.nats_url, self.lookup, self.ttl_s = authority, nats_url, lookup, ttl_s
+
+    async def SyncWorkerCreds(
+        self, request: aegis_pb2.SyncWorkerCredsRequest, context: aio.ServicerContext
+    ) -> aegis_pb2.SyncWorkerCredsResponse:
+        access = self.lookup(request.namespace, request.job)
+        if access is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no job {request.namespace}/{request.job}"
+            )
+        assert access is not None
+        if not hmac.compare_digest(access.token.encode(), request.bootstrap_token.encode()):
+            log.warning(
+                "refused credentials to %s/%s: wrong bootstrap token", request.job, request.pod
+            )
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong bootstrap token")
+        if request.pod not in access.pods:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no pod {request.pod} in {request.job}")
+        if self.authority is None:  # a server without auth: nothing to hand out
+            creds = UserCreds(jwt="", seed=b"", inbox_prefix="_INBOX", expires_at=None)
+        else:
+            creds = self.authority.worker_creds(
+                request.namespace, request.job, request.pod, self.ttl_s
+            )
+        return aegis_pb2.SyncWorkerCredsResponse(
+            nats_url=self.nats_url,
+            user_jwt=creds.jwt,
+            user_seed=creds.seed,
+            inbox_prefix=creds.inbox_prefix,
+            subject_prefix=job_subject_prefix(request.namespace, request.job),
+            expires_at=creds.expires_at or 0.0,
+            worker_num=len(access.pods),
+            rank=access.pods.index(request.pod),
+        )
+
+
+async def serve(
+    authority: Authority | None,
+    nats_url: str,
+    lookup: Callable[[str, str], JobAccess | None],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ttl_s: float | None = 3600.0,
+) -> tuple[aio.Server, int]:
+    """Start the credentials server; returns it and the port it listens on."""
+    server = aio.server()
+    aegis_pb2_grpc.add_CredentialsServicer_to_server(
+        _Servicer(authority, nats_url, lookup, ttl_s), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    return server, bound
+
+
+async def fetch(
+    target: str, *, namespace: str, job: str, pod: str, token: str, timeout_s: float
+) -> WorkerCreds:
+    """The agent's one call. Raises ``CredsRefused`` on refusal, ``ConnectionError`` when the
+    master cannot be reached in time."""
+    async with aio.insecure_channel(target) as channel:
+        stub = aegis_pb2_grpc.CredentialsStub(channel)
+        request = aegis_pb2.SyncWorkerCredsRequest(
+            job=job, namespace=namespace, pod=pod, bootstrap_token=token
+        )
+        try:
+            reply = await stub.SyncWorkerCreds(request, timeout=timeout_s, wait_for_ready=True)
+        except aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
+                raise CredsRefused(exc.code().name.lower(), detail=exc.details() or "") from None
+            raise ConnectionError(f"master at {target}: {exc.code().name}") from None
+    creds = UserCreds(
+        jwt=reply.user_jwt,
+        seed=reply.user_seed,
+        inbox_prefix=reply.inbox_prefix,
+        expires_at=reply.expires_at or None,
+    )
+    return WorkerCreds(reply.nats_url, creds, reply.subject_prefix, reply.worker_num, reply.rank)

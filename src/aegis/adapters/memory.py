@@ -1,0 +1,73 @@
+"""In-memory fakes of the ports, for tests and for the contract suite's second implementation."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aegis.adapters.ports import Handler, StoreConflict
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` matches one token, a final ``>`` one or more."""
+    parts, tokens = pattern.split("."), subject.split(".")
+    for index, part in enumerate(parts):
+        if part == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (part != "*" and part != tokens[index]):
+            return False
+    return len(tokens) == len(parts)
+
+
+class _MemorySubscription:
+    def __init__(self, bus: MemoryBus, key: int) -> None:
+        self._bus, self._key = bus, key
+
+    async def unsubscribe(self) -> None:
+        self._bus.handlers.pop(self._key, None)
+
+
+class MemoryBus:
+    def __init__(self) -> None:
+        self.handlers: dict[int, tuple[str, Handler]] = {}
+        self._next = 0
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        for pattern, handler in list(self.handlers.values()):
+            if subject_matches(pattern, subject):
+                task = asyncio.create_task(handler(subject, payload))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+
+    async def subscribe(self, subject: str, handler: Handler) -> _MemorySubscription:
+        self._next += 1
+        self.handlers[self._next] = (subject, handler)
+        return _MemorySubscription(self, self._next)
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout_s)
+
+    async def close(self) -> None:
+        self.handlers.clear()
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.data: dict[str, tuple[bytes, int]] = {}
+        self._revision = 0
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        return self.data.get(key)
+
+    async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
+        current = self.data.get(key)
+        current_revision = current[1] if current else None
+        if current_revision != expected_revision:
+            raise StoreConflict("conflict", detail=f"{key} at {current_revision}")
+        self._revision += 1
+        self.data[key] = (value, self._revision)
+        return self._revision
+
+    async def keys(self) -> list[str]:
+        return sorted(self.data)

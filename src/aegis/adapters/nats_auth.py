@@ -1,0 +1,156 @@
+"""NATS decentralised auth, minted in Python: an operator, a system account, one application
+account with JetStream, and user JWTs scoped to one job (DESIGN section 4).
+
+A JWT is ``base64url(header).base64url(claims).base64url(ed25519 signature by the issuer)``.
+The server runs in operator mode with a MEMORY resolver preloaded with both account JWTs.
+The master's user may use every subject (and JetStream); a worker's user may only publish and
+subscribe under ``aegis.<namespace>.<job>.>`` and its inbox prefix ``_INBOX_<job>.>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import nkeys
+
+_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def new_keypair(prefix: int) -> nkeys.KeyPair:
+    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
+
+
+def encode_jwt(claims: dict[str, Any], issuer: nkeys.KeyPair) -> str:
+    body = dict(claims)
+    body["iss"] = issuer.public_key.decode()
+    body.setdefault("iat", int(time.time()))
+    body["jti"] = ""
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
+    body["jti"] = base64.b32encode(digest).rstrip(b"=").decode()
+    signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(body).encode())}"
+    signature = issuer.sign(signing_input.encode())
+    return f"{signing_input}.{_b64(signature)}"
+
+
+def decode_claims(token: str) -> dict[str, Any]:
+    """The claims of a JWT (no verification: for tests and diagnostics)."""
+    part = token.split(".")[1]
+    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    return claims
+
+
+def job_subject_prefix(namespace: str, job: str) -> str:
+    return f"aegis.{namespace}.{job}"
+
+
+def job_inbox_prefix(job: str) -> str:
+    return f"_INBOX_{job}"
+
+
+@dataclass(frozen=True, slots=True)
+class UserCreds:
+    """What a client needs to connect: its JWT and the seed that signs the server's nonce."""
+
+    jwt: str
+    seed: bytes
+    inbox_prefix: str
+    expires_at: float | None
+
+    def jwt_bytes(self) -> bytes:
+        return self.jwt.encode()
+
+    def sign_nonce(self, nonce: str) -> bytes:
+        return base64.b64encode(nkeys.from_seed(self.seed).sign(nonce.encode()))
+
+
+_UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+              "wildcards": True, "conn": -1, "leaf": -1}  # fmt: skip
+
+
+class Authority:
+    """Holds the operator and account keys; mints account and user JWTs."""
+
+    def __init__(self, *, app_account_name: str = "AEGIS") -> None:
+        self.operator = new_keypair(nkeys.PREFIX_BYTE_OPERATOR)
+        self.system = new_keypair(nkeys.PREFIX_BYTE_ACCOUNT)
+        self.account = new_keypair(nkeys.PREFIX_BYTE_ACCOUNT)
+        self.operator_jwt = encode_jwt(
+            {"sub": _pub(self.operator), "name": "aegis-operator",
+             "nats": {"type": "operator", "version": 2,
+                      "system_account": _pub(self.system)}},
+            self.operator,
+        )  # fmt: skip
+        self.system_jwt = self._account_jwt(self.system, "SYS", jetstream=False)
+        self.account_jwt = self._account_jwt(self.account, app_account_name, jetstream=True)
+
+    def _account_jwt(self, account: nkeys.KeyPair, name: str, *, jetstream: bool) -> str:
+        limits: dict[str, Any] = dict(_UNLIMITED)
+        if jetstream:
+            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=-1)
+        claims = {"sub": _pub(account), "name": name,
+                  "nats": {"type": "account", "version": 2, "limits": limits,
+                           "default_permissions": {"pub": {}, "sub": {}}}}  # fmt: skip
+        return encode_jwt(claims, self.operator)
+
+    def server_config(self) -> str:
+        """The operator-mode part of a nats-server config file."""
+        return (
+            f'operator: "{self.operator_jwt}"\n'
+            f'system_account: "{_pub(self.system)}"\n'
+            "resolver: MEMORY\n"
+            "resolver_preload: {\n"
+            f'  "{_pub(self.account)}": "{self.account_jwt}"\n'
+            f'  "{_pub(self.system)}": "{self.system_jwt}"\n'
+            "}\n"
+        )
+
+    def master_creds(self, ttl_s: float | None = None) -> UserCreds:
+        return self._user("aegis-master", None, None, ttl_s, inbox="_INBOX")
+
+    def worker_creds(self, namespace: str, job: str, pod: str, ttl_s: float | None) -> UserCreds:
+        prefix = job_subject_prefix(namespace, job)
+        inbox = job_inbox_prefix(job)
+        allow = [f"{prefix}.>", f"{inbox}.>"]
+        return self._user(f"{namespace}/{job}/{pod}", allow, allow, ttl_s, inbox=inbox)
+
+    def _user(
+        self,
+        name: str,
+        pub_allow: list[str] | None,
+        sub_allow: list[str] | None,
+        ttl_s: float | None,
+        *,
+        inbox: str,
+    ) -> UserCreds:
+        user = new_keypair(nkeys.PREFIX_BYTE_USER)
+        nats_claims: dict[str, Any] = {"type": "user", "version": 2,
+                                       "subs": -1, "data": -1, "payload": -1}  # fmt: skip
+        if pub_allow is not None:
+            nats_claims["pub"] = {"allow": pub_allow}
+        if sub_allow is not None:
+            nats_claims["sub"] = {"allow": sub_allow}
+        claims: dict[str, Any] = {"sub": _pub(user), "name": name, "nats": nats_claims}
+        expires_at = None
+        if ttl_s is not None:
+            expires_at = time.time() + ttl_s
+            claims["exp"] = int(expires_at)
+        return UserCreds(
+            jwt=encode_jwt(claims, self.account),
+            seed=bytes(user.seed),
+            inbox_prefix=inbox,
+            expires_at=expires_at,
+        )
+
+
+def _pub(kp: nkeys.KeyPair) -> str:
+    return str(kp.public_key.decode())

@@ -1,0 +1,49 @@
+"""Ports: what the master and the agent need from the outside world, as ``typing.Protocol``.
+
+Each port has a real adapter and an in-memory fake, and one contract test suite runs against
+both (``tests/test_contract_*.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from aegis.core.errors import RemoteError
+
+Handler = Callable[[str, bytes], Coroutine[Any, Any, None]]  # (subject, payload)
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class Bus(Protocol):
+    """Publish/subscribe on subjects (NATS semantics: ``*`` one token, ``>`` the rest)."""
+
+    async def publish(self, subject: str, payload: bytes) -> None: ...
+
+    async def subscribe(self, subject: str, handler: Handler) -> Subscription: ...
+
+    async def flush(self, timeout_s: float = 5.0) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class StoreConflict(RemoteError):
+    """A revision-checked write lost: someone else wrote the key since we read it."""
+
+
+class StatusStore(Protocol):
+    """Key-value store with optimistic concurrency (the job status lives here)."""
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        """The value and its revision, or None."""
+        ...
+
+    async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
+        """Write ``value`` if the key is still at ``expected_revision`` (None: must not exist).
+        Returns the new revision; raises ``StoreConflict`` otherwise."""
+        ...
+
+    async def keys(self) -> list[str]: ...

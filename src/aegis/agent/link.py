@@ -1,0 +1,276 @@
+"""The agent's link to the master: one gRPC call for credentials, then NATS for everything else.
+
+``MasterLink`` implements the supervisor's ``AgentReports`` port (exits, hangs) by publishing
+Finish/Error/Hang on ``<prefix>.worker``, beats every ``heartbeat_s``, and executes the master's
+orders (bootcheck, run, restart, stop, troubleshoot, exit) in order, each round at most once
+(an order re-sent after a master failover or for a lost message is ignored). When its
+credentials expire the server closes the connection for good; the link bootstraps again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aegis.adapters.grpc import creds as grpc_creds
+from aegis.adapters.nats_bus import NatsBus
+from aegis.agent import ports, supervisor
+from aegis.checks import suites
+from aegis.checks.base import CheckSettings, GroupInfo
+from aegis.core.phases import Order, Phase
+from aegis.wire import codec
+from aegis.wire import messages as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    grpc_target: str
+    namespace: str
+    job: str
+    pod: str
+    token: str
+    node: str = ""
+    heartbeat_s: float = 1.0
+    connect_timeout_s: float = 10.0
+    scratch_dir: Path = Path("/tmp")
+    inject: frozenset[str] = frozenset()
+
+
+class LinkUnavailable(Exception):
+    """Neither the master nor NATS answered in time: run independently."""
+
+
+class MasterLink:
+    def __init__(self, settings: LinkSettings) -> None:
+        self.settings = settings
+        self.incarnation = secrets.token_hex(4)
+        self._ids = itertools.count()
+        self.bus: NatsBus | None = None
+        self.creds: grpc_creds.WorkerCreds | None = None
+        self.sup: supervisor.Supervisor | None = None
+        self.orders: asyncio.Queue[m.Message] = asyncio.Queue()
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.executed: set[tuple[int, str]] = set()
+        self.run_round: tuple[Phase, int] = (Phase.RUN_COMMAND, -1)
+        self._rebootstrapping = False
+        self.hung = False
+
+    # -- connection ----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        s = self.settings
+        try:
+            self.creds = await grpc_creds.fetch(
+                s.grpc_target,
+                namespace=s.namespace,
+                job=s.job,
+                pod=s.pod,
+                token=s.token,
+                timeout_s=s.connect_timeout_s,
+            )
+            self.bus = await NatsBus.connect(
+                self.creds.nats_url,
+                self.creds.creds,
+                name=f"aegis-agent-{s.pod}",
+                on_error=self._on_nats_error,
+                connect_timeout_s=s.connect_timeout_s,
+            )
+        except (ConnectionError, OSError, TimeoutError) as exc:
+            raise LinkUnavailable(str(exc)) from exc
+        await self.bus.subscribe(f"{self.creds.subject_prefix}.master", self._on_order)
+        await self._send(
+            m.MessageType.ACK, Phase.PENDING, 0, m.AckData(s.node, "", self.incarnation)
+        )
+        await self.bus.flush()
+
+    def _on_nats_error(self, exc: Exception) -> None:
+        if "expired" in str(exc).lower() and not self._rebootstrapping:
+            self._rebootstrapping = True
+            asyncio.get_running_loop().create_task(self._rebootstrap(), name="rebootstrap")
+
+    async def _rebootstrap(self) -> None:
+        """Expired credentials close the connection for good: fetch new ones, reconnect."""
+        log.warning("credentials expired: bootstrapping again")
+        old = self.bus
+        try:
+            await self.connect()
+        finally:
+            self._rebootstrapping = False
+        if old is not None:
+            await old.close()
+
+    def env(self) -> dict[str, str]:
+        """The environment of the training command: torchrun's and Kubeflow's variables."""
+        assert self.creds is not None
+        s, c = self.settings, self.creds
+        return {
+            "RANK": str(c.rank),
+            "WORLD_SIZE": str(c.worker_num),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "PET_NNODES": str(c.worker_num),
+            "PET_NODE_RANK": str(c.rank),
+            "AEGIS_JOB": s.job,
+            "AEGIS_NAMESPACE": s.namespace,
+            "AEGIS_POD": s.pod,
+            "AEGIS_NODE": s.node,
+        }
+
+    # -- reports (the supervisor's port) -------------------------------------------------------
+
+    async def child_exited(self, report: ports.ExitReport) -> None:
+        if report.reason not in (ports.ExitReason.EXITED, ports.ExitReason.SPAWN_FAILED):
+            return  # stopped or restarted on an order: nothing to report
+        phase, seq = self.run_round
+        if report.exit_status == 0:
+            await self._send(m.MessageType.FINISH, phase, seq, m.ExitData(0))
+            return
+        evidence = report.evidence
+        lines = [f"{x.fault_class}: {x.line}" for x in evidence.matches[-5:]]
+        lines += list(evidence.last_lines[-20:])
+        data = m.ErrorData(
+            reason=f"exit status {report.exit_status}",
+            fault_class=evidence.fault_class or "",
+            exit_code=report.exit_status,
+            lines=lines,
+        )
+        await self._send(m.MessageType.ERROR, phase, seq, data)
+
+    async def hang_detected(self, report: ports.HangReport) -> None:
+        self.hung = True
+        stacks = "\n".join(
+            f"--- pid {s.pid} ({s.cmdline}) ---\n{s.text if s.error is None else s.error}"
+            for s in report.stacks
+        )
+        phase, seq = self.run_round
+        await self._send(m.MessageType.HANG, phase, seq, m.HangData(report.idle_s, stacks))
+
+    async def fault_seen(self, report: ports.FaultReport) -> None:
+        log.info("fault signature %s: %s", report.match.fault_class, report.match.line)
+
+    async def _send(self, kind: m.MessageType, phase: Phase, seq: int, data: m.Payload) -> None:
+        if self.bus is None or self.creds is None:
+            return
+        s = self.settings
+        msg = m.Message(
+            job=s.job,
+            namespace=s.namespace,
+            pod=s.pod,
+            type=kind,
+            phase=phase,
+            seq=seq,
+            ts=time.time(),
+            data=data,
+            id=f"{s.pod}/{self.incarnation}/{next(self._ids)}",
+        )
+        await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
+
+    async def beat(self) -> None:
+        while not self.done.done():
+            phase, seq = self.run_round
+            await self._send(m.MessageType.HEARTBEAT, phase, seq, m.HeartbeatData())
+            try:
+                await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
+            except TimeoutError:
+                continue
+
+    # -- orders --------------------------------------------------------------------------------
+
+    async def _on_order(self, subject: str, payload: bytes) -> None:
+        try:
+            msg = codec.decode(payload)
+        except codec.WireError as exc:
+            log.warning("dropped an order: %s", exc)
+            return
+        if not isinstance(msg.data, m.OrderData):
+            return
+        if msg.data.pods and self.settings.pod not in msg.data.pods:
+            return
+        self.orders.put_nowait(msg)
+
+    async def execute_orders(self, sup: supervisor.Supervisor) -> None:
+        self.sup = sup
+        while not self.done.done():
+            msg = await self.orders.get()
+            assert isinstance(msg.data, m.OrderData)
+            key = (msg.seq, msg.data.order.value)
+            if key in self.executed:
+                continue  # a round already executed (re-sent order): harmless
+            self.executed.add(key)
+            await self._execute(sup, msg, msg.data)
+
+    async def _execute(
+        self, sup: supervisor.Supervisor, msg: m.Message, order: m.OrderData
+    ) -> None:
+        log.info("order %s#%d", order.order, msg.seq)
+        match order.order:
+            case Order.RUN | Order.RESTART:
+                self.run_round = (msg.phase, msg.seq)
+                self.hung = False
+                env = _round_env(order.env)
+                if order.order is Order.RESTART or sup.running:
+                    await sup.restart(env)  # AEGIS_RESTART_COUNT + 1, same agent
+                else:
+                    await sup.start(env)
+            case Order.STOP:
+                await sup.stop()
+            case Order.BOOTCHECK | Order.TROUBLESHOOT:
+                if order.order is Order.TROUBLESHOOT:
+                    await sup.stop()
+                results = await self._checks(order)
+                response = m.ChecksData(m.CheckResponse(results))
+                await self._send(m.MessageType.FINISH, msg.phase, msg.seq, response)
+            case Order.EXIT:
+                await sup.stop()
+                if not self.done.done():
+                    self.done.set_result(order.exit_code)
+            case Order.CHECKPOINT:
+                log.info("checkpoint requested (round %d)", msg.seq)
+
+    async def _checks(self, order: m.OrderData) -> list[m.CheckResult]:
+        group = None
+        if self.creds is not None and "CHECK_MASTER_PORT" in order.env:
+            group = GroupInfo(
+                rank=self.creds.rank,
+                world_size=self.creds.worker_num,
+                master_addr=order.env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=int(order.env["CHECK_MASTER_PORT"]),
+            )
+        settings = CheckSettings(
+            scratch_dir=self.settings.scratch_dir,
+            inject=self.settings.inject,
+            group=group,
+            hung=self.hung,
+        )
+        if order.order is Order.BOOTCHECK:
+            return await suites.bootcheck(settings)
+        return await suites.troubleshoot(settings)
+
+    async def close(self) -> None:
+        if self.bus is not None:
+            await self.bus.flush()
+            await self.bus.close()
+
+
+def _round_env(order_env: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in order_env.items() if not k.startswith("CHECK_")}
+    if "MASTER_ADDR" in env:
+        env["PET_MASTER_ADDR"] = env["MASTER_ADDR"]
+    if "MASTER_PORT" in env:
+        env["PET_MASTER_PORT"] = env["MASTER_PORT"]
+    return env
+
+
+def inject_from_env() -> frozenset[str]:
+    """The chaos switch set by ``aegis run --inject-fault NODE:CHECK`` for this node."""
+    raw = os.environ.get("AEGIS_INJECT_FAULT", "")
+    return frozenset(part.strip() for part in raw.split(",") if part.strip())

@@ -1,0 +1,170 @@
+"""The port the master link plugs into: what the agent reports, and the evidence it carries.
+
+The agent calls an :class:`AgentReports` implementation; the link (another issue) turns the calls
+into Error/Hang/Finish messages on NATS. Two implementations live here: :class:`RecordingReports`
+(in memory, for tests and embedding) and :class:`LoggingReports` (standalone: a log line each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from typing import Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
+
+
+class FaultClass(enum.StrEnum):
+    """Known classes of fault signature, most specific (hardware) first: the order is the rank."""
+
+    GPU_XID = "gpu_xid"
+    GPU_ECC = "gpu_ecc"
+    CUDA_OOM = "cuda_oom"
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    CUDA_ERROR = "cuda_error"
+    HOST_OOM = "host_oom"
+    CONNECTION = "connection"
+    SEGFAULT = "segfault"
+    PYTHON_TRACEBACK = "python_traceback"
+
+
+def rank_of(fault_class: str) -> int:
+    """Lower is more telling; classes from a config file rank just before a bare traceback."""
+    order = list(FaultClass)
+    try:
+        return order.index(FaultClass(fault_class))
+    except ValueError:
+        return order.index(FaultClass.PYTHON_TRACEBACK) - 1
+
+
+class ExitReason(enum.StrEnum):
+    EXITED = "exited"  # the command ended on its own
+    STOPPED = "stopped"  # the agent stopped it (its own stop, or an order)
+    RESTARTED = "restarted"  # the agent stopped it to start it again in place
+    SPAWN_FAILED = "spawn_failed"  # the command could not be executed (127/126)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SignatureMatch:
+    fault_class: str
+    signature: str
+    stream: str
+    line: str
+    detail: str = ""  # for a traceback: its last frame line
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evidence:
+    fault_class: str | None
+    matches: tuple[SignatureMatch, ...]
+    last_lines: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExitReport:
+    pid: int
+    restart_count: int
+    exit_status: int  # shell style: the code, or 128+N after signal N
+    signal: int | None
+    reason: ExitReason
+    evidence: Evidence
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackDump:
+    pid: int
+    cmdline: str
+    text: str
+    error: str | None  # why no dump (ptrace denied, py-spy missing, not Python), else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HangReport:
+    restart_count: int
+    timeout_s: float
+    idle_s: float
+    last_step: int | None  # None when the command never called aegis.progress()
+    last_activity_ts: float  # time.monotonic() of the last progress (or output)
+    detected_ts: float  # time.monotonic() when the hang was declared
+    stacks: tuple[StackDump, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultReport:
+    pid: int
+    restart_count: int
+    match: SignatureMatch
+
+
+class AgentReports(Protocol):
+    """What the agent tells the outside world; calls should not raise (failures are logged)."""
+
+    async def child_exited(self, report: ExitReport) -> None: ...
+
+    async def hang_detected(self, report: HangReport) -> None: ...
+
+    async def fault_seen(self, report: FaultReport) -> None: ...
+
+
+class RecordingReports:
+    """In-memory :class:`AgentReports`: keeps every report and wakes waiters."""
+
+    def __init__(self) -> None:
+        self.exits: list[ExitReport] = []
+        self.hangs: list[HangReport] = []
+        self.faults: list[FaultReport] = []
+        self._changed = asyncio.Condition()
+
+    async def child_exited(self, report: ExitReport) -> None:
+        await self._add(self.exits, report)
+
+    async def hang_detected(self, report: HangReport) -> None:
+        await self._add(self.hangs, report)
+
+    async def fault_seen(self, report: FaultReport) -> None:
+        await self._add(self.faults, report)
+
+    async def _add(self, into: list[_R], report: _R) -> None:
+        async with self._changed:
+            into.append(report)
+            self._changed.notify_all()
+
+    async def wait_for(self, what: str, count: int = 1) -> None:
+        """Wait until at least ``count`` reports of kind ``what`` (exits|hangs|faults) are in."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(getattr(self, what)) >= count)
+
+
+class LoggingReports:
+    """Standalone :class:`AgentReports`: one log line per report, nothing sent anywhere."""
+
+    async def child_exited(self, report: ExitReport) -> None:
+        evidence = report.evidence
+        if report.reason is ExitReason.EXITED and evidence.fault_class is not None:
+            log.warning(
+                "command exited with status %s (fault class: %s)%s",
+                report.exit_status,
+                evidence.fault_class or "unknown",
+                "".join(f"\n  {m.fault_class}: {m.line}" for m in evidence.matches[-5:]),
+            )
+
+    async def hang_detected(self, report: HangReport) -> None:
+        stacks = "".join(
+            f"\n--- pid {s.pid} ({s.cmdline}) ---\n{s.text if s.error is None else s.error}"
+            for s in report.stacks
+        )
+        log.warning(
+            "hang: no progress for %.1f s (timeout %.1f s, last step %s)%s",
+            report.idle_s,
+            report.timeout_s,
+            report.last_step,
+            stacks,
+        )
+
+    async def fault_seen(self, report: FaultReport) -> None:
+        log.info("fault signature %s: %s", report.match.fault_class, report.match.line)

@@ -1,0 +1,129 @@
+"""``aegis agent`` on its own node: tini's duties plus the supervisor, until the command ends.
+
+PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward SIGTERM,
+SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the command's group (SIGTERM also starts the
+agent's own stop: grace period, then SIGKILL); reap every zombie; exit with the command's status.
+With ``--master`` the agent first checks that the master answers; when it does not, it says so in
+one line and runs the command independently (seed ``RunIndependent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aegis.agent import group, link, linked, ports, reaper, supervisor
+
+log = logging.getLogger(__name__)
+
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MasterSettings:
+    host: str
+    port: int
+    job: str | None = None
+    pod: str | None = None
+    token_file: str | None = None
+    connect_timeout_s: float = 10.0
+    namespace: str = "default"
+    node: str = ""
+    heartbeat_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentSettings:
+    supervisor: supervisor.SupervisorSettings
+    master: MasterSettings | None = None
+
+
+async def master_answers(master: MasterSettings) -> bool:
+    """Whether a TCP connection to the master opens within the connect timeout."""
+    try:
+        async with asyncio.timeout(master.connect_timeout_s):
+            _, writer = await asyncio.open_connection(master.host, master.port)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
+    """Supervise ``argv`` until it ends; return the exit status to leave with."""
+    if settings.master is not None:
+        master = settings.master
+        if master.job and master.pod and master.token_file:
+            code = await linked.run_linked(settings.supervisor, _link_settings(master), argv)
+            if code is not None:
+                return code
+        else:
+            print(
+                f"aegis agent: warning: master {master.host}:{master.port} given without "
+                "--job, --pod and --token-file; running the command independently, "
+                "without fault tolerance",
+                file=sys.stderr,
+                flush=True,
+            )
+    reaper.become_subreaper()
+    loop = asyncio.get_running_loop()
+    async with (
+        reaper.Reaper() as the_reaper,
+        supervisor.Supervisor(argv, settings.supervisor, the_reaper, ports.LoggingReports()) as sup,
+    ):
+        stopping: list[asyncio.Task[ports.ExitReport | None]] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if sig is signal.SIGTERM:
+                if not stopping:
+                    log.info("SIGTERM: stopping the command")
+                    stopping.append(asyncio.create_task(sup.stop(), name="agent-stop"))
+                return
+            sup.send_signal(sig)
+
+        for sig in FORWARDED:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            await sup.start()
+            report = await sup.wait()
+            for task in stopping:
+                await task
+            await group.terminate_descendants(settings.supervisor.grace_s)
+        finally:
+            for sig in FORWARDED:
+                loop.remove_signal_handler(sig)
+    return report.exit_status
+
+
+def _link_settings(master: MasterSettings) -> link.LinkSettings:
+    assert master.job and master.pod and master.token_file
+    return link.LinkSettings(
+        grpc_target=f"{master.host}:{master.port}",
+        namespace=master.namespace,
+        job=master.job,
+        pod=master.pod,
+        token=Path(master.token_file).read_text().strip(),
+        node=master.node,
+        heartbeat_s=master.heartbeat_s,
+        connect_timeout_s=master.connect_timeout_s,
+        inject=link.inject_from_env(),
+    )
+
+
+def main(settings: AgentSettings, argv: Sequence[str]) -> int:
+    return asyncio.run(run(settings, argv))

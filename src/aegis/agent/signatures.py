@@ -1,0 +1,177 @@
+"""Log signature scanner: classify known faults in the training output, line by line.
+
+The patterns are data (:data:`DEFAULT_SIGNATURES`); a TOML file adds more, checked first::
+
+    [[signature]]
+    name = "lustre_eio"
+    fault_class = "io_error"
+    pattern = "LustreError: .* rc = -5"
+
+A Python traceback is followed across lines: its match carries the exception line and, as detail,
+the last ``File ...`` frame line.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from pathlib import Path
+
+import msgspec
+
+from aegis.agent import ports
+from aegis.core import errors
+
+FC = ports.FaultClass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Signature:
+    name: str
+    fault_class: str
+    pattern: re.Pattern[str]
+
+
+def _sig(name: str, fault_class: str, pattern: str) -> Signature:
+    return Signature(name, fault_class, re.compile(pattern))
+
+
+# Order matters: the first signature that matches a line classifies it (most specific first).
+DEFAULT_SIGNATURES: tuple[Signature, ...] = (
+    _sig("nvrm_xid", FC.GPU_XID, r"NVRM: Xid \(|\bXid\b.*\b(?:79|48|63|64|74|94|95)\b,"),
+    _sig("fallen_off_bus", FC.GPU_XID, r"fallen off the bus"),
+    _sig("ecc", FC.GPU_ECC, r"(?i)uncorrectable ECC error|ECC_UNCORRECTABLE|double bit error"),
+    _sig("cuda_oom", FC.CUDA_OOM, r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"),
+    _sig(
+        "nccl_watchdog",
+        FC.NCCL_TIMEOUT,
+        r"Watchdog caught collective operation timeout|NCCL watchdog thread terminated"
+        r"|NCCL communicator was aborted|NCCL.*timed out",
+    ),
+    _sig(
+        "nccl_error",
+        FC.NCCL_ERROR,
+        r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError"
+        r"|NCCL WARN",
+    ),
+    _sig(
+        "cuda_error", FC.CUDA_ERROR, r"CUDA error: |cudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_\w+"
+    ),
+    _sig(
+        "host_oom",
+        FC.HOST_OOM,
+        r"Out of memory: Kill(?:ed)? process|oom-kill|\bMemoryError\b|Cannot allocate memory",
+    ),
+    _sig(
+        "connection",
+        FC.CONNECTION,
+        r"Connection reset by peer|Connection refused|ConnectionResetError|ConnectionRefusedError"
+        r"|Connection closed by peer|Broken pipe",
+    ),
+    _sig(
+        "segfault",
+        FC.SEGFAULT,
+        r"Segmentation fault|SIGSEGV|Fatal Python error: Segmentation|Signal 11 \(SIGSEGV\)",
+    ),
+)
+
+
+class _Entry(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    fault_class: str
+    pattern: str
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    signature: list[_Entry] = msgspec.field(default_factory=list)
+
+
+class SignatureConfigError(errors.RemoteError):
+    """A signature file that cannot be read, decoded or compiled."""
+
+
+def load(path: Path) -> tuple[Signature, ...]:
+    """The signatures of a TOML file followed by the defaults."""
+    try:
+        decoded = msgspec.toml.decode(path.read_bytes(), type=_File)
+    except OSError as exc:
+        raise SignatureConfigError("cannot read signature file", detail=f"{path}: {exc}") from exc
+    except msgspec.ValidationError as exc:
+        raise SignatureConfigError("bad signature file", detail=f"{path}: {exc}") from exc
+    extra = []
+    for entry in decoded.signature:
+        try:
+            extra.append(_sig(entry.name, entry.fault_class, entry.pattern))
+        except re.error as exc:
+            raise SignatureConfigError("bad pattern", detail=f"{entry.name}: {exc}") from exc
+    return (*extra, *DEFAULT_SIGNATURES)
+
+
+_FRAME = re.compile(r'^\s+File "')
+_TRACEBACK_START = "Traceback (most recent call last):"
+
+
+@dataclasses.dataclass(slots=True)
+class _TracebackState:
+    open: bool = False
+    last_frame: str = ""
+
+
+class Scanner:
+    """Feeds on output lines; keeps the last lines and the matches as evidence."""
+
+    def __init__(
+        self,
+        signatures: tuple[Signature, ...] = DEFAULT_SIGNATURES,
+        *,
+        keep_lines: int = 50,
+        max_matches: int = 50,
+    ) -> None:
+        self._signatures = signatures
+        self._last: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self._matches: collections.deque[ports.SignatureMatch] = collections.deque(
+            maxlen=max_matches
+        )
+        self._tracebacks: dict[str, _TracebackState] = {}
+
+    def feed(self, stream: str, line: str) -> tuple[ports.SignatureMatch, ...]:
+        """Record one line (without its newline); return what it matched."""
+        self._last.append(line)
+        found: list[ports.SignatureMatch] = []
+        for signature in self._signatures:
+            if signature.pattern.search(line):
+                found.append(
+                    ports.SignatureMatch(signature.fault_class, signature.name, stream, line)
+                )
+                break
+        traceback = self._follow_traceback(stream, line)
+        if traceback is not None:
+            found.append(traceback)
+        self._matches.extend(found)
+        return tuple(found)
+
+    def _follow_traceback(self, stream: str, line: str) -> ports.SignatureMatch | None:
+        state = self._tracebacks.setdefault(stream, _TracebackState())
+        if line.startswith(_TRACEBACK_START):
+            state.open, state.last_frame = True, ""
+            return None
+        if not state.open:
+            return None
+        if _FRAME.match(line):
+            state.last_frame = line.strip()
+            return None
+        if not line or line[0].isspace():
+            return None  # source line, caret line, or a blank between chained tracebacks
+        state.open = False
+        return ports.SignatureMatch(
+            FC.PYTHON_TRACEBACK, "python_traceback", stream, line, detail=state.last_frame
+        )
+
+    def evidence(self, *, fallback_class: str | None = None) -> ports.Evidence:
+        matches = tuple(self._matches)
+        classes = [m.fault_class for m in matches]
+        if fallback_class is not None:
+            classes.append(fallback_class)
+        best = min(classes, key=ports.rank_of, default=None)
+        return ports.Evidence(fault_class=best, matches=matches, last_lines=tuple(self._last))

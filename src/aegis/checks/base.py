@@ -1,0 +1,113 @@
+"""Running checks: each with a budget (an overrun fails with reason ``timeout``), blocking work in
+a thread, and the chaos switch ``inject`` that makes a named check fail as broken hardware would
+(it never touches any other code path)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.core.recovery import CheckType
+from aegis.wire.messages import CheckResult
+
+DEFAULT_BUDGETS_S: Mapping[CheckType, float] = {
+    CheckType.IO: 30.0,
+    CheckType.GPU: 66.0,
+    CheckType.RUNTIME: 10.0,
+    CheckType.RDMA: 25.0,
+    CheckType.ALLREDUCE_CONNECT: 122.0,
+    CheckType.ALLREDUCE_PERF: 182.0,
+    CheckType.HANG: 5.0,
+}
+
+INJECTED = "injected fault"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """Where the pods of a check round meet for collective checks."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def port_for(self, check: CheckType) -> int:
+        """allreduce_connect meets on master_port, allreduce_perf on master_port + 1 (a round's
+        two groups never share a rendezvous store)."""
+        return self.master_port + (1 if check is CheckType.ALLREDUCE_PERF else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PerfSettings:
+    """allreduce_perf: a fixed local matmul benchmark plus pairwise and world collective rounds."""
+
+    compute_s: float = 1.0  # wall time of the local matmul benchmark ...
+    window_s: float = 0.2  # ... judged by its best window of this length
+    matrix: int = 128  # side of the float32 matrices multiplied
+    pair_mb: float = 1.0  # payload of each pairwise ping-pong
+    pair_iterations: int = 4
+    pair_repeats: int = 5  # measurements per pair, the best one counts
+    max_pair_rounds: int = 3
+    allreduce_mb: float = 1.0
+    slow_factor: float = 0.6  # compute below this fraction of the peers' median: slow
+    pair_slow_factor: float = 0.35  # best-pair bandwidth below this fraction: slow (noisier)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    scratch_dir: Path = Path("/tmp")
+    budgets_s: Mapping[CheckType, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS_S))
+    inject: frozenset[str] = frozenset()  # check names that fail as broken hardware would
+    require_gpu: bool = False
+    expect_rdma: bool = False
+    io_size_mb: int = 16
+    io_floor_mb_s: float = 5.0
+    group: GroupInfo | None = None
+    hung: bool = False  # the progress watchdog's verdict at the time of the round
+    gpu_count: int | None = None  # GPUs this node must show (None: any number)
+    rdma_root: Path = Path("/sys/class/infiniband")
+    expect_cuda: bool | None = None  # runtime: CUDA must (True) / must not (False) be usable
+    perf: PerfSettings = field(default_factory=PerfSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    passed: bool
+    result: str
+    not_applicable: bool = False
+
+
+CheckFn = Callable[[CheckSettings], Awaitable[Outcome]]
+
+
+async def run_one(check_type: CheckType, fn: CheckFn, settings: CheckSettings) -> CheckResult:
+    started = time.monotonic()
+    if check_type.value in settings.inject:
+        outcome = Outcome(False, INJECTED)
+    else:
+        budget = settings.budgets_s.get(check_type, DEFAULT_BUDGETS_S[check_type])
+        try:
+            async with asyncio.timeout(budget):
+                outcome = await fn(settings)
+        except TimeoutError:
+            outcome = Outcome(False, f"timeout after {budget:g} s")
+        except Exception as exc:  # a check that crashes is a failed check, with its reason
+            outcome = Outcome(False, f"{type(exc).__name__}: {exc}")
+    return CheckResult(
+        check_type=check_type,
+        passed=outcome.passed,
+        result=outcome.result,
+        duration_s=round(time.monotonic() - started, 4),
+        ts=time.time(),
+        not_applicable=outcome.not_applicable,
+    )
+
+
+async def run_all(
+    checks: Sequence[tuple[CheckType, CheckFn]], settings: CheckSettings
+) -> list[CheckResult]:
+    return [await run_one(check_type, fn, settings) for check_type, fn in checks]

@@ -1,0 +1,83 @@
+"""The node-local checks without hardware ports: io, runtime, hang."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import time
+from pathlib import Path
+
+from aegis.checks import env
+from aegis.checks.base import CheckSettings, Outcome
+
+_ERRNO_WORDS = {
+    errno.ENOSPC: "no space left",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EIO: "I/O error",
+}
+
+
+async def io_check(settings: CheckSettings) -> Outcome:
+    return await asyncio.to_thread(
+        _io, settings.scratch_dir, settings.io_size_mb, settings.io_floor_mb_s
+    )
+
+
+def _io(directory: Path, size_mb: int, floor_mb_s: float) -> Outcome:
+    path = directory / f".aegis-io-check-{os.getpid()}"
+    block = os.urandom(1024 * 1024)
+    started = time.monotonic()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            for _ in range(size_mb):
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+            # Drop the clean pages so the read below comes from the device, not the page cache.
+            os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        with path.open("rb") as back:
+            for number in range(size_mb):
+                if back.read(len(block)) != block:
+                    return Outcome(False, f"read back differs at MB {number} in {directory}")
+    except OSError as exc:
+        word = _ERRNO_WORDS.get(exc.errno or 0, exc.strerror or str(exc))
+        return Outcome(False, f"{word} ({errno.errorcode.get(exc.errno or 0, '?')}) on {directory}")
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    elapsed = max(time.monotonic() - started, 1e-6)
+    rate = 2 * size_mb / elapsed
+    if rate < floor_mb_s:
+        return Outcome(False, f"{rate:.1f} MB/s below the floor of {floor_mb_s:g} MB/s")
+    return Outcome(True, f"{rate:.0f} MB/s write+fsync+read of {size_mb} MB in {directory}")
+
+
+async def runtime_check(settings: CheckSettings) -> Outcome:
+    expect = True if settings.require_gpu else settings.expect_cuda
+    return await asyncio.to_thread(_runtime, expect)
+
+
+def _runtime(expect_cuda: bool | None) -> Outcome:
+    """Pass with the environment report as the result line (the master parses it with
+    :func:`aegis.checks.env.parse_report`); fail when CUDA availability is not as expected."""
+    try:
+        report = env.environment_report()
+    except Exception as exc:  # torch that does not import is a broken runtime
+        return Outcome(False, f"torch does not import: {type(exc).__name__}: {exc}")
+    line = env.format_report(report)
+    if expect_cuda is True and not report.cuda_available:
+        return Outcome(False, f"CUDA not available, expected; {line}")
+    if expect_cuda is False and report.cuda_available:
+        return Outcome(False, f"CUDA available, not expected; {line}")
+    return Outcome(True, line)
+
+
+async def hang_check(settings: CheckSettings) -> Outcome:
+    if settings.hung:
+        return Outcome(False, "no progress within the hang timeout")
+    return Outcome(True, "making progress")

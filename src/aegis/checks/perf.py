@@ -1,0 +1,168 @@
+"""allreduce_perf: figures measured in the collective child, and each pod's verdict on itself.
+
+Every pod measures (1) a local matmul benchmark of fixed size for a fixed wall time (pure local:
+comparable across pods on the same hardware), (2) pairwise ping-pong bandwidth in round-robin
+pairing rounds (a slow pod drags down every pair it is in, a healthy pod has at least one fast
+pair), and (3) the world all_reduce bandwidth (reported only: a slow pod slows everyone's).
+The figures are all_gathered, so each pod judges itself against the median of its peers: below
+``slow_factor`` times that median on compute or on best-pair bandwidth is ``slow``. With two pods
+the pair figure is shared, and the compute pairing decides.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    slow: bool
+    text: str
+
+
+def pairing(world: int, round_: int) -> dict[int, int]:
+    """Round ``round_`` of the circle method: rank -> partner (ranks left out have none)."""
+    n = world + (world % 2)
+    ring = list(range(1, n))
+    shift = round_ % max(n - 1, 1)
+    order = [0, *(ring[shift:] + ring[:shift])]
+    partners = {}
+    for i in range(n // 2):
+        a, b = order[i], order[n - 1 - i]
+        if a < world and b < world:
+            partners[a], partners[b] = b, a
+    return partners
+
+
+def rounds(world: int, max_rounds: int) -> int:
+    return min(world + (world % 2) - 1, max_rounds) if world > 1 else 0
+
+
+def _ratio(mine: float, peers: Sequence[float]) -> tuple[float, float]:
+    median = statistics.median(peers)
+    return (mine / median if median > 0 else 1.0), median
+
+
+def judge(
+    compute: Sequence[float],
+    pair: Sequence[float],
+    rank: int,
+    factor: float,
+    pair_factor: float = 0.35,
+) -> Verdict:
+    """This pod's verdict from every pod's figures (GFLOP/s, best pair MB/s), indexed by rank.
+
+    Pair bandwidth is noisier than the compute figure (a few milliseconds per measurement), so
+    it names a pod slow only below ``pair_factor`` of its peers' median (a clearly bad link).
+    """
+    mine_c = compute[rank]
+    peers_c = [v for r, v in enumerate(compute) if r != rank]
+    if not peers_c:
+        return Verdict(False, f"compute {mine_c:.2f} GFLOP/s (no peers to compare)")
+    ratio_c, median_c = _ratio(mine_c, peers_c)
+    parts = [f"compute {mine_c:.2f} GFLOP/s = {ratio_c:.2f}x peers' median {median_c:.2f}"]
+    slow = ratio_c < factor
+    peers_p = [v for r, v in enumerate(pair) if r != rank]
+    if peers_p and pair[rank] > 0:
+        ratio_p, median_p = _ratio(pair[rank], peers_p)
+        parts.append(
+            f"best pair {pair[rank]:.0f} MB/s = {ratio_p:.2f}x peers' median {median_p:.0f}"
+        )
+        slow = slow or ratio_p < pair_factor
+    text = "; ".join(parts)
+    return Verdict(slow, f"slow (below {factor:g}x of peers): {text}" if slow else text)
+
+
+def _ping_pong(dist: Any, buf: Any, rank: int, partner: int, iterations: int) -> float:
+    started = time.monotonic()
+    for _ in range(iterations):
+        if rank < partner:
+            dist.send(buf, partner)
+            dist.recv(buf, partner)
+        else:
+            dist.recv(buf, partner)
+            dist.send(buf, partner)
+    elapsed = max(time.monotonic() - started, 1e-9)
+    return float(2 * buf.numel() * 4 * iterations / elapsed / 1e6)
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has waited on a run queue (runnable, not running); 0 if unknown."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _compute(torch: Any, side: int, seconds: float, window_s: float) -> float:
+    """GFLOP/s of the best ``window_s`` window within ``seconds``.
+
+    Time spent runnable but waiting for a CPU (other processes on the host) is not counted, so
+    a busy neighbour does not make a healthy pod look slow; a pod that is really slow (throttled,
+    stopped, slow hardware) is slow in every window.
+    """
+    a = torch.randn(side, side)
+    b = torch.randn(side, side)
+    best = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        count = 0
+        started, delayed = time.monotonic(), run_delay_s()
+        while (elapsed := time.monotonic() - started) < window_s:
+            torch.mm(a, b)
+            count += 1
+        busy = max(elapsed - (run_delay_s() - delayed), elapsed * 0.05)
+        best = max(best, 2.0 * side**3 * count / busy / 1e9)
+    return best
+
+
+def _pair_bandwidth(torch: Any, dist: Any, args: Any, device: Any) -> float:
+    """Best ping-pong MB/s over this pod's pairs; repeats are spread over the whole phase."""
+    buf = torch.zeros(max(int(args.pair_mb * 262144), 1), dtype=torch.float32, device=device)
+    best = 0.0
+    for _ in range(args.pair_repeats):
+        for r in range(rounds(args.world_size, args.max_pair_rounds)):
+            dist.barrier()
+            partner = pairing(args.world_size, r).get(args.rank)
+            if partner is not None:
+                rate = _ping_pong(dist, buf, args.rank, partner, args.pair_iterations)
+                best = max(best, rate)
+    dist.barrier()
+    return best
+
+
+def _allreduce_bandwidth(torch: Any, dist: Any, mb: float, device: Any) -> float:
+    buf = torch.ones(max(int(mb * 262144), 1), dtype=torch.float32, device=device)
+    dist.all_reduce(buf)
+    started = time.monotonic()
+    for _ in range(3):
+        dist.all_reduce(buf)
+    return float(3 * buf.numel() * 4 / max(time.monotonic() - started, 1e-9) / 1e6)
+
+
+def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
+    """Runs inside the collective child with the process group initialised."""
+    dist.barrier()
+    compute = _compute(torch, args.matrix, args.compute_s, args.window_s)
+    pair = _pair_bandwidth(torch, dist, args, device)
+    allreduce = _allreduce_bandwidth(torch, dist, args.allreduce_mb, device)
+    mine = torch.tensor([compute, pair], dtype=torch.float64, device=device)
+    everyone = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(args.world_size)]
+    dist.all_gather(everyone, mine)
+    computes = [float(t[0]) for t in everyone]
+    pairs = [float(t[1]) for t in everyone]
+    verdict = judge(computes, pairs, args.rank, args.slow_factor, args.pair_slow_factor)
+    text = f"{verdict.text}; world all_reduce {allreduce:.0f} MB/s"
+    return {
+        "passed": not verdict.slow,
+        "slow": verdict.slow,
+        "result": text,
+        "compute_gflops": computes,
+        "pair_mb_s": pairs,
+        "allreduce_mb_s": allreduce,
+    }

@@ -1,0 +1,92 @@
+"""``aegis agent [options] -- CMD...``: the PID-1 agent (tini-like without a master)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aegis.agent import runner, signatures, supervisor
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "agent",
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    )(agent)
+
+
+def parse_master(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise typer.BadParameter(f"expected HOST:PORT, got {value!r}", param_hint="--master")
+    return host.strip("[]"), int(port)
+
+
+def agent(
+    cmd: Annotated[list[str], typer.Argument(help="The command; one string runs under 'bash -c'.")],
+    grace_s: Annotated[
+        float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL on stop.")
+    ] = 10.0,
+    hang_timeout_s: Annotated[
+        float, typer.Option(min=0, help="Report a hang after this long without progress; 0: off.")
+    ] = 600.0,
+    master: Annotated[str | None, typer.Option(help="The master, HOST:PORT.")] = None,
+    job: Annotated[str | None, typer.Option(help="This pod's job.")] = None,
+    pod: Annotated[str | None, typer.Option(help="This pod's name.")] = None,
+    token_file: Annotated[str | None, typer.Option(help="The bootstrap token file.")] = None,
+    namespace: Annotated[str, typer.Option(help="This pod's job namespace.")] = "default",
+    node: Annotated[str, typer.Option(envvar="AEGIS_NODE", help="The node this pod runs on.")] = "",
+    heartbeat_s: Annotated[
+        float, typer.Option(min=0.05, help="Seconds between heartbeats to the master.")
+    ] = 1.0,
+    connect_timeout_s: Annotated[
+        float, typer.Option(min=0, help="Run independently when the master is silent this long.")
+    ] = 10.0,
+    signature_file: Annotated[
+        Path | None, typer.Option("--signatures", help="A TOML file of extra log signatures.")
+    ] = None,
+    keep_lines: Annotated[
+        int, typer.Option(min=1, help="Last output lines kept as evidence.")
+    ] = 50,
+) -> None:
+    """Run CMD like tini (own process group, signals forwarded, zombies reaped, its exit status)."""
+    argv = ["bash", "-c", cmd[0]] if len(cmd) == 1 else list(cmd)
+    table = signatures.DEFAULT_SIGNATURES
+    if signature_file is not None:
+        try:
+            table = signatures.load(signature_file)
+        except signatures.SignatureConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--signatures") from exc
+    master_settings = None
+    if master is not None:
+        host, port = parse_master(master)
+        master_settings = runner.MasterSettings(
+            host,
+            port,
+            job,
+            pod,
+            token_file,
+            connect_timeout_s=connect_timeout_s,
+            namespace=namespace,
+            node=node,
+            heartbeat_s=heartbeat_s,
+        )
+    settings = runner.AgentSettings(
+        supervisor=supervisor.SupervisorSettings(
+            grace_s=grace_s,
+            hang_timeout_s=hang_timeout_s,
+            keep_lines=keep_lines,
+            signatures=table,
+            foreground=True,
+        ),
+        master=master_settings,
+    )
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            stream=sys.stderr, level=logging.WARNING, format="aegis agent: %(message)s"
+        )
+    raise typer.Exit(runner.main(settings, argv))

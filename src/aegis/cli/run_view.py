@@ -1,0 +1,54 @@
+"""What ``aegis run`` prints while the job runs: one timestamped line per phase change, fault
+and decision (the plain view for pipes and CI)."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import TextIO
+
+from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobRunner
+from aegis.platforms.local import LocalPlatform
+
+
+class PlainView:
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self.out = out
+        self.phase: Phase | None = None
+
+    def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
+        runner.listeners.append(self.on_event)
+        self._line(
+            f"job {runner.spec.job}: {runner.spec.worker_num} pods, "
+            f"max_retry {runner.spec.max_retry}"
+        )
+
+    def on_event(self, runner: JobRunner, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
+        status = runner.status
+        for action in actions:
+            match action:
+                case act.RecordFault(pod=pod, reason=reason, counted=counted):
+                    note = "counted" if counted else "not counted"
+                    self._line(f"fault: {pod}: {reason} ({note})")
+                case act.EvictPod(pod=pod, level=level, reason=reason):
+                    self._line(f"decision: {pod} leaves its node (level {int(level)}): {reason}")
+                case act.BlacklistNode(node=node):
+                    self._line(f"decision: node {node} joins ErrorNodes")
+                case act.SendOrder(order=order, seq=seq):
+                    self._line(f"order: {order.value} (round {seq})")
+                case _:
+                    pass
+        if status.phase is not self.phase:
+            self.phase = status.phase
+            retries = ",".join(str(i.retries) for _, i in sorted(status.pod_infos.items()))
+            self._line(
+                f"phase {status.phase.value}: recover_count {status.recover_count}, "
+                f"retries ({retries})"
+            )
+
+    def _line(self, text: str) -> None:
+        now = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+        print(f"{now} aegis: {text}", file=self.out, flush=True)

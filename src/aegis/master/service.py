@@ -1,0 +1,125 @@
+"""The master service: NATS (master credentials), the status store, the credentials gRPC
+server, and one ``JobRunner`` per job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.adapters.grpc import creds as grpc_creds
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.ports import Bus, StatusStore
+from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.ports import Platform
+
+log = logging.getLogger(__name__)
+
+STATUS_BUCKET = "aegis-jobs"
+
+
+@dataclass(slots=True)
+class MasterSettings:
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    creds_ttl_s: float | None = 3600.0
+    job: JobSettings = field(default_factory=JobSettings)
+
+
+class MasterService:
+    def __init__(
+        self,
+        authority: Authority | None,
+        nats_url: str,
+        bus: Bus,
+        store: StatusStore,
+        settings: MasterSettings,
+    ) -> None:
+        self.authority, self.nats_url = authority, nats_url
+        self.bus, self.store, self.settings = bus, store, settings
+        self.jobs: dict[tuple[str, str], JobRunner] = {}
+        self.tokens: dict[tuple[str, str], str] = {}
+        self.grpc_port = 0
+        self._server: object = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def connect(
+        cls, authority: Authority | None, nats_url: str, settings: MasterSettings
+    ) -> MasterService:
+        """``authority`` None: an existing NATS server without operator auth (``--nats URL``);
+        agents then get no credentials and connect plainly."""
+        creds = authority.master_creds() if authority is not None else None
+        bus = await NatsBus.connect(nats_url, creds, name="aegis-master")
+        store = await KvStore.open(bus, STATUS_BUCKET)
+        service = cls(authority, nats_url, bus, store, settings)
+        await service.start_grpc()
+        return service
+
+    async def start_grpc(self) -> None:
+        server, port = await grpc_creds.serve(
+            self.authority,
+            self.nats_url,
+            self._lookup,
+            host=self.settings.grpc_host,
+            port=self.settings.grpc_port,
+            ttl_s=self.settings.creds_ttl_s,
+        )
+        self._server, self.grpc_port = server, port
+        log.info("credentials server on %s:%d", self.settings.grpc_host, port)
+
+    def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:
+        runner = self.jobs.get((namespace, job))
+        if runner is None:
+            return None
+        pods = tuple(sorted(runner.status.pod_infos, key=lambda p: int(p.rsplit("-", 1)[-1])))
+        return grpc_creds.JobAccess(namespace, job, self.tokens[(namespace, job)], pods)
+
+    async def create_job(
+        self,
+        spec: JobSpec,
+        nodes: list[str],
+        platform: Platform,
+        *,
+        log_dir: Path | None,
+        token: str | None = None,
+    ) -> tuple[JobRunner, str]:
+        key = (spec.namespace, spec.job)
+        if key in self.jobs:
+            raise ValueError(f"job {spec.namespace}/{spec.job} exists")
+        token = token or secrets.token_urlsafe(24)
+        status = initial_status(spec, [NodeName(n) for n in nodes])
+        runner = JobRunner(
+            spec,
+            status,
+            bus=self.bus,
+            store=self.store,
+            platform=platform,
+            settings=self.settings.job,
+            log_dir=log_dir,
+        )
+        self.jobs[key], self.tokens[key] = runner, token
+        await runner.start(nodes)
+        task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
+        runner.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._job_task_done)
+        return runner, token
+
+    def _job_task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job task %s crashed", task.get_name(), exc_info=task.exception())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(grace=0.5)  # type: ignore[attr-defined]
+        await self.bus.close()

@@ -1,0 +1,228 @@
+"""The local platform: one agent process per pod on this machine, each bound to a simulated node.
+
+Nodes come from a pool (``node-0``.. plus spares ``spare-0``..). A pod evicted for its node
+(level 3, slow eviction) is placed on a healthy spare; a container restart (level 2) and a lost
+pod come back on the same node. Blacklisted nodes (ErrorNodes) are never used again. Agents run in
+their own sessions and die with ``aegis run`` (parent-death signal), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aegis.core import events as ev
+from aegis.core.model import NodeName, PodName
+from aegis.core.phases import Phase
+from aegis.core.recovery import RecoveryLevel
+from aegis.master.job_runner import JobRunner
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSettings:
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    command: tuple[str, ...]
+    log_dir: Path
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
+    grace_s: float = 5.0
+    hang_timeout_s: float = 0.0
+    heartbeat_s: float = 1.0
+    exit_wait_s: float = 30.0
+
+
+@dataclass(slots=True)
+class _Pod:
+    name: PodName
+    node: str
+    process: asyncio.subprocess.Process | None = None
+    incarnation: int = 0
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class LocalPlatform:
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        self.pods: dict[PodName, _Pod] = {}
+        self.blacklist: dict[str, str] = {}
+        self.used_nodes: set[str] = set()
+        self.placements: list[tuple[PodName, str]] = []  # every (pod, node) ever used
+        self.runner: JobRunner | None = None
+        self.grpc_target = ""
+        self.token_file: Path | None = None
+        self.namespace = "default"
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def attach(self, runner: JobRunner, grpc_target: str, token: str) -> None:
+        self.runner = runner
+        self.grpc_target = grpc_target
+        self.namespace = runner.spec.namespace
+        self.token_file = self.settings.log_dir / ".bootstrap-token"
+        self.token_file.write_text(token)
+        self.token_file.chmod(0o600)
+
+    async def launch_all(self) -> None:
+        assert self.runner is not None
+        for pod, info in sorted(self.runner.status.pod_infos.items()):
+            self.pods[pod] = _Pod(pod, info.node)
+            await self._spawn(self.pods[pod])
+
+    # -- the Platform port ---------------------------------------------------------------------
+
+    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
+        self._background(self._replace(PodName(pod), same_node=True, reason=reason))
+
+    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
+        same = level is RecoveryLevel.CONTAINER
+        self._background(self._replace(PodName(pod), same_node=same, reason=reason, wait=True))
+
+    async def blacklist_node(self, job: str, node: str, reason: str) -> None:
+        log.warning("node %s blacklisted: %s", node, reason)
+        self.blacklist[node] = reason
+
+    async def end_job(self, job: str, phase: Phase) -> None:
+        log.info("job %s %s: stopping every pod", job, phase)
+
+    # -- placement -----------------------------------------------------------------------------
+
+    async def _replace(
+        self, pod: PodName, *, same_node: bool, reason: str, wait: bool = False
+    ) -> None:
+        state = self.pods[pod]
+        await self._retire(state, wait_for_exit=wait)
+        node = state.node if same_node and state.node not in self.blacklist else self._spare()
+        if node is None:
+            log.error("no healthy node left for %s", pod)
+            assert self.runner is not None
+            self.runner.platform_event(ev.QuitRequested(f"no healthy node left for {pod}"))
+            return
+        self.used_nodes.discard(state.node)
+        state.node = node
+        await self._spawn(state)
+        assert self.runner is not None
+        self.runner.platform_event(ev.PodRestarted(pod, NodeName(node), "127.0.0.1"))
+        log.info("%s placed on %s (%s)", pod, node, reason)
+
+    def _spare(self) -> str | None:
+        for node in (*self.settings.nodes, *self.settings.spares):
+            if node not in self.blacklist and node not in self.used_nodes:
+                return node
+        return None
+
+    async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
+        proc = state.process
+        if proc is None or proc.returncode is not None:
+            return
+        if wait_for_exit:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), self.settings.exit_wait_s)
+        await _kill_group(proc, self.settings.grace_s)
+
+    async def _spawn(self, state: _Pod) -> None:
+        assert self.token_file is not None and self.runner is not None
+        state.incarnation += 1
+        self.used_nodes.add(state.node)
+        self.placements.append((state.name, state.node))
+        s = self.settings
+        argv: Sequence[str] = [
+            sys.executable, "-m", "aegis", "agent",
+            "--master", self.grpc_target,
+            "--namespace", self.namespace, "--job", self.runner.spec.job,
+            "--pod", state.name, "--node", state.node,
+            "--token-file", str(self.token_file),
+            "--grace-s", str(s.grace_s), "--hang-timeout-s", str(s.hang_timeout_s),
+            "--heartbeat-s", str(s.heartbeat_s),
+            "--", *s.command,
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.pop("AEGIS_INJECT_FAULT", None)
+        injected = s.inject.get(state.node)
+        if injected:
+            env["AEGIS_INJECT_FAULT"] = ",".join(sorted(injected))
+        log_path = s.log_dir / "pods" / f"{state.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as out:
+            out.write(
+                f"=== {state.name} incarnation {state.incarnation} on {state.node}\n".encode()
+            )
+            out.flush()
+            state.process = await asyncio.create_subprocess_exec(
+                *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
+                stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+
+    async def stop_all(self) -> None:
+        """Wait (bounded) for the agents to exit on their own, then kill what is left."""
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+        procs = [p.process for p in self.pods.values() if p.process is not None]
+        if procs:
+            waits = [asyncio.wait_for(p.wait(), self.settings.exit_wait_s) for p in procs]
+            await asyncio.gather(*waits, return_exceptions=True)
+        for proc in procs:
+            await _kill_group(proc, self.settings.grace_s)
+
+    def agent_pids(self) -> dict[PodName, int]:
+        return {name: p.process.pid for name, p in self.pods.items() if p.process is not None}
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name="local-platform")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("platform task crashed", exc_info=task.exception())
+
+
+def session_members(sid: int) -> list[int]:
+    """Every process in session ``sid`` (an agent and the training groups it started)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # state ppid pgrp session
+            members.append(int(entry.name))
+    return members
+
+
+async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """Stop an agent and everything in its session (training processes included, also when
+    the agent itself was SIGKILLed and left them behind): SIGTERM, grace, SIGKILL."""
+    sid = proc.pid
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while session_members(sid) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if proc.returncode is None:
+        await proc.wait()

@@ -1,0 +1,145 @@
+"""``aegis run``: embedded NATS, an in-process master and one local agent per pod, until the job
+reaches Succeed or Failed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.service import MasterService, MasterSettings
+from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.wire import status_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    command: tuple[str, ...]
+    nodes: int = 3
+    spare_nodes: int = 2
+    max_retry: int = 3
+    job: str = "job"
+    namespace: str = "default"
+    hang_timeout_s: float = 0.0
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    grace_s: float = 5.0
+    log_dir: Path | None = None
+    status_file: Path | None = None
+    nats_url: str | None = None
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunResult:
+    spec: JobSpec
+    status: JobStatus
+    log_dir: Path
+    placements: list[tuple[str, str]]
+    agent_pids_seen: dict[str, list[int]]
+    drops: dict[str, int]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status.phase is Phase.SUCCEED else 1
+
+
+Observer = Callable[[JobRunner, LocalPlatform], None]
+
+
+async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
+    log_dir = settings.log_dir or Path(tempfile.mkdtemp(prefix="aegis-run-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    authority = None if settings.nats_url else Authority()
+    server = None
+    if settings.nats_url is None:
+        server = EmbeddedNats(authority)
+        await asyncio.to_thread(server.start)
+    url = settings.nats_url or (server.url if server else "")
+    master: MasterService | None = None
+    try:
+        master = await MasterService.connect(
+            authority,
+            url,
+            MasterSettings(job=JobSettings(heartbeat_timeout_s=settings.heartbeat_timeout_s)),
+        )
+        return await _run_job(settings, master, log_dir, observe)
+    finally:
+        if master is not None:
+            await master.close()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+async def _run_job(
+    settings: RunSettings, master: MasterService, log_dir: Path, observe: Observer | None
+) -> RunResult:
+    spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
+    nodes = [f"node-{i}" for i in range(settings.nodes)]
+    spares = [f"spare-{i}" for i in range(settings.spare_nodes)]
+    platform = LocalPlatform(
+        LocalSettings(
+            nodes=tuple(nodes),
+            spares=tuple(spares),
+            command=settings.command,
+            log_dir=log_dir,
+            inject=settings.inject,
+            grace_s=settings.grace_s,
+            hang_timeout_s=settings.hang_timeout_s,
+            heartbeat_s=settings.heartbeat_s,
+        )
+    )
+    runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)
+    platform.attach(runner, f"127.0.0.1:{master.grpc_port}", token)
+    pids_seen: dict[str, list[int]] = {}
+    loop = asyncio.get_running_loop()
+
+    def quit_on_signal(sig: signal.Signals) -> None:
+        log.warning("%s: stopping the job", sig.name)
+        runner.platform_event(ev.QuitRequested(f"aegis run got {sig.name}"))
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, quit_on_signal, sig)
+    try:
+        if observe is not None:
+            observe(runner, platform)
+        await platform.launch_all()
+        for pod, pid in platform.agent_pids().items():
+            pids_seen.setdefault(pod, []).append(pid)
+        await runner.wait_done()
+        for pod, pid in platform.agent_pids().items():
+            if pid not in pids_seen.setdefault(pod, []):
+                pids_seen[pod].append(pid)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await platform.stop_all()
+    result = RunResult(
+        spec=spec,
+        status=runner.status,
+        log_dir=log_dir,
+        placements=[(str(p), n) for p, n in platform.placements],
+        agent_pids_seen=pids_seen,
+        drops=dict(runner.drops.counts),
+    )
+    if settings.status_file is not None:
+        write_status_file(settings.status_file, spec, runner.status)
+    return result
+
+
+def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")

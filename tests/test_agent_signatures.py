@@ -1,0 +1,188 @@
+"""The log signature scanner recognises each fault class from a realistic line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aegis.agent import ports, signatures
+
+FC = ports.FaultClass
+
+# Each sample copies the format of a line users posted from real runs; the source is cited.
+SAMPLES = [
+    pytest.param(
+        # https://github.com/hiyouga/LlamaFactory/issues/7396 (torch ProcessGroupNCCL watchdog)
+        "[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168, "
+        "NumelOut=466119168, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.",
+        FC.NCCL_TIMEOUT,
+        id="nccl-watchdog",
+    ),
+    pytest.param(
+        # https://github.com/pytorch/pytorch/issues/118369 (title line)
+        "NCCL watchdog thread terminated with exception: [Rank 7] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=96120, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for "
+        "25624887 milliseconds before timing out.",
+        FC.NCCL_TIMEOUT,
+        id="nccl-watchdog-terminated",
+    ),
+    pytest.param(
+        # https://github.com/NVIDIA/nccl/issues/1381 (title line)
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1691, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+        "NCCL version 2.19.3",
+        FC.NCCL_ERROR,
+        id="nccl-error",
+    ),
+    pytest.param(
+        # https://github.com/3dlg-hcvc/multi3drefer/issues/14
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        FC.CUDA_ERROR,
+        id="cuda-error",
+    ),
+    pytest.param(
+        # https://github.com/NVIDIA/NVSentinel/issues/155 (dmesg line of an Xid 79)
+        "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.",
+        FC.GPU_XID,
+        id="xid-79",
+    ),
+    pytest.param(
+        # https://github.com/vllm-project/vllm/issues/5222
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        FC.GPU_ECC,
+        id="ecc",
+    ),
+    pytest.param(
+        # https://github.com/pytorch/pytorch/issues/16417 (comment of 2024-03-13, torch >= 2.1 text)
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has "
+        "a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, "
+        "this process has 23.60 GiB memory in use.",
+        FC.CUDA_OOM,
+        id="cuda-oom",
+    ),
+    pytest.param(
+        # https://github.com/OPIXray-author/OPIXray/issues/5 (older torch text)
+        "RuntimeError: CUDA out of memory. Tried to allocate 264.00 MiB (GPU 0; 2.00 GiB total "
+        "capacity; 788.51 MiB already allocated; 145.93 MiB free; 1.02 GiB reserved in total by "
+        "PyTorch)",
+        FC.CUDA_OOM,
+        id="cuda-oom-old",
+    ),
+    pytest.param(
+        # the Linux OOM killer's kernel log line (mm/oom_kill.c: "Out of memory: Killed process")
+        "[12345.678901] Out of memory: Killed process 4242 (python) total-vm:81234567kB, "
+        "anon-rss:61234567kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:123456kB oom_score_adj:0",
+        FC.HOST_OOM,
+        id="host-oom-kernel",
+    ),
+    pytest.param("MemoryError", FC.HOST_OOM, id="host-oom-python"),
+    pytest.param(
+        # https://github.com/lsongx/DomainAdaptiveReID/issues/3 (title line)
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
+        FC.CONNECTION,
+        id="connection-reset",
+    ),
+    pytest.param(
+        # https://github.com/TheTom/vllm-swift/issues/9 (torch c10d TCPStore client)
+        "[W426 16:56:01.831041000 TCPStore.cpp:347] [c10d] TCP client failed to connect/validate "
+        "to host 100.64.0.1:59782 - retrying (try=6, timeout=1800000ms, delay=5241ms): "
+        "Connection reset by peer",
+        FC.CONNECTION,
+        id="tcpstore-reset",
+    ),
+    pytest.param(
+        "ConnectionRefusedError: [Errno 111] Connection refused", FC.CONNECTION, id="refused"
+    ),
+    pytest.param(
+        # CPython faulthandler's header (Python/faulthandler.c)
+        "Fatal Python error: Segmentation fault",
+        FC.SEGFAULT,
+        id="segfault-faulthandler",
+    ),
+    pytest.param(
+        # bash's report of a child killed by SIGSEGV
+        "bash: line 1:  4242 Segmentation fault      (core dumped) python train.py",
+        FC.SEGFAULT,
+        id="segfault-bash",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "fault_class"), SAMPLES)
+def test_scanner_classifies_sample_when_line_is_realistic(line: str, fault_class: str) -> None:
+    scanner = signatures.Scanner()
+    matches = scanner.feed("stderr", line)
+    assert [m.fault_class for m in matches] == [fault_class]
+    assert scanner.evidence().fault_class == fault_class
+
+
+def test_scanner_ignores_ordinary_lines_when_training_is_healthy() -> None:
+    scanner = signatures.Scanner()
+    for line in (
+        "{'loss': 3.5534, 'grad_norm': 1.41, 'learning_rate': 2.05e-06, 'epoch': 0.01}",
+        "NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.",
+        "  1%|          | 10/1752 [00:29<1:22:01,  2.83s/it]",
+    ):
+        assert scanner.feed("stdout", line) == ()
+    assert scanner.evidence().fault_class is None
+
+
+# A traceback as CPython 3.11 prints it (source and caret lines included).
+TRACEBACK = """\
+Traceback (most recent call last):
+  File "/work/train.py", line 88, in <module>
+    main()
+  File "/work/train.py", line 61, in train_step
+    loss = model(batch).sum()
+           ^^^^^^^^^^^^
+ValueError: batch is empty""".splitlines()
+
+
+def test_scanner_reports_last_frame_when_traceback_ends() -> None:
+    scanner = signatures.Scanner()
+    found = [m for line in TRACEBACK for m in scanner.feed("stderr", line)]
+    assert len(found) == 1
+    assert found[0].fault_class == FC.PYTHON_TRACEBACK
+    assert found[0].line == "ValueError: batch is empty"
+    assert found[0].detail == 'File "/work/train.py", line 61, in train_step'
+
+
+def test_scanner_ranks_hardware_first_when_an_oom_ends_a_traceback() -> None:
+    scanner = signatures.Scanner(keep_lines=3)
+    lines = [*TRACEBACK[:-1], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"]
+    for line in lines:
+        scanner.feed("stderr", line)
+    evidence = scanner.evidence()
+    assert {m.fault_class for m in evidence.matches} == {FC.CUDA_OOM, FC.PYTHON_TRACEBACK}
+    assert evidence.fault_class == FC.CUDA_OOM
+    assert evidence.last_lines == tuple(lines[-3:])
+
+
+def test_load_adds_signatures_first_when_file_extends_table(tmp_path: Path) -> None:
+    path = tmp_path / "signatures.toml"
+    path.write_text(
+        '[[signature]]\nname = "lustre"\nfault_class = "io_error"\npattern = "LustreError: .*"\n'
+    )
+    table = signatures.load(path)
+    assert table[0].name == "lustre" and table[1:] == signatures.DEFAULT_SIGNATURES
+    scanner = signatures.Scanner(table)
+    assert [m.fault_class for m in scanner.feed("stderr", "LustreError: 11-0: rc = -5")] == [
+        "io_error"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[[signature]]\nname = "x"\nfault_class = "y"\npattern = "("\n',
+        '[[signature]]\nname = "x"\n',
+        '[[signature]]\nname = "x"\nfault_class = "y"\npattern = "z"\ncolour = "red"\n',
+    ],
+)
+def test_load_raises_clear_error_when_file_is_bad(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(signatures.SignatureConfigError):
+        signatures.load(path)

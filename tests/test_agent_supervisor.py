@@ -1,0 +1,194 @@
+"""The supervisor in process, driven as the master link will drive it: restart, hangs, reports."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import psutil
+import pytest
+
+from aegis.agent import ports, reaper, stacks, supervisor
+from tests import agent_waits as waits
+
+PYTHON = sys.executable
+
+
+class Lines:
+    """Collects the command's output lines (the observer hook)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, stream: str, line: bytes) -> None:
+        self.seen.append(line.decode().rstrip("\n"))
+
+    def with_prefix(self, prefix: str) -> list[str]:
+        return [line for line in self.seen if line.startswith(prefix)]
+
+
+@pytest.fixture
+async def the_reaper() -> AsyncIterator[reaper.Reaper]:
+    async with reaper.Reaper() as r:
+        yield r
+
+
+_DEVNULL: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_devnull() -> Iterator[None]:
+    yield
+    while _DEVNULL:
+        os.close(_DEVNULL.pop())
+
+
+def make(
+    argv: list[str],
+    the_reaper: reaper.Reaper,
+    reports: ports.RecordingReports,
+    lines: Lines,
+    *,
+    grace_s: float = 5.0,
+    hang_timeout_s: float = 0.0,
+) -> supervisor.Supervisor:
+    """A supervisor whose command output goes to /dev/null (the observer still sees each line)."""
+    _DEVNULL.append(devnull := os.open(os.devnull, os.O_WRONLY))
+    settings = supervisor.SupervisorSettings(
+        grace_s=grace_s, hang_timeout_s=hang_timeout_s, stdout_fd=devnull, stderr_fd=devnull
+    )
+    return supervisor.Supervisor(argv, settings, the_reaper, reports, observe=lines)
+
+
+async def test_restart_replaces_group_when_ordered(the_reaper: reaper.Reaper) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    argv = [PYTHON, str(waits.BIN / "report_env.py")]
+    async with make(argv, the_reaper, reports, lines, grace_s=5.0) as sup:
+        await sup.start()
+        await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 1)
+        _, count, port, pid, grandchild = lines.with_prefix("INCARNATION")[0].split()
+        assert (count, port) == ("0", "-")
+        assert psutil.Process(int(pid)).ppid() == os.getpid()
+
+        await sup.restart({"MASTER_PORT": "29501"})
+        await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 2)
+        _, count2, port2, pid2, grandchild2 = lines.with_prefix("INCARNATION")[1].split()
+        assert (count2, port2) == ("1", "29501")
+        assert sup.restart_count == 1 and sup.pid == int(pid2) != int(pid)
+        assert waits.really_gone(int(pid)) and waits.gone(int(grandchild))  # old group gone
+        assert psutil.Process(int(pid2)).ppid() == os.getpid()  # same agent, not re-executed
+        assert psutil.Process(int(grandchild2)).is_running()
+
+        assert [r.reason for r in reports.exits] == [ports.ExitReason.RESTARTED]
+        stopped = await sup.stop()
+    assert stopped is not None and stopped.reason is ports.ExitReason.STOPPED
+    assert stopped.exit_status == 128 + 15
+    await waits.async_wait_until(lambda: waits.gone(int(grandchild2)))
+
+
+async def test_wait_skips_restarts_when_command_later_exits(the_reaper: reaper.Reaper) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    script = (
+        "import os, sys, time\n"
+        "print('RUN', os.environ['AEGIS_RESTART_COUNT'], flush=True)\n"
+        "if os.environ['AEGIS_RESTART_COUNT'] == '1': sys.exit(9)\n"
+        "time.sleep(600)\n"
+    )
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
+        await sup.start()
+        await waits.async_wait_until(lambda: "RUN 0" in lines.seen)
+        await sup.restart()
+        report = await sup.wait()
+    assert (report.reason, report.exit_status, report.restart_count) == (
+        ports.ExitReason.EXITED,
+        9,
+        1,
+    )
+
+
+async def test_start_reports_127_when_command_is_missing(the_reaper: reaper.Reaper) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make(["/nonexistent/aegis-train"], the_reaper, reports, lines) as sup:
+        await sup.start()
+        report = await sup.wait()
+    assert (report.exit_status, report.reason) == (127, ports.ExitReason.SPAWN_FAILED)
+
+
+async def test_exit_report_carries_evidence_when_command_crashes(
+    the_reaper: reaper.Reaper,
+) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    script = (
+        "import sys\n"
+        "print('step 1', flush=True)\n"
+        "def all_reduce():\n"
+        "    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
+        "all_reduce()\n"
+    )
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
+        await sup.start()
+        report = await sup.wait()
+        await reports.wait_for("exits")
+    assert report.exit_status == 1
+    evidence = report.evidence
+    assert evidence.fault_class == ports.FaultClass.CUDA_ERROR
+    traceback = [m for m in evidence.matches if m.fault_class == ports.FaultClass.PYTHON_TRACEBACK]
+    assert traceback and "in all_reduce" in traceback[0].detail
+    assert "step 1" in evidence.last_lines
+    assert {f.match.fault_class for f in reports.faults} == {
+        ports.FaultClass.CUDA_ERROR,
+        ports.FaultClass.PYTHON_TRACEBACK,
+    }
+    assert reports.exits == [report]
+
+
+async def test_exit_report_names_segfault_when_command_dies_of_sigsegv(
+    the_reaper: reaper.Reaper,
+) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make(["bash", "-c", "kill -SEGV $$"], the_reaper, reports, lines) as sup:
+        await sup.start()
+        report = await sup.wait()
+    assert (report.exit_status, report.signal) == (128 + 11, 11)
+    assert report.evidence.fault_class == ports.FaultClass.SEGFAULT
+
+
+HANG_TIMEOUT_S = 1.0
+
+
+@pytest.mark.parametrize("mode", ["progress", "output"])
+async def test_watchdog_reports_hang_with_stack_when_command_stops_progressing(
+    the_reaper: reaper.Reaper, mode: str
+) -> None:
+    if stacks.find_py_spy() is None:
+        pytest.skip("py-spy is not installed")
+    reports, lines = ports.RecordingReports(), Lines()
+    argv = [PYTHON, str(waits.BIN / "hang.py"), mode]
+    async with make(argv, the_reaper, reports, lines, hang_timeout_s=HANG_TIMEOUT_S) as sup:
+        await sup.start()
+        await reports.wait_for("hangs")
+        hang = reports.hangs[0]
+        assert sup.running  # reported, not killed
+    assert hang.last_step == (5 if mode == "progress" else None)
+    latency = hang.detected_ts - hang.last_activity_ts
+    assert HANG_TIMEOUT_S <= latency <= HANG_TIMEOUT_S + 1.0
+    assert len(hang.stacks) == 1
+    dump = hang.stacks[0]
+    if dump.error is not None:
+        pytest.skip(f"py-spy cannot attach here: {dump.error}")
+    assert "stuck_in_allreduce" in dump.text
+
+
+async def test_watchdog_stays_quiet_when_command_keeps_progressing(
+    the_reaper: reaper.Reaper,
+) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    script = (
+        "import time, aegis\nfor step in range(40):\n    aegis.progress(step); time.sleep(0.05)\n"
+    )
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines, hang_timeout_s=1.0) as sup:
+        await sup.start()
+        report = await sup.wait()
+    assert report.exit_status == 0
+    assert reports.hangs == []

@@ -1,0 +1,109 @@
+"""One contract suite for each port, run against the real adapter and the in-memory fake."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aegis.adapters import memory
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.adapters.ports import Bus, StatusStore, StoreConflict
+from tests.agent_waits import async_wait_until
+
+
+@pytest.fixture(params=["nats", "memory"])
+async def bus(request: pytest.FixtureRequest, authority: Authority) -> AsyncIterator[Bus]:
+    if request.param == "memory":
+        yield memory.MemoryBus()
+        return
+    server = request.getfixturevalue("nats_server")
+    assert isinstance(server, EmbeddedNats)
+    real = await NatsBus.connect(server.url, authority.master_creds())
+    yield real
+    await real.close()
+
+
+@pytest.fixture(params=["jetstream-kv", "memory"])
+async def store(request: pytest.FixtureRequest, authority: Authority) -> AsyncIterator[StatusStore]:
+    if request.param == "memory":
+        yield memory.MemoryStore()
+        return
+    server = request.getfixturevalue("nats_server")
+    real = await NatsBus.connect(server.url, authority.master_creds())
+    yield await KvStore.open(real, "contract")
+    await real.close()
+
+
+async def test_bus_delivers_to_matching_subscriptions_only(bus: Bus) -> None:
+    got: list[tuple[str, bytes]] = []
+
+    async def handler(subject: str, payload: bytes) -> None:
+        got.append((subject, payload))
+
+    await bus.subscribe("aegis.ns.job.>", handler)
+    await bus.subscribe("aegis.ns.*.worker", handler)
+    await bus.publish("aegis.ns.job.worker", b"a")  # both match
+    await bus.publish("aegis.ns.other.master", b"b")  # neither
+    await bus.publish("aegis.ns.job.master", b"c")  # first only
+    await bus.flush()
+    await async_wait_until(lambda: len(got) >= 3, what="three deliveries")
+    assert sorted(got) == [
+        ("aegis.ns.job.master", b"c"),
+        ("aegis.ns.job.worker", b"a"),
+        ("aegis.ns.job.worker", b"a"),
+    ]
+
+
+async def test_bus_unsubscribe_stops_delivery(bus: Bus) -> None:
+    got: list[bytes] = []
+
+    async def handler(subject: str, payload: bytes) -> None:
+        got.append(payload)
+
+    sub = await bus.subscribe("x.y", handler)
+    await bus.publish("x.y", b"1")
+    await bus.flush()
+    await async_wait_until(lambda: got == [b"1"], what="first delivery")
+    await sub.unsubscribe()
+    await bus.publish("x.y", b"2")
+    await bus.flush()
+    marker: list[bytes] = []
+
+    async def on_marker(subject: str, payload: bytes) -> None:
+        marker.append(payload)
+
+    await bus.subscribe("x.marker", on_marker)
+    await bus.publish("x.marker", b"m")
+    await bus.flush()
+    await async_wait_until(lambda: marker == [b"m"], what="marker after unsubscribe")
+    assert got == [b"1"]
+
+
+async def test_store_create_then_revision_checked_update(store: StatusStore) -> None:
+    assert await store.get("job.a") is None
+    first = await store.put("job.a", b"v1", expected_revision=None)
+    assert await store.get("job.a") == (b"v1", first)
+    second = await store.put("job.a", b"v2", expected_revision=first)
+    assert second > first
+    assert await store.get("job.a") == (b"v2", second)
+
+
+async def test_store_refuses_stale_revision_and_double_create(store: StatusStore) -> None:
+    first = await store.put("job.b", b"v1", expected_revision=None)
+    await store.put("job.b", b"v2", expected_revision=first)
+    with pytest.raises(StoreConflict):
+        await store.put("job.b", b"lost update", expected_revision=first)
+    with pytest.raises(StoreConflict):
+        await store.put("job.b", b"again", expected_revision=None)
+    value = await store.get("job.b")
+    assert value is not None and value[0] == b"v2"
+
+
+async def test_store_lists_keys(store: StatusStore) -> None:
+    assert await store.keys() == []
+    await store.put("ns.j1", b"1", expected_revision=None)
+    await store.put("ns.j2", b"2", expected_revision=None)
+    assert await store.keys() == ["ns.j1", "ns.j2"]

@@ -1,0 +1,223 @@
+"""The master's job shell with the in-memory bus and store: ordering, drops, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from aegis.adapters import memory
+from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.core.phases import Order, Phase
+from aegis.core.recovery import CheckType, RecoveryLevel
+from aegis.master.job_runner import JobRunner, JobSettings, status_key
+from aegis.wire import codec
+from aegis.wire import messages as m
+from tests.agent_waits import async_wait_until
+
+
+class RecordingPlatform:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
+        self.calls.append(("replace", pod))
+
+    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
+        self.calls.append(("evict", pod, str(int(level))))
+
+    async def blacklist_node(self, job: str, node: str, reason: str) -> None:
+        self.calls.append(("blacklist", node))
+
+    async def end_job(self, job: str, phase: Phase) -> None:
+        self.calls.append(("end", phase.value))
+
+
+class Harness:
+    def __init__(
+        self,
+        runner: JobRunner,
+        bus: memory.MemoryBus,
+        store: memory.MemoryStore,
+        platform: RecordingPlatform,
+    ) -> None:
+        self.runner, self.bus, self.store, self.platform = runner, bus, store, platform
+        self.orders: list[m.Message] = []
+        self.store_revision_at_order: list[int] = []
+
+    async def on_order(self, subject: str, payload: bytes) -> None:
+        self.orders.append(codec.decode(payload))
+        current = await self.store.get(status_key(self.runner.spec))
+        assert current is not None
+        self.store_revision_at_order.append(current[1])
+
+    async def send(
+        self,
+        pod: str,
+        kind: m.MessageType,
+        data: m.Payload,
+        *,
+        seq: int | None = None,
+        phase: Phase | None = None,
+        msg_id: str = "",
+    ) -> None:
+        s = self.runner.status
+        msg = m.Message(
+            job="job",
+            namespace="ns",
+            pod=pod,
+            type=kind,
+            phase=phase or s.phase,
+            seq=s.seq if seq is None else seq,
+            ts=0.0,
+            data=data,
+            id=msg_id,
+        )
+        await self.bus.publish(self.runner.worker_subject, codec.encode(msg))
+        await self.bus.flush()
+
+    async def settle(self) -> None:
+        await self.bus.flush()
+        await async_wait_until(self.runner.queue.empty, what="queue drained")
+        await self.bus.flush()
+
+
+def healthy() -> m.ChecksData:
+    result = m.CheckResult(CheckType.RUNTIME, True, "ok", 0.1, 0.0)
+    return m.ChecksData(m.CheckResponse([result]))
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    spec = JobSpec("job", "ns", 2, 1)
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
+    runner = JobRunner(
+        spec,
+        initial_status(spec, [NodeName("node-0"), NodeName("node-1")]),
+        bus=bus,
+        store=store,
+        platform=platform,
+        settings=JobSettings(heartbeat_timeout_s=0.5, order_resend_s=60),
+        log_dir=tmp_path,
+    )
+    h = Harness(runner, bus, store, platform)
+    await bus.subscribe(runner.master_subject, h.on_order)
+    await runner.start(["node-0", "node-1"])
+    task = asyncio.create_task(runner.run())
+    yield h
+    runner.done.set()
+    runner.queue.put_nowait(
+        runner.queue.get_nowait() if not runner.queue.empty() else _noop(runner)
+    )
+    await asyncio.wait_for(task, 5)
+
+
+def _noop(runner: JobRunner):  # type: ignore[no-untyped-def]
+    from aegis.core import events as ev
+    from aegis.master.job_runner import _Platform
+    from aegis.wire import eventlog
+
+    return _Platform(ev.QuitRequested("test over"), eventlog.QuitRequestedRecord(ts=0.0))
+
+
+async def _to_running(h: Harness) -> None:
+    for pod in ("job-0", "job-1"):
+        await h.send(pod, m.MessageType.ACK, m.AckData())
+    await h.settle()
+    for pod in ("job-0", "job-1"):
+        await h.send(pod, m.MessageType.FINISH, healthy())
+    await h.settle()
+    assert h.runner.status.phase is Phase.RUN_COMMAND
+
+
+async def test_status_is_written_before_each_order_is_published(harness: Harness) -> None:
+    await _to_running(harness)
+    await async_wait_until(lambda: len(harness.orders) == 2, what="bootcheck and run orders")
+    assert [o.data.order for o in harness.orders] == [Order.BOOTCHECK, Order.RUN]  # type: ignore[union-attr]
+    stored = await harness.store.get(status_key(harness.runner.spec))
+    assert stored is not None
+    assert json.loads(stored[0])["status"]["phase"] == "RunCommand"
+    # the revision the store had when each order went out already held that order's round
+    assert harness.store_revision_at_order == sorted(harness.store_revision_at_order)
+
+
+async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness) -> None:
+    await _to_running(harness)
+    before = harness.runner.status
+    for raw in (
+        b"{nope",
+        b"[]",
+        b"x" * (codec.MAX_MESSAGE_BYTES + 1),
+        json.dumps({"job": "job"}).encode(),
+    ):
+        await harness.bus.publish(harness.runner.worker_subject, raw)
+    await harness.send("job-0", m.MessageType.ERROR, m.ErrorData("old"), seq=before.seq - 1)
+    other = m.Message(
+        job="other",
+        namespace="ns",
+        pod="job-0",
+        type=m.MessageType.ERROR,
+        phase=Phase.RUN_COMMAND,
+        seq=before.seq,
+        ts=0,
+        data=m.ErrorData("x"),
+    )
+    await harness.bus.publish(harness.runner.worker_subject, codec.encode(other))
+    await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")
+    await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r2")  # duplicate
+    await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")  # re-sent id
+    await harness.settle()
+    status = harness.runner.status
+    assert status.phase is Phase.RUN_COMMAND and status.recover_count == 0
+    assert [i.retries for i in status.pod_infos.values()] == [0, 0]
+    drops = harness.runner.drops.counts
+    assert drops["malformed"] == 1 and drops["schema"] == 2 and drops["oversized"] == 1
+    assert drops["stale"] == 1 and drops["wrong_job"] == 1
+    assert drops["duplicate"] == 1 and drops["duplicate_id"] == 1
+
+
+async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:
+    await _to_running(harness)
+
+    async def beat() -> None:
+        await harness.send("job-1", m.MessageType.HEARTBEAT, m.HeartbeatData())
+
+    # job-1 keeps beating, job-0 falls silent: only job-0 is lost, counted once.
+    await async_wait_until(
+        lambda: harness.runner.status.phase is Phase.RESTARTING, timeout_s=5, what="loss"
+    )
+    await beat()
+    await harness.settle()
+    assert ("replace", "job-0") in harness.platform.calls
+    retries = {p: i.retries for p, i in harness.runner.status.pod_infos.items()}
+    assert sum(retries.values()) == 1
+
+
+async def test_each_run_round_gets_a_fresh_master_port(harness: Harness) -> None:
+    await _to_running(harness)
+    await harness.send("job-0", m.MessageType.ERROR, m.ErrorData("crash"))
+    await harness.settle()
+    for pod in ("job-0", "job-1"):
+        await harness.send(pod, m.MessageType.FINISH, healthy())
+    await harness.settle()
+    runs = [
+        o
+        for o in harness.orders
+        if isinstance(o.data, m.OrderData) and o.data.order in (Order.RUN, Order.RESTART)
+    ]
+    assert len(runs) == 2
+    ports = [o.data.env["MASTER_PORT"] for o in runs]  # type: ignore[union-attr]
+    assert ports[0] != ports[1]
+
+
+async def test_events_log_replays_to_the_same_status(harness: Harness, tmp_path: Path) -> None:
+    from aegis.tools import replay
+
+    await _to_running(harness)
+    await harness.send("job-1", m.MessageType.ERROR, m.ErrorData("crash"))
+    await harness.settle()
+    _, final = replay.final_status((tmp_path / "events.jsonl").read_text().splitlines())
+    assert final == harness.runner.status

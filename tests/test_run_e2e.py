@@ -1,0 +1,128 @@
+"""End to end: ``aegis run`` with a real nats-server, real agents and a real 3-rank gloo job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobRunner
+from aegis.platforms import local_run
+from aegis.platforms.local import LocalPlatform, session_members
+from aegis.tools import replay
+from tests.agent_waits import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+
+
+def _settings(tmp_path: Path, *extra: str, **overrides: object) -> local_run.RunSettings:
+    command = (sys.executable, str(TRAIN), "--steps", "30", "--ckpt-every", "5",
+               "--ckpt-dir", str(tmp_path / "ckpt"), *extra)  # fmt: skip
+    base: dict[str, object] = {
+        "command": command,
+        "nodes": 3,
+        "spare_nodes": 1,
+        "max_retry": 2,
+        "job": "e2e",
+        "heartbeat_timeout_s": 3.0,
+        "grace_s": 3.0,
+        "log_dir": tmp_path / "logs",
+        "status_file": tmp_path / "status.json",
+    }
+    base.update(overrides)
+    return local_run.RunSettings(**base)  # type: ignore[arg-type]
+
+
+def _retries(result: local_run.RunResult) -> list[int]:
+    return [info.retries for _, info in sorted(result.status.pod_infos.items())]
+
+
+def _assert_nothing_left(result: local_run.RunResult) -> None:
+    for pids in result.agent_pids_seen.values():
+        for pid in pids:
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+            assert session_members(pid) == []
+
+
+def _assert_replays(result: local_run.RunResult) -> None:
+    lines = (result.log_dir / "events.jsonl").read_text().splitlines()
+    _, final = replay.final_status(lines)
+    assert final == result.status
+
+
+async def test_clean_run_succeeds_with_zero_retries(tmp_path: Path) -> None:
+    result = await local_run.run_local(_settings(tmp_path))
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    assert _retries(result) == [0, 0, 0] and result.exit_code == 0
+    status_file = (tmp_path / "status.json").read_text()
+    assert '"phase": "Succeed"' in status_file
+    _assert_nothing_left(result)
+
+
+async def test_one_crash_restarts_every_rank_in_place_and_resumes(tmp_path: Path) -> None:
+    result = await local_run.run_local(
+        _settings(tmp_path, "--crash-at-step", "12", "--crash-rank", "1")
+    )
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    assert _retries(result) == [1, 1, 1] and result.status.recover_count == 1
+    # in place: each pod kept its one agent process
+    assert all(len(pids) == 1 for pids in result.agent_pids_seen.values())
+    log = (result.log_dir / "pods" / "e2e-0.log").read_text()
+    assert "resumed from ckpt-10.pt at step 10 (incarnation 1)" in log
+    _assert_replays(result)
+    _assert_nothing_left(result)
+
+
+async def test_always_crashing_rank_fails_after_max_retry_plus_one_faults(tmp_path: Path) -> None:
+    result = await local_run.run_local(_settings(tmp_path, "--always-crash-rank", "2"))
+    assert result.status.phase is Phase.FAILED and result.exit_code == 1
+    assert result.status.recover_count == 3  # max_retry + 1
+    assert max(_retries(result)) == 3 and result.status.should_quit
+    _assert_replays(result)
+    _assert_nothing_left(result)
+
+
+async def test_injected_gpu_fault_moves_pod_to_spare_and_blacklists_node(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path, "--crash-at-step", "8", "--crash-rank", "0",
+        inject={"node-1": frozenset({"gpu"})},
+    )  # fmt: skip
+    result = await local_run.run_local(settings)
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    assert [e.node for e in result.status.error_nodes] == ["node-1"]
+    assert result.status.pod_infos["e2e-1"].node == "spare-0"  # type: ignore[index]
+    placements = [node for pod, node in result.placements]
+    assert placements.count("node-1") == 1  # never placed there again
+    _assert_replays(result)
+    _assert_nothing_left(result)
+
+
+async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path: Path) -> None:
+    killed: list[int] = []
+
+    def kill_once_running(runner: JobRunner, platform: LocalPlatform) -> None:
+        def on_event(r: JobRunner, event: object, actions: object) -> None:
+            if r.status.phase is Phase.RUN_COMMAND and not killed:
+                pid = platform.agent_pids()["e2e-2"]  # type: ignore[index]
+                killed.append(pid)
+                os.kill(pid, signal.SIGKILL)
+
+        runner.listeners.append(on_event)
+
+    result = await local_run.run_local(
+        _settings(tmp_path, "--step-time-s", "0.1"), observe=kill_once_running
+    )
+    assert killed, "the agent was never killed"
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    assert result.status.recover_count == 1 and _retries(result) == [1, 1, 1]
+    events = (result.log_dir / "events.jsonl").read_text()
+    assert events.count('"type":"HeartbeatLost"') == 1
+    wait_until(lambda: not session_members(killed[0]), what="killed pod's processes gone")
+    _assert_nothing_left(result)
