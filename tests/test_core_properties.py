@@ -133,3 +133,22 @@ def test_fault_free_run_reaches_succeed_for_many_workers() -> None:
         )
     phases.append(status.phase)
     assert phases == [Phase.PENDING, Phase.BOOT_CHECKING, Phase.RUN_COMMAND, Phase.SUCCEED]
+
+
+def test_status_json_round_trips_every_reachable_state_of_a_small_job() -> None:
+    """What the master writes to the store reads back as the same status (takeover relies
+    on it): checked on every state the model checker reaches for 2 workers."""
+    from aegis.tools.verify import checker
+    from aegis.wire import status_json
+
+    spec = JobSpec("rt", "default", 2, 1)
+    explorer = checker._Explorer(
+        spec,
+        checker.Bounds(faults=3, max_states=100_000),
+        machine.step,
+        checker.VerifyResult(spec=spec, bounds=checker.default_bounds(spec)),
+    )
+    explorer.run()
+    assert len(explorer.keys) > 100
+    for status, _ in explorer.keys:
+        assert status_json.from_dict(status_json.to_dict(spec, status)) == (spec, status)

@@ -15,6 +15,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nkeys
@@ -80,10 +81,15 @@ _UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -
 class Authority:
     """Holds the operator and account keys; mints account and user JWTs."""
 
-    def __init__(self, *, app_account_name: str = "AEGIS") -> None:
-        self.operator = new_keypair(nkeys.PREFIX_BYTE_OPERATOR)
-        self.system = new_keypair(nkeys.PREFIX_BYTE_ACCOUNT)
-        self.account = new_keypair(nkeys.PREFIX_BYTE_ACCOUNT)
+    def __init__(
+        self, *, app_account_name: str = "AEGIS", seeds: dict[str, bytes] | None = None
+    ) -> None:
+        def key(name: str, prefix: int) -> nkeys.KeyPair:
+            return nkeys.from_seed(seeds[name]) if seeds else new_keypair(prefix)
+
+        self.operator = key("operator", nkeys.PREFIX_BYTE_OPERATOR)
+        self.system = key("system", nkeys.PREFIX_BYTE_ACCOUNT)
+        self.account = key("account", nkeys.PREFIX_BYTE_ACCOUNT)
         self.operator_jwt = encode_jwt(
             {"sub": _pub(self.operator), "name": "aegis-operator",
              "nats": {"type": "operator", "version": 2,
@@ -101,6 +107,18 @@ class Authority:
                   "nats": {"type": "account", "version": 2, "limits": limits,
                            "default_permissions": {"pub": {}, "sub": {}}}}  # fmt: skip
         return encode_jwt(claims, self.operator)
+
+    def save(self, path: Path) -> None:
+        """The keys, for master replicas that must mint the same credentials (mode 0600)."""
+        seeds = {"operator": self.operator, "system": self.system, "account": self.account}
+        text = json.dumps({name: bytes(kp.seed).decode() for name, kp in seeds.items()})
+        path.touch(mode=0o600)
+        path.write_text(text)
+
+    @classmethod
+    def load(cls, path: Path) -> Authority:
+        raw = json.loads(path.read_text())
+        return cls(seeds={name: value.encode() for name, value in raw.items()})
 
     def server_config(self) -> str:
         """The operator-mode part of a nats-server config file."""

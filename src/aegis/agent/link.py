@@ -30,6 +30,8 @@ from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
 
+_ACK = m.MessageType.ACK
+
 
 @dataclass(frozen=True, slots=True)
 class LinkSettings:
@@ -40,6 +42,7 @@ class LinkSettings:
     token: str
     node: str = ""
     heartbeat_s: float = 1.0
+    resend_s: float = 2.0
     connect_timeout_s: float = 10.0
     scratch_dir: Path = Path("/tmp")
     inject: frozenset[str] = frozenset()
@@ -63,20 +66,15 @@ class MasterLink:
         self.run_round: tuple[Phase, int] = (Phase.RUN_COMMAND, -1)
         self._rebootstrapping = False
         self.hung = False
+        self.max_epoch = 0
+        self.pending: list[m.Message] = []  # reports not yet answered by a newer round
 
     # -- connection ----------------------------------------------------------------------------
 
     async def connect(self) -> None:
         s = self.settings
         try:
-            self.creds = await grpc_creds.fetch(
-                s.grpc_target,
-                namespace=s.namespace,
-                job=s.job,
-                pod=s.pod,
-                token=s.token,
-                timeout_s=s.connect_timeout_s,
-            )
+            self.creds = await self._fetch_creds()
             self.bus = await NatsBus.connect(
                 self.creds.nats_url,
                 self.creds.creds,
@@ -91,6 +89,30 @@ class MasterLink:
             m.MessageType.ACK, Phase.PENDING, 0, m.AckData(s.node, "", self.incarnation)
         )
         await self.bus.flush()
+
+    async def _fetch_creds(self) -> grpc_creds.WorkerCreds:
+        """Any master replica hands out credentials: try each address in turn."""
+        s = self.settings
+        targets = [t.strip() for t in s.grpc_target.split(",") if t.strip()]
+        per_target = s.connect_timeout_s / max(1, len(targets))
+        error: Exception = ConnectionError(f"no master address in {s.grpc_target!r}")
+        for target in targets:
+            try:
+                return await grpc_creds.fetch(
+                    target,
+                    namespace=s.namespace,
+                    job=s.job,
+                    pod=s.pod,
+                    token=s.token,
+                    timeout_s=per_target,
+                )
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                error = exc
+            except grpc_creds.CredsRefused as exc:
+                if exc.reason != "not_found":
+                    raise  # a wrong token is final
+                error = exc  # this replica may not know the job yet: ask the next one
+        raise error
 
     def _on_nats_error(self, exc: Exception) -> None:
         if "expired" in str(exc).lower() and not self._rebootstrapping:
@@ -172,7 +194,21 @@ class MasterLink:
             data=data,
             id=f"{s.pod}/{self.incarnation}/{next(self._ids)}",
         )
+        if kind is not m.MessageType.HEARTBEAT:
+            self.pending.append(msg)
         await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
+
+    async def resend(self) -> None:
+        """Reports that may have reached no master (a failover) go again, same id, until a
+        newer round shows they were heard; the master counts each at most once."""
+        while not self.done.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.done), self.settings.resend_s)
+            except TimeoutError:
+                if self.bus is not None and self.creds is not None:
+                    for msg in list(self.pending):
+                        subject = f"{self.creds.subject_prefix}.worker"
+                        await self.bus.publish(subject, codec.encode(msg))
 
     async def beat(self) -> None:
         while not self.done.done():
@@ -193,6 +229,13 @@ class MasterLink:
             return
         if not isinstance(msg.data, m.OrderData):
             return
+        if msg.epoch < self.max_epoch:
+            log.warning(
+                "ignored an order of a deposed master (epoch %d < %d)", msg.epoch, self.max_epoch
+            )
+            return
+        self.max_epoch = msg.epoch
+        self.pending = [r for r in self.pending if r.seq >= msg.seq and r.type is not _ACK]
         if msg.data.pods and self.settings.pod not in msg.data.pods:
             return
         self.orders.put_nowait(msg)

@@ -60,6 +60,7 @@ async def run_linked(
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         tasks = [
             asyncio.create_task(the_link.beat(), name="heartbeat"),
+            asyncio.create_task(the_link.resend(), name="resend"),
             asyncio.create_task(the_link.execute_orders(sup), name="orders"),
         ]
         try:

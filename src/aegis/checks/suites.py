@@ -9,7 +9,7 @@ run only when ``settings.group`` says where the pods meet (allreduce_connect on 
 from __future__ import annotations
 
 from aegis.checks import gpu, group, local, rdma
-from aegis.checks.base import CheckFn, CheckSettings, run_all
+from aegis.checks.base import CheckFn, CheckSettings, Outcome, run_all, run_one
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
 
@@ -49,4 +49,17 @@ async def bootcheck(settings: CheckSettings) -> list[CheckResult]:
 
 
 async def troubleshoot(settings: CheckSettings) -> list[CheckResult]:
-    return await run_all(plan(TROUBLESHOOT, settings), settings)
+    """Every check in turn; allreduce_perf is skipped (not applicable) when allreduce_connect
+    failed, so a missing pod costs one collective budget, not two."""
+    results: list[CheckResult] = []
+    for check_type, fn in plan(TROUBLESHOOT, settings):
+        connect = next((r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None)
+        if check_type is CheckType.ALLREDUCE_PERF and connect is not None and not connect.passed:
+            results.append(await run_one(check_type, _skipped, settings))
+        else:
+            results.append(await run_one(check_type, fn, settings))
+    return results
+
+
+async def _skipped(settings: CheckSettings) -> Outcome:
+    return Outcome(True, "not_applicable: skipped, allreduce_connect failed", not_applicable=True)

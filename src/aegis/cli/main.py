@@ -7,7 +7,15 @@ import sys
 import typer
 from typer._click import exceptions as click_errors
 
-from aegis.cli import agent_cmd, replay_cmd, run_cmd, simulate_cmd, verify_cmd
+from aegis.cli import (
+    agent_cmd,
+    check_cmd,
+    master_cmd,
+    replay_cmd,
+    run_cmd,
+    simulate_cmd,
+    verify_cmd,
+)
 
 app = typer.Typer(
     name="aegis",
@@ -18,7 +26,15 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for module in (verify_cmd, replay_cmd, run_cmd, agent_cmd, simulate_cmd):
+for module in (
+    verify_cmd,
+    replay_cmd,
+    run_cmd,
+    agent_cmd,
+    simulate_cmd,
+    check_cmd,
+    master_cmd,
+):
     module.register(app)
 
 

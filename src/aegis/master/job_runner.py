@@ -1,10 +1,17 @@
 """One job in the master: the shell around the core's ``step``.
 
 Everything that reaches the job (agent messages from NATS, platform events) goes through one
-queue and is handled in order: log the event to ``events.jsonl``, ``step``, write the new status
-to the store (revision-checked) *before* carrying out the actions, then publish orders and call
-the platform. Malformed, oversized, wrong-job, stale and duplicate messages are dropped and
-counted. Heartbeats are tracked here and reach the core only as ``HeartbeatLost``.
+queue and is handled in order, in batches: log each event to ``events.jsonl``, ``step``, then
+write the new status *and the round's orders* to the store (revision-checked, one write per
+batch) *before* carrying out any action. Malformed, oversized, wrong-job, stale and duplicate
+messages are dropped and counted. Heartbeats are tracked here and reach the core only as
+``HeartbeatLost``.
+
+High availability: every write and every publish first calls ``fence()``, which raises
+``LeadershipLost`` once this replica's lease is gone; every record and order carries the
+leader's ``epoch``. A replica that takes over builds the runner from the stored record
+(``takeover``): it re-sends the round's orders (agents ignore a round they already executed),
+re-issues pending platform work and restarts heartbeat timers with a grace period.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -26,7 +35,7 @@ from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core import machine
 from aegis.core.errors import LocalError
-from aegis.core.model import JobSpec, JobStatus, NodeName, PodName
+from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
@@ -38,6 +47,11 @@ from aegis.wire.translate import to_event
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+BATCH_MAX = 2048
+
+
+class LeadershipLost(LocalError):
+    """This replica no longer holds the lease: it must not write or send anything."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,22 @@ class JobSettings:
     heartbeat_timeout_s: float = 5.0
     order_resend_s: float = 5.0
     master_addr: str = "127.0.0.1"
+    # Chaos switch for failover tests: exit right after persisting a status in this phase,
+    # before its orders go out (once: the marker file remembers).
+    chaos_exit_after_persist: str = ""
+    chaos_marker: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundOrder:
+    """An order as published (env materialised), kept with the status for re-sending."""
+
+    order: Order
+    phase: Phase
+    seq: int
+    pods: tuple[str, ...] = ()
+    exit_code: int = 0
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +93,10 @@ def status_key(spec: JobSpec) -> str:
     return f"{spec.namespace}.{spec.job}"
 
 
+def _no_fence() -> None:
+    return None
+
+
 class JobRunner:
     def __init__(
         self,
@@ -76,11 +110,15 @@ class JobRunner:
         log_dir: Path | None,
         revision: int | None = None,
         clock: Clock = time.time,
+        epoch: int = 0,
+        fence: Callable[[], None] = _no_fence,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.spec, self.status = spec, status
         self.bus, self.store, self.platform = bus, store, platform
         self.settings, self.clock = settings, clock
-        self.revision = revision
+        self.revision, self.epoch, self.fence = revision, epoch, fence
+        self.extra = dict(extra or {})  # stored with the record (token, nodes)
         prefix = job_subject_prefix(spec.namespace, spec.job)
         self.master_subject, self.worker_subject = f"{prefix}.master", f"{prefix}.worker"
         self.events = EventLogWriter(log_dir / "events.jsonl" if log_dir else None)
@@ -90,10 +128,13 @@ class JobRunner:
         self.done = asyncio.Event()
         self.last_seen: dict[PodName, float] = {}
         self.watched: set[PodName] = set()
-        self.round_orders: list[act.SendOrder] = []
-        self.run_env: dict[str, str] = {}
+        self.round_orders: list[RoundOrder] = []
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
+        # Observers (metrics, fault log, live view): called after each event is handled, and
+        # with each accepted agent message (its evidence: check results, matched lines, stacks).
+        self.message_listeners: list[Callable[[JobRunner, m.Message], None]] = []
         self.task: asyncio.Task[None] | None = None  # the running loop, set by the service
+        self._subscription: Any = None
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -134,6 +175,9 @@ class JobRunner:
                 raise LocalError(f"not a platform event: {event!r}")
         self.queue.put_nowait(_Platform(event, record))
 
+    def pod_nodes(self) -> dict[PodName, str]:
+        return {pod: info.node for pod, info in self.status.pod_infos.items()}
+
     async def wait_done(self) -> None:
         """Until the job is over; raises ``LocalError`` when the job's loop died first."""
         done = asyncio.ensure_future(self.done.wait())
@@ -151,46 +195,134 @@ class JobRunner:
         self.done.set()
         self.queue.put_nowait(None)
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- start: a new job, or a takeover -------------------------------------------------------
 
     async def start(self, nodes: list[str]) -> None:
-        """Subscribe, persist the initial status and record JobCreated."""
+        """A new job: record JobCreated, persist the initial status, subscribe."""
         self.events.write(eventlog.job_created(self.spec, nodes, self.clock()))
-        await self._persist(self.status)
+        await self._persist()
         self._subscription = await self.bus.subscribe(self.worker_subject, self.on_worker_message)
+
+    async def takeover(self) -> None:
+        """A job loaded from the store by a new leader: continue where the old one stopped."""
+        self._subscription = await self.bus.subscribe(self.worker_subject, self.on_worker_message)
+        now = time.monotonic()
+        for pod, info in self.status.pod_infos.items():
+            if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
+                self.last_seen[pod] = now  # grace: a full timeout from the takeover
+                self.watched.add(pod)
+        await self._persist()  # claims every job key for this epoch: a deposed leader's
+        # next revision-checked write fails
+        for order in self.round_orders:
+            if order.seq == self.status.seq:
+                await self._publish(order)
+        await self._reissue_platform_work()
+
+    async def _reissue_platform_work(self) -> None:
+        job = self.spec.job
+        for pod, info in self.status.pod_infos.items():
+            if info.inner_phase is not Phase.RESTARTING or info.finished:
+                continue
+            if info.evict is None:
+                await self.platform.replace_pod(job, pod, info.last_failed_reason or "lost")
+            else:
+                await self.platform.evict_pod(job, pod, info.evict, info.last_failed_reason)
+
+    # -- the loop ------------------------------------------------------------------------------
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch_heartbeats(), name=f"heartbeats:{self.spec.job}")
             group.create_task(self._resend_orders(), name=f"resend:{self.spec.job}")
             while not self.done.is_set():
-                item = await self.queue.get()
-                if item is not None:
-                    await self._handle(item)
-        await self._subscription.unsubscribe()
+                batch = [await self.queue.get()]
+                while not self.queue.empty() and len(batch) < BATCH_MAX:
+                    batch.append(self.queue.get_nowait())
+                await self._handle_batch([item for item in batch if item is not None])
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
         self.events.close()
 
-    async def _handle(self, item: _Platform | _Message) -> None:
-        now = self.clock()
-        if isinstance(item, _Message):
-            self.events.write(msgspec.structs.replace(item.msg, ts=now))
-        else:
-            self.events.write(msgspec.structs.replace(item.record, ts=now))
-        before = self.status
-        after, actions = machine.step(self.spec, before, item.event, now)
-        if after is not before:
-            await self._persist(after)
-            self._log_transition(before, after, item.event)
-        self.status = after
-        if isinstance(item, _Message) and isinstance(item.event, ev.PodAcked):
-            self.watched.add(item.event.pod)
-        for action in actions:
-            await self._execute(action)
-        for listener in self.listeners:
-            listener(self, item.event, actions)
+    async def _handle_batch(self, batch: list[_Platform | _Message]) -> None:
+        """Step every event, persist once, then act: a status is never behind its orders."""
+        changed = False
+        done: list[tuple[_Platform | _Message, tuple[act.Action, ...]]] = []
+        for item in batch:
+            now = self.clock()
+            if isinstance(item, _Message):
+                self.events.write(msgspec.structs.replace(item.msg, ts=now))
+            else:
+                self.events.write(msgspec.structs.replace(item.record, ts=now))
+            before = self.status
+            self.status, actions = machine.step(self.spec, before, item.event, now)
+            if self.status is not before:
+                changed = True
+                self._log_transition(before, self.status, item.event)
+            self._materialise_orders(actions)
+            done.append((item, actions))
+        if changed:
+            await self._persist()
+            self._chaos_after_persist()
+        for item, actions in done:
+            if isinstance(item, _Message) and isinstance(item.event, ev.PodAcked):
+                self.watched.add(item.event.pod)
+            for action in actions:
+                await self._execute(action)
+            if isinstance(item, _Message):
+                for on_message in self.message_listeners:
+                    on_message(self, item.msg)
+            for listener in self.listeners:
+                listener(self, item.event, actions)
 
-    async def _persist(self, status: JobStatus) -> None:
-        payload = json.dumps(status_json.to_dict(self.spec, status)).encode()
+    def _chaos_after_persist(self) -> None:
+        chaos, marker = self.settings.chaos_exit_after_persist, self.settings.chaos_marker
+        if chaos and chaos == self.status.phase.value and marker and not marker.exists():
+            marker.touch()
+            log.error("chaos: exiting after persisting %s, before its orders", chaos)
+            os._exit(137)
+
+    def _materialise_orders(self, actions: tuple[act.Action, ...]) -> None:
+        """The round's orders with their environment, fixed before the status is written."""
+        for action in actions:
+            if not isinstance(action, act.SendOrder):
+                continue
+            env: dict[str, str] = {}
+            if action.order in (Order.RUN, Order.RESTART, Order.BOOTCHECK, Order.TROUBLESHOOT):
+                # A fresh rendezvous port for every round: an incarnation (or a check group)
+                # never reuses the TCPStore/gloo addresses of an earlier one.
+                key = (
+                    "MASTER_PORT"
+                    if action.order in (Order.RUN, Order.RESTART)
+                    else ("CHECK_MASTER_PORT")
+                )
+                env = {"MASTER_ADDR": self.settings.master_addr, key: str(free_port())}
+            order = RoundOrder(
+                action.order, action.phase, action.seq, action.pods, action.exit_code, env
+            )
+            if self.round_orders and self.round_orders[-1].seq != action.seq:
+                self.round_orders = []
+            self.round_orders.append(order)
+
+    def record(self) -> dict[str, Any]:
+        record = status_json.to_dict(self.spec, self.status)
+        record["orders"] = [
+            {
+                "order": o.order.value,
+                "phase": o.phase.value,
+                "seq": o.seq,
+                "pods": list(o.pods),
+                "exit_code": o.exit_code,
+                "env": o.env,
+            }
+            for o in self.round_orders
+        ]
+        record["epoch"] = self.epoch
+        record.update(self.extra)
+        return record
+
+    async def _persist(self) -> None:
+        self.fence()
+        payload = json.dumps(self.record()).encode()
         self.revision = await self.store.put(
             status_key(self.spec), payload, expected_revision=self.revision
         )
@@ -211,40 +343,39 @@ class JobRunner:
     async def _execute(self, action: act.Action) -> None:
         job = self.spec.job
         match action:
-            case act.SendOrder():
-                if action.order in (Order.RUN, Order.RESTART):
-                    self.run_env = self._fresh_run_env()
-                if not self.round_orders or self.round_orders[-1].seq != action.seq:
-                    self.round_orders = []
-                self.round_orders.append(action)
-                await self._publish_order(action)
+            case act.SendOrder(seq=seq, order=order_kind):
+                for order in self.round_orders:
+                    if order.seq == seq and order.order is order_kind:
+                        await self._publish(order)
+                        break
             case act.EvictPod(pod=pod, level=level, exit_code=code, reason=reason):
                 self.watched.discard(pod)
-                order = act.SendOrder(Order.EXIT, self.status.phase, self.status.seq, (pod,), code)
-                await self._publish_order(order)
+                exit_order = RoundOrder(
+                    Order.EXIT, self.status.phase, self.status.seq, (pod,), code
+                )
+                await self._publish(exit_order)
+                self.fence()
                 await self.platform.evict_pod(job, pod, level, reason)
             case act.ReplacePod(pod=pod, reason=reason):
                 self.watched.discard(pod)
+                self.fence()
                 await self.platform.replace_pod(job, pod, reason)
             case act.BlacklistNode(node=node, reason=reason):
+                self.fence()
                 await self.platform.blacklist_node(job, node, reason)
             case act.RecordFault(pod=pod, reason=reason, counted=counted):
                 log.warning("job %s: fault of %s (%s), counted=%s", job, pod, reason, counted)
             case act.EndJob(phase=phase, reason=reason):
                 log.info("job %s ended %s: %s", job, phase, reason)
                 self.done.set()
+                self.fence()
                 await self.platform.end_job(job, phase)
             case act.Rejected(reason=reason, detail=detail):
                 self.drops.add(reason.value)
                 log.debug("job %s: rejected (%s: %s)", job, reason, detail)
 
-    def _fresh_run_env(self) -> dict[str, str]:
-        # A fresh rendezvous port for every run round: an incarnation never reuses the
-        # TCPStore/gloo addresses of an earlier one.
-        return {"MASTER_ADDR": self.settings.master_addr, "MASTER_PORT": str(free_port())}
-
-    async def _publish_order(self, order: act.SendOrder) -> None:
-        env = self.run_env if order.order in (Order.RUN, Order.RESTART) else {}
+    async def _publish(self, order: RoundOrder) -> None:
+        self.fence()
         msg = m.Message(
             job=self.spec.job,
             namespace=self.spec.namespace,
@@ -253,7 +384,8 @@ class JobRunner:
             phase=order.phase,
             seq=order.seq,
             ts=self.clock(),
-            data=m.OrderData(order.order, list(order.pods), order.exit_code, env),
+            data=m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env)),
+            epoch=self.epoch,
         )
         await self.bus.publish(self.master_subject, codec.encode(msg))
 
@@ -281,10 +413,26 @@ class JobRunner:
                 continue
             for order in self.round_orders:
                 if order.seq == self.status.seq:
-                    await self._publish_order(order)
+                    await self._publish(order)
 
-    def pod_nodes(self) -> dict[PodName, NodeName]:
-        return {pod: info.node for pod, info in self.status.pod_infos.items()}
+
+def runner_from_record(record: dict[str, Any], revision: int, **kwargs: Any) -> JobRunner:
+    """A runner for a job read back from the store (a takeover)."""
+    spec, status = status_json.from_dict(record)
+    runner = JobRunner(spec, status, revision=revision, **kwargs)
+    runner.round_orders = [
+        RoundOrder(
+            Order(o["order"]),
+            Phase(o["phase"]),
+            o["seq"],
+            tuple(o["pods"]),
+            o["exit_code"],
+            dict(o["env"]),
+        )
+        for o in record.get("orders", [])
+    ]
+    runner.extra = {k: record[k] for k in ("token", "nodes") if k in record}
+    return runner
 
 
 async def _sleep_or_done(done: asyncio.Event, delay_s: float) -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master.job_runner import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +64,35 @@ class LocalPlatform:
         self.blacklist: dict[str, str] = {}
         self.used_nodes: set[str] = set()
         self.placements: list[tuple[PodName, str]] = []  # every (pod, node) ever used
-        self.runner: JobRunner | None = None
+        self.sink: Callable[[ev.Event], None] | None = None
+        self.job = ""
+        self.initial: dict[PodName, str] = {}
         self.grpc_target = ""
         self.token_file: Path | None = None
         self.namespace = "default"
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def attach(self, runner: JobRunner, grpc_target: str, token: str) -> None:
-        self.runner = runner
+    def attach(
+        self,
+        sink: Callable[[ev.Event], None],
+        *,
+        namespace: str,
+        job: str,
+        pods: dict[PodName, str],
+        grpc_target: str,
+        token: str,
+    ) -> None:
+        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
+        publisher to the master replicas); ``pods`` is the initial placement."""
+        self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
         self.grpc_target = grpc_target
-        self.namespace = runner.spec.namespace
         self.token_file = self.settings.log_dir / ".bootstrap-token"
         self.token_file.write_text(token)
         self.token_file.chmod(0o600)
 
     async def launch_all(self) -> None:
-        assert self.runner is not None
-        for pod, info in sorted(self.runner.status.pod_infos.items()):
-            self.pods[pod] = _Pod(pod, info.node)
+        for pod, node in sorted(self.initial.items()):
+            self.pods[pod] = _Pod(pod, node)
             await self._spawn(self.pods[pod])
 
     # -- the Platform port ---------------------------------------------------------------------
@@ -111,14 +121,14 @@ class LocalPlatform:
         node = state.node if same_node and state.node not in self.blacklist else self._spare()
         if node is None:
             log.error("no healthy node left for %s", pod)
-            assert self.runner is not None
-            self.runner.platform_event(ev.QuitRequested(f"no healthy node left for {pod}"))
+            assert self.sink is not None
+            self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))
             return
         self.used_nodes.discard(state.node)
         state.node = node
         await self._spawn(state)
-        assert self.runner is not None
-        self.runner.platform_event(ev.PodRestarted(pod, NodeName(node), "127.0.0.1"))
+        assert self.sink is not None
+        self.sink(ev.PodRestarted(pod, NodeName(node), "127.0.0.1"))
         log.info("%s placed on %s (%s)", pod, node, reason)
 
     def _spare(self) -> str | None:
@@ -137,7 +147,7 @@ class LocalPlatform:
         await _kill_group(proc, self.settings.grace_s)
 
     async def _spawn(self, state: _Pod) -> None:
-        assert self.token_file is not None and self.runner is not None
+        assert self.token_file is not None
         state.incarnation += 1
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
@@ -145,7 +155,7 @@ class LocalPlatform:
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
             "--master", self.grpc_target,
-            "--namespace", self.namespace, "--job", self.runner.spec.job,
+            "--namespace", self.namespace, "--job", self.job,
             "--pod", state.name, "--node", state.node,
             "--token-file", str(self.token_file),
             "--grace-s", str(s.grace_s), "--hang-timeout-s", str(s.hang_timeout_s),

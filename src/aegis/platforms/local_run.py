@@ -103,7 +103,14 @@ async def _run_job(
         )
     )
     runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)
-    platform.attach(runner, f"127.0.0.1:{master.grpc_port}", token)
+    platform.attach(
+        runner.platform_event,
+        namespace=spec.namespace,
+        job=spec.job,
+        pods=runner.pod_nodes(),
+        grpc_target=f"127.0.0.1:{master.grpc_port}",
+        token=token,
+    )
     pids_seen: dict[str, list[int]] = {}
     loop = asyncio.get_running_loop()
 

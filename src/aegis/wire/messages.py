@@ -129,3 +129,4 @@ class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ts: float
     data: Payload
     id: str = ""  # unique per report, so a re-sent report is processed at most once
+    epoch: int = 0  # the master leader's term (orders): agents ignore orders of older terms

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import immutables
+
 from aegis.core import model
-from aegis.core.model import JobSpec, JobStatus
+from aegis.core.model import ErrorNode, JobSpec, JobStatus, NodeName, PodInfo, PodName
+from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.core.recovery import Classification, RecoveryLevel
 
 
 def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
@@ -33,6 +37,8 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
                     "updated_ts": info.updated_ts,
                     "seq": info.seq,
                     "slow": info.slow,
+                    "verdict": info.verdict.value if info.verdict else None,
+                    "evict": int(info.evict) if info.evict else None,
                 }
                 for pod, info in pods
             },
@@ -41,3 +47,47 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
             ],
         },
     }
+
+
+def from_dict(record: dict[str, Any]) -> tuple[JobSpec, JobStatus]:
+    """The inverse of ``to_dict``: a status read back from the store, counters recomputed."""
+    spec = JobSpec(**record["spec"])
+    raw = record["status"]
+    pods: dict[PodName, PodInfo] = {}
+    for name, p in raw["pod_infos"].items():
+        pods[PodName(name)] = PodInfo(
+            inner_phase=Phase(p["inner_phase"]),
+            node=NodeName(p["node"]),
+            pod_ip=p["pod_ip"],
+            finished=p["finished"],
+            retries=p["retries"],
+            last_failed_reason=p["last_failed_reason"],
+            updated_ts=p["updated_ts"],
+            seq=p["seq"],
+            verdict=Classification(p["verdict"]) if p.get("verdict") else None,
+            evict=RecoveryLevel(p["evict"]) if p.get("evict") else None,
+            slow=p["slow"],
+        )
+    phase = Phase(raw["phase"])
+    infos = list(pods.values())
+    away = 0
+    if phase is not Phase.PENDING and phase not in TERMINAL_PHASES:
+        away = sum(
+            1
+            for i in infos
+            if not i.finished and i.inner_phase in (Phase.PENDING, Phase.RESTARTING)
+        )
+    status = JobStatus(
+        phase=phase,
+        recover_count=raw["recover_count"],
+        should_quit=raw["should_quit"],
+        seq=raw["seq"],
+        pod_infos=immutables.Map(pods),
+        error_nodes=tuple(
+            ErrorNode(NodeName(e["node"]), e["reason"], e["ts"]) for e in raw["error_nodes"]
+        ),
+        outstanding=sum(1 for i in infos if not i.finished),
+        away=away,
+        slow_count=sum(1 for i in infos if i.slow),
+    )
+    return spec, status

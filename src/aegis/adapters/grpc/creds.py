@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -31,6 +32,9 @@ class JobAccess:
     pods: tuple[str, ...]
 
 
+Lookup = Callable[[str, str], "JobAccess | Awaitable[JobAccess | None] | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerCreds:
     nats_url: str
@@ -45,7 +49,7 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
         self,
         authority: Authority | None,
         nats_url: str,
-        lookup: Callable[[str, str], JobAccess | None],
+        lookup: Lookup,
         ttl_s: float | None,
     ) -> None:
         self.authority, self.nats_url, self.lookup, self.ttl_s = authority, nats_url, lookup, ttl_s
@@ -53,7 +57,8 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
     async def SyncWorkerCreds(
         self, request: aegis_pb2.SyncWorkerCredsRequest, context: aio.ServicerContext
     ) -> aegis_pb2.SyncWorkerCredsResponse:
-        access = self.lookup(request.namespace, request.job)
+        found = self.lookup(request.namespace, request.job)
+        access = await found if inspect.isawaitable(found) else found
         if access is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no job {request.namespace}/{request.job}"
@@ -87,7 +92,7 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
 async def serve(
     authority: Authority | None,
     nats_url: str,
-    lookup: Callable[[str, str], JobAccess | None],
+    lookup: Lookup,
     *,
     host: str = "127.0.0.1",
     port: int = 0,

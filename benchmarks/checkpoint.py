@@ -1,0 +1,231 @@
+"""Checkpoint stall and restore, side by side in one run (DESIGN section 7).
+
+Usage: python benchmarks/checkpoint.py [--size-mb 1024] [--dir /tmp/aegis-ckpt-bench]
+
+Training stall = how long the training loop is blocked by one save of the same state to the same
+disk directory:
+- torch.save:   ``torch.save(state, file)`` (page cache; no fsync) and the same followed by fsync;
+- dcp async:    ``torch.distributed.checkpoint.async_save`` (world of 1, gloo) until it returns;
+- aegis:        ``aegis.checkpoint`` ``Saver.save`` (copy into shared memory, hand-off to the
+                saver daemon which persists, checksums, fsyncs and commits in the background).
+Each is measured cold (first save) and steady (a later save, as in a training loop). Restore =
+time to get the state back in a fresh reader: aegis from shared memory (after an in-place restart)
+vs aegis from disk vs torch.load, with the page cache dropped when allowed (root) and warm.
+Ratios are printed against torch.save's stall and the disk restores, measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aegis.checkpoint import api, layout, process
+
+
+def make_state(size_mb: int) -> dict[str, Any]:
+    """Model-like state: weights + two Adam moments, tensors of 1-16 MB, plus small values."""
+    torch.manual_seed(0)
+    n = size_mb * 262144 // 3  # float32 elements per part (weights, exp_avg, exp_avg_sq)
+    sizes, left, k = [], n, 0
+    while left > 0:
+        part = min(left, (1 + k % 4) * 1048576)
+        sizes.append(part)
+        left -= part
+        k += 1
+    weights = {f"layer{i}.weight": torch.randn(s) for i, s in enumerate(sizes)}
+    moments = {
+        i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(s), "exp_avg_sq": torch.rand(s)}
+        for i, s in enumerate(sizes)
+    }
+    optimizer = {
+        "state": moments,
+        "param_groups": [{"lr": 1e-3, "params": list(range(len(sizes)))}],
+    }
+    return {"model": weights, "optimizer": optimizer, "step": 100}
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - started, value
+
+
+def drop_caches() -> bool:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def bench_torch_save(state: dict[str, Any], where: Path) -> dict[str, float]:
+    path = where / "torch.pt"
+    cold, _ = timed(lambda: torch.save(state, path))
+    steady, _ = timed(lambda: torch.save(state, path))
+
+    def durable() -> None:
+        torch.save(state, path)
+        with path.open("rb+") as f:
+            os.fsync(f.fileno())
+
+    fsynced, _ = timed(durable)
+    return {"cold": cold, "steady": steady, "fsync": fsynced}
+
+
+def bench_dcp(state: dict[str, Any], where: Path) -> dict[str, float] | str:
+    """Figures, or why dcp.async_save could not run here."""
+    try:
+        return _bench_dcp(state, where)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _bench_dcp(state: dict[str, Any], where: Path) -> dict[str, float]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    out: dict[str, float] = {}
+    try:
+        for name, step in (("cold", 1), ("steady", 2)):
+            stall, future = timed(
+                lambda s=step: dcp.async_save(state, checkpoint_id=where / f"dcp-{s}")
+            )
+            done, _ = timed(future.result)
+            out[name], out[f"{name}_durable"] = stall, stall + done
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def bench_aegis(state: dict[str, Any], shm: Path, ckpt: Path) -> dict[str, float]:
+    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt)
+    daemon = subprocess.Popen(settings.argv())
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
+    out: dict[str, float] = {}
+    try:
+        for step in (1, 2, 3, 4):
+            stall, _ = timed(lambda s=step: saver.save(s, state))
+            committed, _ = timed(lambda s=step: wait_commit(saver, s))
+            out[f"save{step}"], out[f"save{step}_durable"] = stall, stall + committed
+    finally:
+        daemon.kill()
+        daemon.wait()
+    out["cold"], out["steady"] = out["save1"], min(out["save3"], out["save4"])
+    out["steady_durable"] = min(out["save3_durable"], out["save4_durable"])
+    return out
+
+
+def wait_commit(saver: api.Saver, step: int) -> None:
+    while step not in saver.committed_steps():
+        time.sleep(0.002)
+
+
+def bench_restore(
+    shm: Path, ckpt: Path, torch_file: Path, cold: bool, template: dict[str, Any]
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    fresh = api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt)
+    out["shm"], got = timed(lambda: api.Saver(fresh).load_latest())
+    assert got is not None and got[0] == 4
+    del got
+    out["shm_template"], got = timed(lambda: api.Saver(fresh).load_latest(template))
+    assert got is not None and got[0] == 4
+    del got
+    no_shm = api.SaverSettings(shm_dir=shm / "absent", ckpt_dir=ckpt)
+    if cold:
+        drop_caches()
+    out["aegis_disk"], got = timed(lambda: api.Saver(no_shm).load_latest())
+    assert got is not None and got[0] == 4
+    if cold:
+        drop_caches()
+    out["torch_load"], _ = timed(lambda: torch.load(torch_file, weights_only=True))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/aegis-ckpt-bench"))
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    where = args.dir
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    shm = Path("/dev/shm") / f"aegis-bench-{os.getpid()}"
+    state = make_state(args.size_mb)
+    total = sum(e.nbytes for e in _entries(state))
+    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; nproc {os.cpu_count()}, "
+          f"{platform.machine()}, torch {torch.__version__}; "
+          f"state {total / 1e6:.0f} MB; disk {where}")  # fmt: skip
+    try:
+        ts = bench_torch_save(state, where)
+        dc = bench_dcp(state, where)
+        ae = bench_aegis(state, shm, where / "aegis")
+        cold = drop_caches()
+        restore_cold = bench_restore(shm, where / "aegis", where / "torch.pt", True, state)
+        restore_warm = bench_restore(shm, where / "aegis", where / "torch.pt", False, state)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    report(ts, dc, ae, restore_cold, restore_warm, cold)
+    shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+def _entries(state: dict[str, Any]) -> list[layout.TensorEntry]:
+    tensors: list[Any] = []
+    api._flatten(state, tensors, torch)
+    return [layout.TensorEntry("", (), 0, t.numel() * t.element_size()) for t in tensors]
+
+
+def report(ts: dict[str, float], dc: dict[str, float] | str, ae: dict[str, float],
+           rc: dict[str, float], rw: dict[str, float], cold: bool) -> None:  # fmt: skip
+    print("| stall of one save (s) | cold (1st save) | steady | until durable (steady) |")
+    print("|---|---|---|---|")
+    print(f"| torch.save | {ts['cold']:.3f} | {ts['steady']:.3f} | {ts['fsync']:.3f} (+fsync) |")
+    if isinstance(dc, str):
+        print(f"| dcp.async_save | n/a | n/a | n/a ({dc}) |")
+    else:
+        print(f"| dcp.async_save | {dc['cold']:.3f} | {dc['steady']:.3f} | "
+              f"{dc['steady_durable']:.3f} |")  # fmt: skip
+    print(f"| aegis.checkpoint.save | {ae['cold']:.3f} | {ae['steady']:.3f} | "
+          f"{ae['steady_durable']:.3f} (daemon: checksums, fsync, commit) |")  # fmt: skip
+    print(f"aegis stall / torch.save stall: steady {ae['steady'] / ts['steady']:.3f}, "
+          f"cold {ae['cold'] / ts['cold']:.3f}; "
+          f"vs torch.save+fsync {ae['steady'] / ts['fsync']:.3f}")  # fmt: skip
+    if not isinstance(dc, str):
+        print(f"aegis stall / dcp.async_save stall (steady): {ae['steady'] / dc['steady']:.3f}")
+    label = "page cache dropped" if cold else "page cache NOT dropped (no permission)"
+    print(f"| restore (s) | {label} | page cache warm |")
+    print("|---|---|---|")
+    for key, name in (("shm", "aegis, shared memory"),
+                      ("shm_template", "aegis, shared memory into allocated tensors"),
+                      ("aegis_disk", "aegis, disk"),
+                      ("torch_load", "torch.load")):  # fmt: skip
+        print(f"| {name} | {rc[key]:.3f} | {rw[key]:.3f} |")
+    print(f"into allocated tensors: aegis disk {rc['aegis_disk'] / rc['shm_template']:.1f}x, "
+          f"torch.load {rc['torch_load'] / rc['shm_template']:.1f}x slower than shm")  # fmt: skip
+    print(f"disk/shm restore speed-up: aegis disk {rc['aegis_disk'] / rc['shm']:.1f}x, "
+          f"torch.load {rc['torch_load'] / rc['shm']:.1f}x "
+          f"(warm: {rw['aegis_disk'] / rw['shm']:.1f}x, "
+          f"{rw['torch_load'] / rw['shm']:.1f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The training side: :class:`Saver` copies a state into shared memory and loads it back.
+
+torch is imported inside the methods, so ``import aegis.checkpoint`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import mmap
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aegis.checkpoint import layout as lay
+from aegis.checkpoint import store
+
+log = logging.getLogger(__name__)
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
+class BusyPolicy(enum.StrEnum):
+    WAIT = "wait"  # block until the previous save is durable (default: training never loses one)
+    RAISE = "raise"  # raise SaverBusyError at once
+
+
+class SaverBusyError(Exception):
+    """The previous save is still being persisted (policy ``raise``, or ``wait`` timed out)."""
+
+    def __init__(self, step: int, pending: list[int], waited_s: float) -> None:
+        super().__init__(
+            f"checkpoint step {step} not saved: step(s) {pending} still being persisted "
+            f"after {waited_s:.1f} s (is the saver daemon running?)"
+        )
+        self.step = step
+        self.pending = pending
+
+
+@dataclass(frozen=True, slots=True)
+class SaverSettings:
+    shm_dir: Path
+    ckpt_dir: Path | None = None
+    policy: BusyPolicy = BusyPolicy.WAIT
+    wait_timeout_s: float = 600.0
+    poll_s: float = 0.005
+
+    @staticmethod
+    def from_env(environ: dict[str, str] | None = None) -> SaverSettings:
+        """``AEGIS_CKPT_SHM`` (default ``/dev/shm/aegis-<AEGIS_JOB>-<AEGIS_POD>``),
+        ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`` (wait|raise), ``AEGIS_CKPT_WAIT_S``."""
+        env = dict(os.environ if environ is None else environ)
+        shm = env.get("AEGIS_CKPT_SHM") or default_shm_dir(env)
+        ckpt = env.get("AEGIS_CKPT_DIR")
+        return SaverSettings(
+            shm_dir=Path(shm),
+            ckpt_dir=Path(ckpt) if ckpt else None,
+            policy=BusyPolicy(env.get("AEGIS_CKPT_POLICY", BusyPolicy.WAIT.value)),
+            wait_timeout_s=float(env.get("AEGIS_CKPT_WAIT_S", "600")),
+        )
+
+
+def default_shm_dir(env: dict[str, str]) -> str:
+    return (
+        f"/dev/shm/aegis-{env.get('AEGIS_JOB', 'local')}-{env.get('AEGIS_POD', str(os.getuid()))}"
+    )
+
+
+class Saver:
+    """One process's view of its pod's checkpoint slots (keeps the shm buffers mapped)."""
+
+    def __init__(self, settings: SaverSettings) -> None:
+        self.settings = settings
+        self._buffers: dict[int, tuple[int, Any]] = {}  # buffer -> (bytes, uint8 tensor)
+
+    def committed_steps(self) -> list[int]:
+        shm = self.settings.shm_dir
+        return [s for s in lay.slot_steps(shm) if lay.committed_marker(shm, s).exists()]
+
+    def pending_steps(self) -> list[int]:
+        shm = self.settings.shm_dir
+        return [s for s in lay.slot_steps(shm) if not lay.committed_marker(shm, s).exists()]
+
+    def wait_idle(self, step: int) -> None:
+        started = time.monotonic()
+        while pending := self.pending_steps():
+            waited = time.monotonic() - started
+            if self.settings.policy is BusyPolicy.RAISE or waited > self.settings.wait_timeout_s:
+                raise SaverBusyError(step, pending, waited)
+            time.sleep(self.settings.poll_s)
+
+    def save(self, step: int, state: Any) -> None:
+        """Copy ``state`` into shared memory and hand it to the saver daemon (returns then)."""
+        import torch
+
+        self.wait_idle(step)
+        shm = self.settings.shm_dir
+        shm.mkdir(parents=True, exist_ok=True)
+        committed = self.committed_steps()
+        buffer = 0
+        if committed:
+            buffer = 1 - lay.read_layout(shm, committed[-1]).buffer
+        for old in committed[:-1]:  # stale slots may point at the buffer we overwrite
+            for path in (lay.slot_json(shm, old), lay.slot_pkl(shm, old)):
+                path.unlink(missing_ok=True)
+        tensors: list[Any] = []
+        skeleton = _flatten(state, tensors, torch)
+        entries, offset = [], 0
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            entries.append(lay.TensorEntry(str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                                           offset, nbytes))  # fmt: skip
+            offset = lay.aligned(offset + nbytes)
+        target = self._buffer(buffer, max(offset, 1), torch)
+        with torch.no_grad():
+            for t, e in zip(tensors, entries, strict=True):
+                if e.nbytes:
+                    flat = t.detach().reshape(-1).contiguous().view(torch.uint8)
+                    target[e.offset : e.offset + e.nbytes].copy_(flat)
+        layout = lay.Layout(step, buffer, offset, tuple(entries))
+        lay.write_atomic(lay.slot_pkl(shm, step), pickle.dumps(skeleton, protocol=5),
+                         durable=False)  # fmt: skip
+        lay.write_atomic(lay.slot_json(shm, step), _dumps(layout), durable=False)
+
+    def _map_private(self, layout: lay.Layout, torch: Any) -> Any:
+        """The slot's bytes without a copy: a private (copy-on-write) mapping of its buffer,
+        populated up front. The buffer is pinned, so a later save replaces the file (new inode)
+        instead of overwriting pages this mapping still reads."""
+        if layout.data_bytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        path = lay.buffer_path(self.settings.shm_dir, layout.buffer)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            inode = os.fstat(fd).st_ino
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            mapped = mmap.mmap(fd, layout.data_bytes, flags=mmap.MAP_PRIVATE, prot=prot)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # map the pages now, without copying (Linux 5.14+);
+            mapped.madvise(MADV_POPULATE_READ)  # MAP_POPULATE would copy every page (COW)
+        pin = lay.pin_marker(self.settings.shm_dir, layout.buffer)
+        lay.write_atomic(pin, str(inode).encode(), durable=False)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
+
+    def _unpin(self, buffer: int) -> None:
+        """Replace a pinned buffer file by a new one before writing into it."""
+        pin = lay.pin_marker(self.settings.shm_dir, buffer)
+        try:
+            inode = int(pin.read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        path = lay.buffer_path(self.settings.shm_dir, buffer)
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_ino == inode:
+                path.unlink()
+        pin.unlink(missing_ok=True)
+        self._buffers.pop(buffer, None)
+
+    def _buffer(self, buffer: int, size: int, torch: Any) -> Any:
+        self._unpin(buffer)
+        cached = self._buffers.get(buffer)
+        if cached is not None and cached[0] >= size:
+            return cached[1]
+        path = lay.buffer_path(self.settings.shm_dir, buffer)
+        size = max(size, path.stat().st_size if path.exists() else 0)
+        storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=size)
+        tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
+        self._buffers[buffer] = (size, tensor)
+        return tensor
+
+    def load_latest(self, template: Any = None) -> tuple[int, Any] | None:
+        """The newest committed state: from shared memory if there is one, else from disk."""
+        import torch
+
+        committed = self.committed_steps()
+        if committed:
+            step = committed[-1]
+            shm = self.settings.shm_dir
+            layout = lay.read_layout(shm, step)
+            data = self._map_private(layout, torch)
+            skeleton = lay.slot_pkl(shm, step).read_bytes()
+            views = _build(layout, skeleton, data, torch)
+            log.info("checkpoint step %s loaded from shared memory", step)
+            return step, _apply(views, template, torch)
+        return self.load_from_disk(template)
+
+    def load_from_disk(self, template: Any = None) -> tuple[int, Any] | None:
+        import torch
+
+        ckpt = self.settings.ckpt_dir
+        if ckpt is None:
+            return None
+        for step in reversed(lay.disk_steps(ckpt)):
+            try:
+                copy = store.read_committed(ckpt, step)
+            except store.CorruptCheckpointError as exc:
+                log.warning("checkpoint step %s skipped: %s", exc.step, exc.reason)
+                continue
+            data = torch.frombuffer(copy.data, dtype=torch.uint8) if copy.data else torch.empty(0)
+            log.info("checkpoint step %s loaded from %s", step, ckpt)
+            return step, _apply(_build(copy.layout, copy.skeleton, data, torch), template, torch)
+        return None
+
+
+def _dumps(layout: lay.Layout) -> bytes:
+    import json
+
+    return json.dumps(layout.to_json()).encode()
+
+
+def _flatten(value: Any, tensors: list[Any], torch: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return lay.TensorRef(len(tensors) - 1)
+    if isinstance(value, dict):
+        return type(value)((k, _flatten(v, tensors, torch)) for k, v in value.items())
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_flatten(v, tensors, torch) for v in value)
+    return value
+
+
+def _build(layout: lay.Layout, skeleton: bytes, data: Any, torch: Any) -> Any:
+    tensors = []
+    for e in layout.tensors:
+        dtype = getattr(torch, e.dtype)
+        raw = data[e.offset : e.offset + e.nbytes]
+        tensors.append(raw.view(dtype).reshape(e.shape))
+    return _map(pickle.loads(skeleton), lambda ref: tensors[ref.index])
+
+
+def _map(value: Any, fn: Callable[[lay.TensorRef], Any]) -> Any:
+    if isinstance(value, lay.TensorRef):
+        return fn(value)
+    if isinstance(value, dict):
+        return type(value)((k, _map(v, fn)) for k, v in value.items())
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_map(v, fn) for v in value)
+    return value
+
+
+def _apply(state: Any, template: Any, torch: Any) -> Any:
+    """Give each loaded tensor the place of the template's tensor at the same key: copied into
+    it in place when shape and dtype match (no new memory), else moved to its device and dtype."""
+    if isinstance(state, torch.Tensor):
+        if isinstance(template, torch.Tensor):
+            if template.shape == state.shape and template.dtype == state.dtype:
+                with torch.no_grad():
+                    return template.copy_(state)
+            return state.to(device=template.device, dtype=template.dtype)
+        return state
+    if isinstance(state, dict):
+        sub = template if isinstance(template, dict) else {}
+        return type(state)((k, _apply(v, sub.get(k), torch)) for k, v in state.items())
+    if isinstance(state, list | tuple) and not hasattr(state, "_fields"):
+        subs = list(template) if isinstance(template, list | tuple) else []
+        subs += [None] * (len(state) - len(subs))
+        return type(state)(_apply(v, t, torch) for v, t in zip(state, subs, strict=False))
+    return state

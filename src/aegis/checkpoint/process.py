@@ -1,0 +1,162 @@
+"""Keeping the saver daemon alive from the agent, and learning which steps were committed.
+
+``DaemonProcess`` starts ``python -m aegis.checkpoint.daemon`` through a :class:`Spawner` (the
+agent passes its reaper, the one owner of ``waitpid``; :class:`LocalSpawner` serves elsewhere),
+restarts it at once when it dies (:meth:`supervise`), and tails ``commits.jsonl`` in the shared
+memory directory, calling ``on_commit(step)`` once per newly committed step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from aegis.checkpoint import layout as lay
+
+log = logging.getLogger(__name__)
+
+OnCommit = Callable[[int], Awaitable[None]]
+
+
+class Spawner(Protocol):
+    """What the agent's reaper offers: start a child, await its raw wait status."""
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> int: ...
+
+    async def wait(self, pid: int) -> int: ...
+
+
+class LocalSpawner:
+    """A Spawner for processes that have no reaper (tests, benchmarks, standalone use)."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, asyncio.Task[int]] = {}
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        import subprocess
+
+        proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+        self._children[proc.pid] = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(proc.wait), name=f"wait-{proc.pid}"
+        )
+        return proc.pid
+
+    async def wait(self, pid: int) -> int:
+        return await asyncio.shield(self._children[pid])
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSettings:
+    shm_dir: Path
+    ckpt_dir: Path
+    poll_s: float = 0.02
+    max_write_mb_s: float = 0.0
+    keep: int = 3
+    restart_delay_s: float = 0.2
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "aegis.checkpoint.daemon",
+            "--shm-dir", str(self.shm_dir), "--ckpt-dir", str(self.ckpt_dir),
+            "--poll-s", str(self.poll_s), "--max-write-mb-s", str(self.max_write_mb_s),
+            "--keep", str(self.keep),
+        ]  # fmt: skip
+
+
+class DaemonProcess:
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        spawner: Spawner | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> None:
+        self.settings = settings
+        self._spawner: Spawner = spawner or LocalSpawner()
+        self._on_commit = on_commit
+        self._pid: int | None = None
+        self._exited: asyncio.Event = asyncio.Event()
+        self._offset = 0
+        self.last_committed: int | None = None
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def alive(self) -> bool:
+        return self._pid is not None and not self._exited.is_set()
+
+    async def start(self) -> None:
+        """Create the shared-memory directory (the agent owns it) and start the daemon."""
+        self.settings.shm_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._pid = self._spawner.spawn(self.settings.argv(), env)
+        self._exited = asyncio.Event()
+        asyncio.get_running_loop().create_task(
+            self._watch(self._pid, self._exited), name=f"ckpt-daemon-watch-{self._pid}"
+        )
+        log.info("checkpoint saver daemon started: pid %s", self._pid)
+
+    async def _watch(self, pid: int, exited: asyncio.Event) -> None:
+        status = await self._spawner.wait(pid)
+        exited.set()
+        log.warning("checkpoint saver daemon %s exited (status %s)", pid, status)
+
+    async def stop(self) -> None:
+        if self.alive and self._pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            await self._exited.wait()
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.restarts += 1
+        await self.start()
+
+    async def poll_commits(self) -> list[int]:
+        """New commit lines since the last call; calls ``on_commit`` for each newer step."""
+        path = self.settings.shm_dir / lay.COMMITS_LOG
+        try:
+            with path.open("rb") as src:
+                src.seek(self._offset)
+                chunk = src.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        steps = []
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                step = int(json.loads(line)["step"])
+                if self.last_committed is None or step > self.last_committed:
+                    self.last_committed = step
+                    steps.append(step)
+                    if self._on_commit is not None:
+                        await self._on_commit(step)
+        return steps
+
+    async def supervise(self) -> None:
+        """Run until cancelled: keep the daemon alive and report commits (kills it on exit)."""
+        try:
+            if not self.alive:
+                await self.start()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.poll_s * 5):
+                        await self._exited.wait()
+                await self.poll_commits()
+                if not self.alive:
+                    await asyncio.sleep(self.settings.restart_delay_s)
+                    await self.restart()
+        finally:
+            await asyncio.shield(self.stop())

@@ -1,0 +1,157 @@
+"""Persisting a shared-memory slot to disk, and reading a committed copy back (no torch)."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from aegis.checkpoint import layout as lay
+
+CHUNK = 16 * 1024 * 1024
+
+
+class CorruptCheckpointError(Exception):
+    """A checkpoint directory that must not be loaded (torn, uncommitted or bad checksum)."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"checkpoint step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class DiskCopy:
+    layout: lay.Layout
+    skeleton: bytes
+    data: bytearray
+
+
+def persist(shm: Path, ckpt: Path, step: int, max_write_mb_s: float = 0.0) -> Path:
+    """Write slot ``step`` as ``step-<step>/`` (manifest, checksums), then the commit marker."""
+    layout = lay.read_layout(shm, step)
+    skeleton = lay.slot_pkl(shm, step).read_bytes()
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt / f".tmp-step-{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    crcs = _write_data(
+        lay.buffer_path(shm, layout.buffer), tmp / "data.bin", layout, max_write_mb_s
+    )
+    manifest = json.dumps(
+        {
+            "format": lay.FORMAT,
+            "step": step,
+            "layout": layout.to_json(),
+            "meta_crc32": zlib.crc32(skeleton),
+            "tensor_crc32": crcs,
+        }
+    ).encode()
+    _write_durable(tmp / "meta.pkl", skeleton)
+    _write_durable(tmp / "manifest.json", manifest)
+    lay.fsync_dir(tmp)
+    final = lay.step_dir(ckpt, step)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    lay.fsync_dir(ckpt)
+    marker = {"step": step, "manifest_crc32": zlib.crc32(manifest)}
+    lay.write_atomic(final / lay.COMMIT, json.dumps(marker).encode(), durable=True)
+    return final
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with path.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _write_data(source: Path, target: Path, layout: lay.Layout, max_mb_s: float) -> list[int]:
+    size = layout.data_bytes
+    started = time.monotonic()
+    with target.open("wb") as out:
+        if size == 0:
+            os.fsync(out.fileno())
+            return []
+        with source.open("rb") as src, mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mm:
+            view = memoryview(mm)
+            try:
+                crcs = [zlib.crc32(view[t.offset : t.offset + t.nbytes]) for t in layout.tensors]
+                for start in range(0, size, CHUNK):
+                    out.write(view[start : start + CHUNK])
+                    if max_mb_s > 0:
+                        ahead = (start + CHUNK) / (max_mb_s * 1e6) - (time.monotonic() - started)
+                        if ahead > 0:
+                            time.sleep(ahead)  # rate limit: leave bandwidth to training
+            finally:
+                view.release()
+        out.flush()
+        os.fsync(out.fileno())
+    return crcs
+
+
+def read_committed(ckpt: Path, step: int) -> DiskCopy:
+    """The verified content of ``step-<step>/``; raises :class:`CorruptCheckpointError`."""
+    where = lay.step_dir(ckpt, step)
+    try:
+        marker = json.loads((where / lay.COMMIT).read_bytes())
+    except FileNotFoundError:
+        raise CorruptCheckpointError(step, "no commit marker (torn or unfinished copy)") from None
+    except ValueError:
+        raise CorruptCheckpointError(step, "unreadable commit marker") from None
+    try:
+        manifest_bytes = (where / "manifest.json").read_bytes()
+        skeleton = (where / "meta.pkl").read_bytes()
+        if zlib.crc32(manifest_bytes) != marker.get("manifest_crc32"):
+            raise CorruptCheckpointError(step, "manifest checksum mismatch")
+        manifest = json.loads(manifest_bytes)
+        if zlib.crc32(skeleton) != manifest["meta_crc32"]:
+            raise CorruptCheckpointError(step, "meta.pkl checksum mismatch")
+        layout = lay.Layout.from_json(manifest["layout"])
+        data = _read_exact(where / "data.bin", layout.data_bytes, step)
+    except (OSError, KeyError, ValueError) as exc:
+        raise CorruptCheckpointError(step, f"unreadable: {exc}") from None
+    view = memoryview(data)
+    for number, (t, want) in enumerate(zip(layout.tensors, manifest["tensor_crc32"], strict=True)):
+        if zlib.crc32(view[t.offset : t.offset + t.nbytes]) != want:
+            view.release()
+            raise CorruptCheckpointError(step, f"checksum mismatch in tensor {number} of data.bin")
+    view.release()
+    return DiskCopy(layout, skeleton, data)
+
+
+def _read_exact(path: Path, size: int, step: int) -> bytearray:
+    if path.stat().st_size != size:
+        raise CorruptCheckpointError(step, f"data.bin has {path.stat().st_size} bytes, not {size}")
+    data = bytearray(size)
+    with path.open("rb", buffering=0) as src:
+        view = memoryview(data)
+        got = 0
+        while got < size:
+            n = src.readinto(view[got:])
+            if not n:
+                raise CorruptCheckpointError(step, "data.bin shorter than its manifest")
+            got += n
+        view.release()
+    return data
+
+
+def clean_tmp(ckpt: Path) -> None:
+    """Remove copies left unfinished by a daemon that died mid-write."""
+    if ckpt.is_dir():
+        for entry in ckpt.iterdir():
+            if entry.name.startswith(".tmp-step-"):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def prune(ckpt: Path, keep: int) -> None:
+    """Keep the newest ``keep`` step directories."""
+    steps = lay.disk_steps(ckpt)
+    for step in steps[: max(len(steps) - keep, 0)]:
+        shutil.rmtree(lay.step_dir(ckpt, step), ignore_errors=True)

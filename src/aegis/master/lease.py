@@ -1,0 +1,168 @@
+"""Leader election on a JetStream KV bucket: one lease key with a per-key TTL.
+
+- acquire: ``create`` the key with a message TTL (the bucket has limit markers, so the server
+  places a delete marker when the TTL expires);
+- renew: a publish with ``Nats-Expected-Last-Subject-Sequence`` (our last revision) and
+  ``Nats-TTL``; nats-py's ``update`` cannot set a TTL, so the publish is made directly;
+- standby: watch the key and try ``create`` when the marker appears (and on a timer, in case a
+  watch event is missed).
+
+The revision at acquisition is the leader's *epoch*. The lease is held while a renewal
+succeeded within ``lease_s - margin_s`` by this process's monotonic clock: a leader that was
+stopped (SIGSTOP) past its lease finds it expired on its own clock before doing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    lease_s: float = 2.0
+    bucket: str = "aegis-leader"
+    key: str = "leader"
+    margin_s: float = 0.3
+    replicas: int = 1
+
+
+class _Occupied(Exception):
+    pass
+
+
+class Lease:
+    def __init__(self, client: Client, holder: str, settings: LeaseSettings) -> None:
+        self.client, self.holder, self.settings = client, holder, settings
+        self.kv: KeyValue | None = None
+        self.epoch: int | None = None
+        self._revision = 0
+        self._valid_until = 0.0
+
+    async def open(self) -> None:
+        js = self.client.jetstream()
+        try:
+            self.kv = await js.key_value(self.settings.bucket)
+        except NotFoundError:
+            self.kv = await js.create_key_value(
+                bucket=self.settings.bucket,
+                history=1,
+                limit_marker_ttl=max(1.0, self.settings.lease_s),
+                replicas=self.settings.replicas,
+                storage=api.StorageType.FILE,
+            )
+
+    @property
+    def held(self) -> bool:
+        return self.epoch is not None and time.monotonic() < self._valid_until
+
+    async def try_acquire(self) -> bool:
+        assert self.kv is not None
+        started = time.monotonic()
+        try:
+            revision = await self._publish(expected=await self._vacant_revision())
+        except (KeyWrongLastSequenceError, _Occupied):
+            return False
+        except Exception as exc:  # a JetStream hiccup (cluster failover): try again later
+            log.debug("lease: acquire failed: %s", exc)
+            return False
+        self.epoch = self._revision = revision
+        self._valid_until = started + self.settings.lease_s - self.settings.margin_s
+        log.info("lease: %s is leader (epoch %d)", self.holder, revision)
+        return True
+
+    async def renew(self) -> bool:
+        """Extend the lease; False when it is lost (someone else holds it or it expired)."""
+        assert self.kv is not None
+        if not self.held:
+            self.epoch = None
+            return False
+        started = time.monotonic()
+        try:
+            self._revision = await self._publish(expected=self._revision)
+        except Exception as exc:
+            log.warning("lease: renewal failed: %s", exc)
+            if not self.held:
+                self.epoch = None
+            return self.held
+        self._valid_until = started + self.settings.lease_s - self.settings.margin_s
+        return True
+
+    async def _publish(self, *, expected: int) -> int:
+        """Write the lease with a TTL if the key is still at revision ``expected``."""
+        headers = {str(api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value): str(expected)}
+        ack = await self.client.jetstream().publish(
+            self._subject,
+            self.holder.encode(),
+            headers=headers,
+            msg_ttl=self.settings.lease_s,
+            timeout=max(0.2, self.settings.lease_s / 3),
+        )
+        return int(ack.seq)
+
+    @property
+    def _subject(self) -> str:
+        return f"$KV.{self.settings.bucket}.{self.settings.key}"
+
+    async def _vacant_revision(self) -> int:
+        """The revision to overwrite when nobody holds the lease (0: never held); raises
+        ``_Occupied`` when a live lease is there. The server's TTL delete marker counts as
+        vacant (nats-py's ``create`` does not see it as a deletion)."""
+        stream = f"KV_{self.settings.bucket}"
+        try:
+            last = await self.client.jetstream().get_last_msg(stream, self._subject)
+        except NotFoundError:
+            return 0
+        headers = last.headers or {}
+        if headers.get("Nats-Marker-Reason") or headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return int(last.seq or 0)
+        raise _Occupied
+
+    async def keep(self) -> None:
+        """Renew every third of the lease until it is lost; then return."""
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            if not await self.renew():
+                log.warning("lease: %s lost the lead (epoch %s)", self.holder, self.epoch)
+                self.epoch = None
+                return
+
+    async def wait_for_lead(self) -> int:
+        """Until this replica holds the lease; returns the epoch."""
+        assert self.kv is not None
+        while not await self.try_acquire():
+            await self._wait_vacancy(self.settings.lease_s / 2)
+        assert self.epoch is not None
+        return self.epoch
+
+    async def _wait_vacancy(self, timeout_s: float) -> None:
+        assert self.kv is not None
+        watcher = await self.kv.watch(self.settings.key, include_history=False)
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for entry in watcher:
+                    if entry is not None and entry.operation in ("DEL", "PURGE"):
+                        return
+        except TimeoutError:
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def release(self) -> None:
+        """Give the lease up now (a clean shutdown): standbys take over at once."""
+        if self.kv is None or self.epoch is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.kv.purge(self.settings.key)
+        self.epoch = None

@@ -1,0 +1,38 @@
+"""The Platform port over NATS: the leader publishes pod work for a platform process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from aegis.adapters.ports import Bus
+from aegis.core.model import JobSpec
+from aegis.core.phases import Phase
+from aegis.core.recovery import RecoveryLevel
+from aegis.wire import platform_msgs as pm
+
+_encode = msgspec.json.Encoder().encode
+
+
+class RemotePlatform:
+    def __init__(self, bus: Bus, spec: JobSpec, seq: Callable[[], int], epoch: int) -> None:
+        self.bus, self.spec, self.seq, self.epoch = bus, spec, seq, epoch
+        self.subject = pm.subject(spec.namespace, spec.job, "requests")
+
+    async def _send(self, kind: pm.RequestKind, target: str, **fields: object) -> None:
+        key = f"{kind.value}:{target}:{self.seq()}"
+        request = pm.PlatformRequest(kind=kind, key=key, epoch=self.epoch, **fields)  # type: ignore[arg-type]
+        await self.bus.publish(self.subject, _encode(request))
+
+    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
+        await self._send(pm.RequestKind.REPLACE, pod, pod=pod, reason=reason)
+
+    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
+        await self._send(pm.RequestKind.EVICT, pod, pod=pod, level=int(level), reason=reason)
+
+    async def blacklist_node(self, job: str, node: str, reason: str) -> None:
+        await self._send(pm.RequestKind.BLACKLIST, node, node=node, reason=reason)
+
+    async def end_job(self, job: str, phase: Phase) -> None:
+        await self._send(pm.RequestKind.END, job, phase=phase.value)

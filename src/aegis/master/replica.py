@@ -1,0 +1,196 @@
+"""A master replica (``aegis master``): standby until it holds the lease, then leader of every job.
+
+Jobs live in the status bucket (one record per job, written by whoever submits the job, then
+only by the leader). The leader loads every non-terminal job (``JobRunner.takeover``) and keeps
+polling the bucket for new ones; when the lease is lost it stops every runner at once (their
+``fence`` already refuses to write or publish) and goes back to standby. Every replica serves
+the credentials handshake, so an agent may bootstrap from any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aegis.adapters.grpc import creds as grpc_creds
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, NodeName, PodName, initial_status
+from aegis.core.phases import TERMINAL_PHASES
+from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
+from aegis.master.job_runner import status_key as job_key
+from aegis.master.lease import Lease, LeaseSettings
+from aegis.master.remote_platform import RemotePlatform
+from aegis.master.service import STATUS_BUCKET
+from aegis.wire import platform_msgs as pm
+from aegis.wire import status_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    replica_id: str
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    job: JobSettings = field(default_factory=JobSettings)
+    log_dir: Path | None = None
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    poll_s: float = 0.25
+    creds_ttl_s: float | None = 3600.0
+
+
+async def submit_job(store: KvStore, spec: JobSpec, nodes: list[str], token: str) -> int:
+    """Write a new job's first record; the leader picks it up."""
+    status = initial_status(spec, [NodeName(n) for n in nodes])
+    record = status_json.to_dict(spec, status)
+    record.update(orders=[], epoch=0, token=token, nodes=nodes)
+    return await store.put(job_key(spec), json.dumps(record).encode(), expected_revision=None)
+
+
+class Replica:
+    def __init__(self, authority: Authority | None, nats_url: str, settings: ReplicaSettings):
+        self.authority, self.nats_url, self.settings = authority, nats_url, settings
+        self.runners: dict[str, JobRunner] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        self.finished: set[str] = set()
+        self.grpc_port = 0
+        self.leading = asyncio.Event()
+
+    async def run(self) -> None:
+        creds = self.authority.master_creds() if self.authority else None
+        self.bus = await NatsBus.connect(self.nats_url, creds, name=self.settings.replica_id)
+        self.store = await KvStore.open(self.bus, STATUS_BUCKET)
+        self.lease = Lease(self.bus.client, self.settings.replica_id, self.settings.lease)
+        await self.lease.open()
+        server, self.grpc_port = await grpc_creds.serve(
+            self.authority,
+            self.nats_url,
+            self._lookup,
+            host=self.settings.grpc_host,
+            port=self.settings.grpc_port,
+            ttl_s=self.settings.creds_ttl_s,
+        )
+        refresher = asyncio.create_task(self._refresh_records(), name="records")
+        try:
+            while True:
+                epoch = await self.lease.wait_for_lead()
+                await self._lead(epoch)
+        finally:
+            refresher.cancel()
+            await self._stop_runners()
+            await self.lease.release()
+            await server.stop(grace=0.5)
+            await self.bus.close()
+
+    async def _lead(self, epoch: int) -> None:
+        self.leading.set()
+        try:
+            async with asyncio.TaskGroup() as group:
+                keeper = group.create_task(self.lease.keep(), name="lease")
+                poller = group.create_task(self._poll_jobs(epoch), name="jobs")
+                await keeper
+                poller.cancel()
+        except* LeadershipLost:
+            log.warning("replica %s: deposed (epoch %d)", self.settings.replica_id, epoch)
+        finally:
+            self.leading.clear()
+            await self._stop_runners()
+
+    def _fence(self) -> None:
+        if not self.lease.held:
+            raise LeadershipLost(f"replica {self.settings.replica_id} lost the lease")
+
+    async def _poll_jobs(self, epoch: int) -> None:
+        while True:
+            for key in await self.store.keys():
+                if key not in self.runners and key not in self.finished:
+                    await self._adopt(key, epoch)
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _adopt(self, key: str, epoch: int) -> None:
+        got = await self.store.get(key)
+        if got is None:
+            return
+        record, revision = json.loads(got[0]), got[1]
+        self.records[key] = record
+        spec, status = status_json.from_dict(record)
+        if status.phase in TERMINAL_PHASES:
+            self.finished.add(key)
+            return
+        holder: list[JobRunner] = []
+        platform = RemotePlatform(self.bus, spec, lambda: holder[0].status.seq, epoch)
+        runner = runner_from_record(
+            record,
+            revision,
+            bus=self.bus,
+            store=self.store,
+            platform=platform,
+            settings=self.settings.job,
+            log_dir=self.settings.log_dir,
+            epoch=epoch,
+            fence=self._fence,
+        )
+        holder.append(runner)
+        self.runners[key] = runner
+        await self._subscribe_platform_events(runner)
+        await runner.takeover()
+        runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")
+        log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
+
+    async def _subscribe_platform_events(self, runner: JobRunner) -> None:
+        import msgspec
+
+        decoder = msgspec.json.Decoder(pm.PlatformEvent)
+
+        async def on_event(subject: str, payload: bytes) -> None:
+            try:
+                event = decoder.decode(payload)
+            except msgspec.DecodeError:
+                runner.drops.add("platform_malformed")
+                return
+            if event.kind == "restarted":
+                node = NodeName(event.node) if event.node else None
+                runner.platform_event(ev.PodRestarted(PodName(event.pod), node, event.pod_ip))
+            elif event.kind == "quit":
+                runner.platform_event(ev.QuitRequested(event.reason))
+
+        spec = runner.spec
+        await self.bus.subscribe(pm.subject(spec.namespace, spec.job, "events"), on_event)
+
+    async def _stop_runners(self) -> None:
+        runners, self.runners = list(self.runners.values()), {}
+        for runner in runners:
+            if runner.task is not None:
+                runner.task.cancel()
+        for runner in runners:
+            if runner.task is not None:
+                with contextlib.suppress(BaseException):
+                    await runner.task
+
+    async def _refresh_records(self) -> None:
+        """Every replica knows every job's pods and token (for the credentials handshake)."""
+        while True:
+            for key in await self.store.keys():
+                if key not in self.records:
+                    got = await self.store.get(key)
+                    if got is not None:
+                        self.records[key] = json.loads(got[0])
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:
+        key = f"{namespace}.{job}"
+        record = self.records.get(key)
+        if record is None:  # a job submitted since the last refresh
+            got = await self.store.get(key)
+            if got is None:
+                return None
+            record = self.records[key] = json.loads(got[0])
+        pods = tuple(sorted(record["status"]["pod_infos"], key=lambda p: int(p.rsplit("-", 1)[-1])))
+        return grpc_creds.JobAccess(namespace, job, record.get("token", ""), pods)

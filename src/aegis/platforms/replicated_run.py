@@ -1,0 +1,184 @@
+"""``aegis run --masters N``: the local platform with N master replicas in their own processes.
+
+The job is submitted to the status bucket; each replica runs ``aegis master`` (leader election on
+the KV); the local platform is served to the leader over NATS (``PlatformServer``), so any
+replica can drive it. Killing the leader exercises the takeover path on one machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
+from aegis.core.phases import TERMINAL_PHASES
+from aegis.master.eventlog_writer import EventLogWriter
+from aegis.master.job_runner import status_key
+from aegis.master.lease import LeaseSettings
+from aegis.master.replica import submit_job
+from aegis.master.service import STATUS_BUCKET
+from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.platforms.local_run import RunResult, RunSettings
+from aegis.platforms.platform_server import PlatformServer
+from aegis.wire import eventlog, status_json
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ReplicatedRun:
+    def __init__(
+        self,
+        settings: RunSettings,
+        masters: int,
+        log_dir: Path,
+        lease_s: float = 2.0,
+        master_env: dict[str, str] | None = None,
+    ) -> None:
+        self.settings, self.count, self.log_dir, self.lease_s = settings, masters, log_dir, lease_s
+        self.master_env = {**os.environ, **(master_env or {})}
+        self.spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
+        self.masters: list[subprocess.Popen[bytes]] = []
+        self.authority = Authority()
+
+    async def start(self) -> None:
+        self.server = EmbeddedNats(self.authority)
+        await asyncio.to_thread(self.server.start)
+        auth_file = self.log_dir / ".auth.json"
+        self.authority.save(auth_file)
+        self.bus = await NatsBus.connect(self.server.url, self.authority.master_creds())
+        self.store = await KvStore.open(self.bus, STATUS_BUCKET)
+        nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
+        token = secrets.token_urlsafe(24)
+        header = EventLogWriter(self.log_dir / "events.jsonl")
+        header.write(eventlog.job_created(self.spec, nodes, 0.0))
+        header.close()
+        await submit_job(self.store, self.spec, nodes, token)
+        ports = [free_port() for _ in range(self.count)]
+        for index, port in enumerate(ports):
+            self.masters.append(self._spawn_master(index, port, auth_file))
+        s = self.settings
+        self.platform = LocalPlatform(
+            LocalSettings(
+                nodes=tuple(nodes),
+                spares=tuple(f"spare-{i}" for i in range(s.spare_nodes)),
+                command=s.command,
+                log_dir=self.log_dir,
+                inject=s.inject,
+                grace_s=s.grace_s,
+                hang_timeout_s=s.hang_timeout_s,
+                heartbeat_s=s.heartbeat_s,
+            )
+        )
+        self.served = PlatformServer(
+            self.bus, self.platform, namespace=self.spec.namespace, job=self.spec.job
+        )
+        await self.served.start()
+        self.platform.attach(
+            self.served.sink,
+            namespace=self.spec.namespace,
+            job=self.spec.job,
+            pods=dict(zip(pod_names(self.spec), nodes, strict=True)),
+            grpc_target=",".join(f"127.0.0.1:{p}" for p in ports),
+            token=token,
+        )
+        await self.platform.launch_all()
+
+    def _spawn_master(self, index: int, port: int, auth_file: Path) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable,
+            "-m",
+            "aegis",
+            "master",
+            "--nats",
+            self.server.url,
+            "--auth-file",
+            str(auth_file),
+            "--grpc-port",
+            str(port),
+            "--replica-id",
+            f"master-{index}",
+            "--lease-s",
+            str(self.lease_s),
+            "--heartbeat-timeout-s",
+            str(self.settings.heartbeat_timeout_s),
+            "--log-dir",
+            str(self.log_dir),
+        ]
+        out = (self.log_dir / f"master-{index}.log").open("ab")
+        try:
+            return subprocess.Popen(  # noqa: PLW1509
+                argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pdeath, env=self.master_env
+            )
+        finally:
+            out.close()
+
+    async def status(self) -> JobStatus:
+        got = await self.store.get(status_key(self.spec))
+        assert got is not None
+        return status_json.from_dict(json.loads(got[0]))[1]
+
+    async def leader(self) -> int | None:
+        """The index of the replica holding the lease, if any."""
+        with contextlib.suppress(Exception):  # no bucket or no lease yet
+            kv = await self.bus.client.jetstream().key_value(LeaseSettings().bucket)
+            entry = await kv.get(LeaseSettings().key)
+            holder = (entry.value or b"").decode()
+            if holder.startswith("master-"):
+                return int(holder.split("-", 1)[1])
+        return None
+
+    async def wait(self, poll_s: float = 0.2) -> RunResult:
+        while (await self.status()).phase not in TERMINAL_PHASES:
+            await asyncio.sleep(poll_s)
+        return await self.finish()
+
+    async def finish(self) -> RunResult:
+        status = await self.status()
+        await self.platform.stop_all()
+        for proc in self.masters:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.masters:
+            await asyncio.to_thread(_wait_or_kill, proc)
+        await self.bus.close()
+        await asyncio.to_thread(self.server.stop)
+        if self.settings.status_file is not None:
+            from aegis.platforms.local_run import write_status_file
+
+            write_status_file(self.settings.status_file, self.spec, status)
+        return RunResult(
+            spec=self.spec,
+            status=status,
+            log_dir=self.log_dir,
+            placements=[(str(p), n) for p, n in self.platform.placements],
+            agent_pids_seen={str(p): [pid] for p, pid in self.platform.agent_pids().items()},
+            drops={},
+        )
+
+    def agent_pids(self) -> dict[PodName, int]:
+        return self.platform.agent_pids()
+
+
+def _pdeath() -> None:
+    import ctypes
+
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

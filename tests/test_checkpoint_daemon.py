@@ -1,0 +1,146 @@
+"""The saver daemon as a real process: restarts, mid-write kills, resume from shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from aegis.checkpoint import api, process
+
+PY = sys.executable
+
+# A "training process" restarted in place: it records every file it opens under the checkpoint
+# directory (audit hook), loads the newest checkpoint and prints what it got.
+RESUME = """
+import json, os, sys
+ckpt = os.environ["AEGIS_CKPT_DIR"]
+opened = []
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and args[0].startswith(ckpt):
+        opened.append(args[0])
+sys.addaudithook(hook)
+import aegis.checkpoint
+step, state = aegis.checkpoint.load_latest()
+print(json.dumps({"step": step, "w": float(state["w"].sum()), "opened": opened}))
+"""
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"aegis-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def until(cond: object, deadline_s: float = 30.0) -> None:
+    assert callable(cond)
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.005)
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_supervise_restarts_killed_daemon_within_3s_and_reports_commits(
+    shm: Path, tmp_path: Path
+) -> None:
+    seen: list[int] = []
+
+    async def on_commit(step: int) -> None:
+        seen.append(step)
+
+    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    daemon = process.DaemonProcess(settings, on_commit=on_commit)
+    task = asyncio.create_task(daemon.supervise())
+    try:
+        await until(lambda: daemon.alive)
+        first = daemon.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: daemon.alive and daemon.pid != first, deadline_s=3.0)
+        assert daemon.restarts == 1
+        api.Saver(api.SaverSettings(shm_dir=shm)).save(4, {"w": torch.ones(10)})
+        await until(lambda: seen == [4])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not alive(daemon.pid)
+
+
+async def test_daemon_killed_mid_write_never_leaves_a_loadable_torn_copy(
+    shm: Path, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt, max_write_mb_s=20.0)
+    daemon = process.DaemonProcess(settings)
+    await daemon.start()
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
+    saver.save(1, {"w": torch.full((1024,), 1.0)})
+    await until(lambda: saver.committed_steps() == [1])
+    saver.save(2, {"w": torch.full((16 * 262144,), 2.0)})  # 16 MB at 20 MB/s: ~0.8 s of writing
+
+    def partly_written() -> bool:
+        return any(
+            (p / "data.bin").exists() and (p / "data.bin").stat().st_size > 0
+            for p in ckpt.glob(".tmp-step-2-*")
+        )
+
+    await until(partly_written)
+    await daemon.stop()  # SIGKILL in the middle of data.bin
+    assert not (ckpt / "step-2" / "COMMIT").exists()
+    from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "no-shm", ckpt_dir=ckpt))
+    loaded = from_disk.load_latest()
+    assert loaded is not None and loaded[0] == 1
+    assert api.Saver(saver.settings).load_latest() is not None  # shm: still step 1
+    await daemon.restart()  # the pending slot is persisted again from the start
+    await until(lambda: saver.committed_steps() == [2])
+    assert not list(ckpt.glob(".tmp-step-*"))
+    loaded = from_disk.load_latest()
+    assert loaded is not None and loaded[0] == 2 and float(loaded[1]["w"][-1]) == 2.0
+    await daemon.stop()
+
+
+async def test_restarted_training_process_resumes_from_shm_without_disk_read(
+    shm: Path, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt))
+    await daemon.start()
+    env = {**os.environ, "AEGIS_CKPT_SHM": str(shm), "AEGIS_CKPT_DIR": str(ckpt)}
+    save = (
+        "import torch, aegis.checkpoint as c\n"
+        "for s in (1, 2): c.save(s, {'w': torch.full((100,), float(s))})\n"
+    )
+    subprocess.run([PY, "-c", save], env=env, check=True, timeout=60)  # the first incarnation
+    await until(lambda: api.Saver(api.SaverSettings(shm_dir=shm)).committed_steps() == [2])
+    await daemon.stop()
+    out = subprocess.run([PY, "-c", RESUME], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result == {"step": 2, "w": 200.0, "opened": []}
+    # A new node (empty shared memory) reads the same step from disk.
+    env["AEGIS_CKPT_SHM"] = str(tmp_path / "fresh-shm")
+    out = subprocess.run([PY, "-c", RESUME], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["step"] == 2 and result["w"] == 200.0
+    assert any(path.endswith("data.bin") for path in result["opened"])

@@ -1,0 +1,178 @@
+"""The training-side checkpoint API against a real saver daemon process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from aegis.checkpoint import api, process
+
+PY = sys.executable
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"aegis-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def daemon(shm: Path, tmp_path: Path) -> AsyncIterator[process.DaemonProcess]:
+    proc = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt"))
+    await proc.start()
+    yield proc
+    await proc.stop()
+
+
+async def wait_for(cond: Callable[[], Any], deadline_s: float = 30.0) -> Any:
+    end = time.monotonic() + deadline_s
+    while not (value := cond()):
+        assert time.monotonic() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+    return value
+
+
+async def committed(daemon: process.DaemonProcess, step: int) -> None:
+    async def check() -> bool:
+        await daemon.poll_commits()
+        return daemon.last_committed is not None and daemon.last_committed >= step
+
+    end = time.monotonic() + 30
+    while not await check():
+        assert time.monotonic() < end, f"step {step} not committed"
+        await asyncio.sleep(0.01)
+
+
+def training_state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": 7,
+        "extra": [torch.arange(5, dtype=torch.int64), ("tag", 1.5), torch.tensor(True)],
+    }
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+async def test_saver_round_trips_model_and_optimizer_when_committed(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    settings = api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    state = training_state(1)
+    api.Saver(settings).save(3, state)
+    await committed(daemon, 3)
+    assert (tmp_path / "ckpt" / "step-3" / "COMMIT").is_file()
+    from_shm = api.Saver(settings).load_latest()
+    assert from_shm is not None and from_shm[0] == 3
+    assert_same(state, from_shm[1])
+    from_disk = api.Saver(settings).load_from_disk()
+    assert from_disk is not None and from_disk[0] == 3
+    assert_same(state, from_disk[1])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model.load_state_dict(from_disk[1]["model"])
+
+
+async def test_load_copies_into_template_and_never_aliases_shm_when_saving_again(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt"))
+    saver.save(1, {"w": torch.full((256,), 1.0), "b": torch.zeros(3)})
+    await committed(daemon, 1)
+    template = {"w": torch.empty(256), "b": torch.empty(3, dtype=torch.float64)}
+    loaded = api.Saver(saver.settings).load_latest(template)
+    assert loaded is not None
+    state = loaded[1]
+    assert state["w"].data_ptr() == template["w"].data_ptr() and float(state["w"][0]) == 1.0
+    assert state["b"].dtype == torch.float64  # moved to the template's dtype
+    plain = api.Saver(saver.settings).load_latest()
+    assert plain is not None
+    for step in (2, 3):  # both buffers are overwritten; what was loaded must not change
+        saver.save(step, {"w": torch.full((256,), float(step)), "b": torch.ones(3)})
+        await committed(daemon, step)
+    assert float(plain[1]["w"].sum()) == 256.0 and float(state["w"].sum()) == 256.0
+
+
+async def test_saver_alternates_buffers_and_keeps_newest_when_saving_repeatedly(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt"))
+    for step in range(1, 6):
+        saver.save(step, {"w": torch.full((1000,), float(step))})  # waits for the previous one
+    await committed(daemon, 5)
+    loaded = api.Saver(saver.settings).load_latest()
+    assert loaded is not None and loaded[0] == 5 and float(loaded[1]["w"][0]) == 5.0
+    assert saver.committed_steps() == [5]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-3", "step-4", "step-5"]
+
+
+def test_saver_raises_busy_when_previous_save_is_not_persisted(shm: Path, tmp_path: Path) -> None:
+    settings = api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path, policy=api.BusyPolicy.RAISE)
+    saver = api.Saver(settings)
+    saver.save(1, {"w": torch.ones(3)})  # no daemon: step 1 stays pending
+    with pytest.raises(api.SaverBusyError, match=r"step 2 not saved: step\(s\) \[1\]"):
+        saver.save(2, {"w": torch.ones(3)})
+    waiting = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path, wait_timeout_s=0.05))
+    with pytest.raises(api.SaverBusyError):
+        waiting.save(2, {"w": torch.ones(3)})
+
+
+async def test_loader_falls_back_to_previous_with_warning_when_committed_copy_is_corrupt(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
+    saver.save(1, {"w": torch.full((4096,), 1.0)})
+    saver.save(2, {"w": torch.full((4096,), 2.0)})
+    saver.save(3, {"w": torch.full((4096,), 3.0)})
+    await committed(daemon, 3)
+    data = ckpt / "step-3" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    (ckpt / "step-2" / "COMMIT").unlink()  # a torn copy: never loaded
+    fresh = api.Saver(api.SaverSettings(shm_dir=tmp_path / "empty-shm", ckpt_dir=ckpt))
+    with caplog.at_level(logging.WARNING, logger="aegis.checkpoint.api"):
+        loaded = fresh.load_latest()
+    assert loaded is not None and loaded[0] == 1 and float(loaded[1]["w"][0]) == 1.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step 3 skipped: checksum mismatch" in w for w in warnings), warnings
+    assert any("step 2 skipped: no commit marker" in w for w in warnings), warnings
+
+
+def test_import_of_checkpoint_api_does_not_import_torch_when_imported() -> None:
+    code = "import sys, aegis.checkpoint; print('torch' in sys.modules)"
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,178 @@
+"""allreduce_connect / allreduce_perf: real pods (processes) in a real gloo group; the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from itertools import combinations
+
+import psutil
+import pytest
+
+from aegis.checks import base, group, perf, suites
+from aegis.cli import main as cli
+from aegis.core.recovery import CheckType
+from aegis.wire.messages import CheckResult
+
+PY = sys.executable
+
+
+def settings(rank: int, world: int, port: int, budget_s: float = 60.0) -> base.CheckSettings:
+    budgets = {CheckType.ALLREDUCE_CONNECT: budget_s, CheckType.ALLREDUCE_PERF: budget_s}
+    return base.CheckSettings(
+        group=base.GroupInfo(rank, world, "127.0.0.1", port),
+        budgets_s={**base.DEFAULT_BUDGETS_S, **budgets},
+        perf=base.PerfSettings(compute_s=0.3),
+    )
+
+
+async def connect(rank: int, world: int, port: int, budget_s: float = 60.0) -> CheckResult:
+    return await base.run_one(
+        CheckType.ALLREDUCE_CONNECT,
+        group.allreduce_connect_check,
+        settings(rank, world, port, budget_s),
+    )
+
+
+def collective_children() -> list[psutil.Process]:
+    """Live collective children (a killed one not reaped yet is a zombie: it is gone)."""
+    live = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "aegis.checks.collective" in p.cmdline():
+                live.append(p)
+        except psutil.Error:
+            continue
+    return live
+
+
+async def test_allreduce_connect_passes_when_three_pods_join() -> None:
+    port = group.free_port()
+    results = await asyncio.gather(*(connect(rank, 3, port) for rank in range(3)))
+    assert all(r.passed for r in results), results
+    assert results[0].result == "all_reduce and all_gather exact across 3 pod(s)"
+
+
+async def test_allreduce_connect_fails_with_timeout_when_one_pod_is_missing() -> None:
+    port = group.free_port()
+    results = await asyncio.gather(connect(0, 3, port, 3.0), connect(1, 3, port, 3.0))
+    assert [r.passed for r in results] == [False, False]
+    assert all(r.result == "timeout after 3 s" for r in results), results
+    end = time.monotonic() + 10
+    while collective_children():  # killed at the budget: nothing left behind
+        assert time.monotonic() < end, collective_children()
+        await asyncio.sleep(0.01)
+
+
+def duty_cycle(pgid: int, stop: threading.Event, stopped_s: float, period_s: float) -> None:
+    """Slow a pod from outside: its process group is stopped ``stopped_s`` of every period."""
+    while not stop.is_set():
+        try:
+            os.killpg(pgid, signal.SIGSTOP)
+            stop.wait(stopped_s)
+            os.killpg(pgid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        stop.wait(period_s - stopped_s)
+
+
+def test_allreduce_perf_names_the_slowed_pod_slow_when_duty_cycled() -> None:
+    port = group.free_port()
+    pods = [
+        subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "aegis.cli.main",
+                "check",
+                "allreduce_perf",
+                "--json",
+                "--rank",
+                str(rank),
+                "--world-size",
+                "3",
+                "--master-port",
+                str(port),
+                "--slow-factor",
+                "0.5",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(3)
+    ]
+    stop = threading.Event()
+    slower = threading.Thread(target=duty_cycle, args=(pods[2].pid, stop, 0.04, 0.05))
+    slower.start()
+    try:
+        outs = [pod.communicate(timeout=120)[0] for pod in pods]
+    finally:
+        stop.set()
+        slower.join()
+        for pod in pods:
+            if pod.poll() is None:
+                os.killpg(pod.pid, signal.SIGCONT)
+                pod.kill()
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    assert [pod.returncode for pod in pods] == [0, 0, 1], reports
+    assert reports[2]["result"].startswith("slow (below 0.5x of peers): compute "), reports[2]
+    assert "GFLOP/s" in reports[2]["result"] and "MB/s" in reports[2]["result"]
+    assert "slow" not in reports[0]["result"]
+
+
+def test_perf_judge_localises_slow_pod_when_two_pods() -> None:
+    assert perf.judge([100.0, 30.0], [500.0, 500.0], 1, 0.6).slow
+    assert not perf.judge([100.0, 30.0], [500.0, 500.0], 0, 0.6).slow
+    slow_pair = perf.judge([100.0, 100.0, 100.0], [900.0, 880.0, 200.0], 2, 0.6, 0.35)
+    assert slow_pair.slow and "best pair 200 MB/s = 0.22x" in slow_pair.text
+    assert not perf.judge([100.0], [0.0], 0, 0.6).slow
+    assert not perf.judge([100.0, 100.0, 100.0], [900.0, 880.0, 450.0], 2, 0.6, 0.35).slow
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_pairing_is_a_matching_and_meets_distinct_partners_when_rounds_repeat(world: int) -> None:
+    met: set[tuple[int, int]] = set()
+    for r in range(perf.rounds(world, max_rounds=world)):
+        partners = perf.pairing(world, r)
+        assert all(partners[partners[a]] == a and partners[a] != a for a in partners)
+        assert len(partners) == world - world % 2
+        met |= {(min(a, b), max(a, b)) for a, b in partners.items()}
+    assert met == set(combinations(range(world), 2))
+
+
+async def test_troubleshoot_includes_collectives_when_group_is_given(tmp_path: object) -> None:
+    s = settings(0, 1, group.free_port())
+    results = await suites.troubleshoot(s)
+    assert [r.check_type for r in results] == list(suites.TROUBLESHOOT)
+    assert all(r.passed for r in results), results
+    boot = await suites.bootcheck(s)
+    assert [r.check_type for r in boot] == [CheckType.RUNTIME, CheckType.ALLREDUCE_CONNECT]
+
+
+def test_check_cli_exits_by_verdict_and_rejects_unknown_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["check", "hang", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["check"] == "hang" and line["passed"] is True
+    assert cli.main(["check", "gpu"]) == 0  # not applicable counts as a pass
+    assert capsys.readouterr().out.startswith("n/a  gpu")
+    assert cli.main(["check", "gpu", "--require-gpu"]) == 1
+    assert cli.main(["check", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown check 'bogus'" in err
+
+
+async def test_troubleshoot_skips_perf_when_connect_fails() -> None:
+    s = settings(0, 2, group.free_port(), budget_s=2.0)  # the other pod never comes
+    results = {r.check_type: r for r in await suites.troubleshoot(s)}
+    assert results[CheckType.ALLREDUCE_CONNECT].result == "timeout after 2 s"
+    perf_result = results[CheckType.ALLREDUCE_PERF]
+    assert perf_result.not_applicable and "skipped" in perf_result.result
