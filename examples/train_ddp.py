@@ -1,7 +1,8 @@
 """A small real DDP job (gloo on CPU) for Aegis demos and end-to-end tests.
 
-Checkpoints every ``--ckpt-every`` steps with ``torch.save`` (rank 0, atomically), resumes from the
-newest checkpoint, reports progress to the agent with ``aegis.progress(step)`` and logs one line
+Checkpoints every ``--ckpt-every`` steps, with ``aegis.checkpoint`` under an Aegis agent (each rank
+into shared memory, persisted by the agent's saver) or else ``torch.save`` (rank 0, atomically);
+resumes from the newest checkpoint, reports progress to the agent with ``aegis.progress(step)`` and logs one line
 per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R`` crashes rank R
 once (a marker in the checkpoint directory remembers it); ``--always-crash-rank R`` crashes
 rank R in every incarnation.
@@ -20,6 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 import aegis
+import aegis.checkpoint
+
+SAVER = bool(os.environ.get("AEGIS_CKPT_DIR"))
 
 
 def parse() -> argparse.Namespace:
@@ -58,14 +62,22 @@ def main() -> None:
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start = 0
-    latest = newest_checkpoint(ckpt_dir)
-    if latest is not None:
-        state = torch.load(latest, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        log(rank, f"resumed from {latest.name} at step {start} (incarnation {incarnation})")
+    if SAVER:  # under an Aegis agent: its fast saver (shared memory, then disk)
+        restored = aegis.checkpoint.load_latest()
+        if restored is not None:
+            start, state = restored
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            log(rank, f"resumed from aegis checkpoint at step {start} (incarnation {incarnation})")
     else:
+        latest = newest_checkpoint(ckpt_dir)
+        if latest is not None:
+            state = torch.load(latest, weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = state["step"]
+            log(rank, f"resumed from {latest.name} at step {start} (incarnation {incarnation})")
+    if start == 0:
         log(rank, f"fresh start (incarnation {incarnation}, world {world})")
     data = torch.randn(64, 32, generator=torch.Generator().manual_seed(rank))
     target = data.sum(dim=1, keepdim=True)
@@ -84,7 +96,10 @@ def main() -> None:
         optimizer.step()
         aegis.progress(step)
         log(rank, f"step {step} loss {loss.item():.4f}")
-        if step % args.ckpt_every == 0 and rank == 0:
+        if step % args.ckpt_every == 0 and SAVER:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            aegis.checkpoint.save(step, state)  # blocks only for the copy to shared memory
+        elif step % args.ckpt_every == 0 and rank == 0:
             tmp = ckpt_dir / f".ckpt-{step}.tmp"
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             torch.save(state, tmp)

@@ -75,7 +75,7 @@ async def test_one_crash_restarts_every_rank_in_place_and_resumes(tmp_path: Path
     # in place: each pod kept its one agent process
     assert all(len(pids) == 1 for pids in result.agent_pids_seen.values())
     log = (result.log_dir / "pods" / "e2e-0.log").read_text()
-    assert "resumed from ckpt-10.pt at step 10 (incarnation 1)" in log
+    assert "resumed from aegis checkpoint at step 10 (incarnation 1)" in log
     _assert_replays(result)
     _assert_nothing_left(result)
 

@@ -28,8 +28,9 @@ class NatsBus:
     """A connected nats-py client. Reconnects forever; errors (e.g. permission violations) are
     logged and passed to ``on_error``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, url: str = "", creds: UserCreds | None = None) -> None:
         self.client = client
+        self.url, self.creds = url, creds  # what it connected with (for the control file)
 
     @classmethod
     async def connect(
@@ -61,7 +62,7 @@ class NatsBus:
             options["signature_cb"] = creds.sign_nonce
             options["inbox_prefix"] = creds.inbox_prefix.encode()
         client = await nats.connect(**options)  # type: ignore[arg-type]
-        return cls(client)
+        return cls(client, url, creds)
 
     async def publish(self, subject: str, payload: bytes) -> None:
         await self.client.publish(subject, payload)

@@ -8,11 +8,9 @@ so a crash of ``aegis run`` never leaves a server behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,12 +21,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.core.errors import LocalError
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 class NatsServerError(LocalError):
@@ -53,12 +50,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    os.setpgid(0, 0)
 
 
 class EmbeddedNats:
@@ -102,10 +93,10 @@ class EmbeddedNats:
         config.write_text(self.config_text())
         log_file = (self.dir / "nats.log").open("ab")
         self.process = subprocess.Popen(
-            [find_binary(), "-c", str(config)],
+            lifecycle.pdeath_argv([find_binary(), "-c", str(config)]),
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            start_new_session=True,
         )
         log_file.close()
         self._wait_healthy(timeout_s)

@@ -46,6 +46,7 @@ class LinkSettings:
     connect_timeout_s: float = 10.0
     scratch_dir: Path = Path("/tmp")
     inject: frozenset[str] = frozenset()
+    ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
 
 
 class LinkUnavailable(Exception):
@@ -176,6 +177,11 @@ class MasterLink:
         phase, seq = self.run_round
         await self._send(m.MessageType.HANG, phase, seq, m.HangData(report.idle_s, stacks))
 
+    async def checkpoint_committed(self, step: int) -> None:
+        """The saver daemon committed ``step``: the master's safe point for evictions."""
+        phase, seq = self.run_round
+        await self._send(m.MessageType.CHECKPOINT, phase, seq, m.CheckpointData(step))
+
     async def fault_seen(self, report: ports.FaultReport) -> None:
         log.info("fault signature %s: %s", report.match.fault_class, report.match.line)
 
@@ -194,7 +200,7 @@ class MasterLink:
             data=data,
             id=f"{s.pod}/{self.incarnation}/{next(self._ids)}",
         )
-        if kind is not m.MessageType.HEARTBEAT:
+        if kind not in (m.MessageType.HEARTBEAT, m.MessageType.CHECKPOINT):
             self.pending.append(msg)
         await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
 
@@ -213,7 +219,8 @@ class MasterLink:
     async def beat(self) -> None:
         while not self.done.done():
             phase, seq = self.run_round
-            await self._send(m.MessageType.HEARTBEAT, phase, seq, m.HeartbeatData())
+            step = self.sup.last_step if self.sup is not None else None
+            await self._send(m.MessageType.HEARTBEAT, phase, seq, m.HeartbeatData(step))
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
             except TimeoutError:

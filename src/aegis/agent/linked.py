@@ -11,12 +11,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefused
 from aegis.agent import link, reaper, supervisor
+from aegis.checkpoint import process
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,10 @@ async def run_linked(
         return CONFIG_ERROR_EXIT
     reaper.become_subreaper()
     env = {**os.environ, **the_link.env()}
+    daemon_settings = _saver_settings(link_settings)
+    if daemon_settings is not None:
+        env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
+        env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)
     loop = asyncio.get_running_loop()
     async with (
         reaper.Reaper() as the_reaper,
@@ -63,6 +71,11 @@ async def run_linked(
             asyncio.create_task(the_link.resend(), name="resend"),
             asyncio.create_task(the_link.execute_orders(sup), name="orders"),
         ]
+        if daemon_settings is not None:
+            saver = process.DaemonProcess(
+                daemon_settings, spawner=the_reaper, on_commit=the_link.checkpoint_committed
+            )
+            tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
         try:
             code = await _wait_done(the_link, tasks)
         finally:
@@ -73,7 +86,20 @@ async def run_linked(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await the_link.close()
+            if daemon_settings is not None:
+                shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
     return code
+
+
+def _saver_settings(settings: link.LinkSettings) -> process.DaemonSettings | None:
+    """The pod's checkpoint saver: shared memory owned by this agent (keyed by node, so a
+    replacement elsewhere reads the disk copy), persisted under ``<ckpt_dir>/<pod>``."""
+    if settings.ckpt_dir is None:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"aegis-{settings.job}-{settings.pod}-{settings.node}")
+    return process.DaemonSettings(
+        shm_dir=Path("/dev/shm") / name, ckpt_dir=settings.ckpt_dir / settings.pod
+    )
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from aegis.adapters import lifecycle
 from aegis.agent import group, link, linked, ports, reaper, supervisor
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,10 @@ def _link_settings(master: MasterSettings) -> link.LinkSettings:
         heartbeat_s=master.heartbeat_s,
         connect_timeout_s=master.connect_timeout_s,
         inject=link.inject_from_env(),
+        ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,
     )
 
 
 def main(settings: AgentSettings, argv: Sequence[str]) -> int:
+    lifecycle.die_with_parent(signal.SIGTERM)  # under a local platform: stop with it
     return asyncio.run(run(settings, argv))

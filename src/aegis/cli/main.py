@@ -10,10 +10,15 @@ from typer._click import exceptions as click_errors
 from aegis.cli import (
     agent_cmd,
     check_cmd,
+    ctl_cmd,
+    incidents_cmd,
     master_cmd,
+    operator_cmd,
     replay_cmd,
     run_cmd,
     simulate_cmd,
+    slurm_cmd,
+    status_cmd,
     verify_cmd,
 )
 
@@ -33,6 +38,11 @@ for module in (
     agent_cmd,
     simulate_cmd,
     check_cmd,
+    slurm_cmd,
+    operator_cmd,
+    status_cmd,
+    incidents_cmd,
+    ctl_cmd,
     master_cmd,
 ):
     module.register(app)

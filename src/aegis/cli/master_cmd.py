@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
@@ -60,6 +61,7 @@ def master(
         level=logging.INFO,
         format=f"%(asctime)s {settings.replica_id} %(levelname)s %(name)s: %(message)s",
     )
+    lifecycle.die_with_parent(signal.SIGTERM)
     asyncio.run(_serve(Replica(authority, nats, settings)))
 
 

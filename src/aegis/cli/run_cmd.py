@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
+from rich.console import Console
 
-from aegis.cli import run_view
+from aegis.cli import live_view, run_view
+from aegis.master import control, faultlog, metrics
+from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
+from aegis.platforms.local import LocalPlatform
+
+log = logging.getLogger(__name__)
 
 
 def register(app: typer.Typer) -> None:
@@ -37,6 +44,79 @@ def parse_injections(values: list[str]) -> dict[str, frozenset[str]]:
     return {node: frozenset(checks) for node, checks in table.items()}
 
 
+class RunObservers:
+    """What ``aegis run`` hangs on the job's runner: a view, the fault log, metrics, and the
+    control channel (``control.json`` in the log directory, removed when the run ends)."""
+
+    def __init__(
+        self,
+        view: run_view.PlainView | live_view.LiveView | None,
+        *,
+        metrics_hub: metrics.MasterMetrics | None = None,
+        fault_log: faultlog.FaultLogSettings | None = None,
+        serve_control: bool = True,
+    ) -> None:
+        self.view, self.metrics, self.fault_log_settings = view, metrics_hub, fault_log
+        self.serve_control = serve_control
+        self.fault_log: faultlog.FaultLog | None = None
+        self.control_file: Path | None = None
+        self.control_ready: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
+        log_dir = platform.settings.log_dir
+        if self.view is not None:
+            self.view.attach(runner, platform)
+        settings = self.fault_log_settings or faultlog.FaultLogSettings(
+            node_ip=lambda node: "127.0.0.1"
+        )
+        self.fault_log = faultlog.FaultLog(log_dir / "faults.jsonl", settings)
+        self.fault_log.attach(runner)
+        if self.metrics is not None:
+            self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
+        if self.serve_control:
+            self.control_ready = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(
+                self._control(runner, platform, log_dir), name="aegis-run-control"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._control_done)
+
+    async def _control(self, runner: JobRunner, platform: LocalPlatform, log_dir: Path) -> None:
+        spec = runner.spec
+
+        def resolve(namespace: str, job: str) -> JobRunner | None:
+            return runner if (namespace, job) == (spec.namespace, spec.job) else None
+
+        await control.serve_control(runner.bus, resolve, lambda: [platform])
+        target = control.bus_target(runner.bus, spec.namespace, spec.job)
+        if target is not None:
+            self.control_file = log_dir / control.CONTROL_FILE
+            control.write_control_file(self.control_file, target)
+        assert self.control_ready is not None
+        self.control_ready.set()
+
+    def _control_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("control channel failed", exc_info=task.exception())
+
+    def close(self) -> None:
+        if isinstance(self.view, live_view.LiveView):
+            self.view.stop()
+        if self.control_file is not None:
+            self.control_file.unlink(missing_ok=True)
+
+
+def choose_view(
+    mode: Literal["auto", "live", "plain"], console: Console, total_steps: int | None
+) -> run_view.PlainView | live_view.LiveView:
+    """The live table on a terminal, plain timestamped lines otherwise (CI, pipes)."""
+    if mode == "live" or (mode == "auto" and console.is_terminal):
+        return live_view.LiveView(console, total_steps=total_steps)
+    return run_view.PlainView(sys.stdout)
+
+
 def run(
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")] = 3,
@@ -53,6 +133,16 @@ def run(
         list[str] | None, typer.Option(help="NODE:CHECK, e.g. node-1:gpu (repeatable).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics here (0: off).")
+    ] = 0,
+    metrics_addr: Annotated[str, typer.Option(help="Address of /metrics.")] = "127.0.0.1",
+    view: Annotated[
+        str, typer.Option(help="auto (live table on a terminal), live or plain.")
+    ] = "auto",
+    total_steps: Annotated[
+        int | None, typer.Option(min=1, help="Training steps, for the live progress bar.")
+    ] = None,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
     settings = local_run.RunSettings(
@@ -74,8 +164,21 @@ def run(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    view = run_view.PlainView()
-    result = asyncio.run(local_run.run_local(settings, observe=view.attach))
+    if view not in ("auto", "live", "plain"):
+        raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
+    hub = metrics.MasterMetrics() if metrics_port else None
+    server = hub.serve(metrics_port, metrics_addr) if hub is not None else None
+    observers = RunObservers(
+        choose_view(view, Console(), total_steps),  # type: ignore[arg-type]
+        metrics_hub=hub,
+    )
+    try:
+        result = asyncio.run(local_run.run_local(settings, observe=observers.attach))
+    finally:
+        observers.close()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.close()
     status = result.status
     retries = ",".join(str(i.retries) for _, i in sorted(status.pod_infos.items()))
     print(

@@ -129,10 +129,13 @@ class JobRunner:
         self.last_seen: dict[PodName, float] = {}
         self.watched: set[PodName] = set()
         self.round_orders: list[RoundOrder] = []
+        self.ckpt_steps: dict[PodName, int] = {}
+        self.committed_step = -1
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
         self.message_listeners: list[Callable[[JobRunner, m.Message], None]] = []
+        self.heartbeat_listeners: list[Callable[[JobRunner, m.Message], None]] = []
         self.task: asyncio.Task[None] | None = None  # the running loop, set by the service
         self._subscription: Any = None
 
@@ -152,12 +155,26 @@ class JobRunner:
             self.drops.add("unknown_pod")
             return
         self.last_seen[pod] = time.monotonic()
-        if event is None:
-            return  # a heartbeat: only its arrival matters
+        if isinstance(msg.data, m.CheckpointData):
+            self._checkpoint_reported(pod, msg.data.step)
+            return
+        if event is None:  # a heartbeat: its arrival, and the training step it carries
+            for on_heartbeat in self.heartbeat_listeners:
+                on_heartbeat(self, msg)
+            return
         if not self.seen.check_and_add(msg.id):
             self.drops.add("duplicate_id")
             return
         self.queue.put_nowait(_Message(msg, event))
+
+    def _checkpoint_reported(self, pod: PodName, step: int) -> None:
+        """The job's checkpoint is committed when every pod has committed it: the safe point
+        is fed to the core once per new step."""
+        self.ckpt_steps[pod] = max(step, self.ckpt_steps.get(pod, -1))
+        committed = min(self.ckpt_steps.get(p, -1) for p in self.status.pod_infos)
+        if committed > self.committed_step:
+            self.committed_step = committed
+            self.platform_event(ev.CheckpointCommitted(committed))
 
     def platform_event(self, event: ev.Event) -> None:
         now = self.clock()
@@ -171,6 +188,8 @@ class JobRunner:
                 record = eventlog.HeartbeatLostRecord(pod=pod, ts=now)
             case ev.QuitRequested(reason=reason):
                 record = eventlog.QuitRequestedRecord(ts=now, reason=reason)
+            case ev.CheckpointCommitted(step=step):
+                record = eventlog.CheckpointCommittedRecord(step=step, ts=now)
             case _:
                 raise LocalError(f"not a platform event: {event!r}")
         self.queue.put_nowait(_Platform(event, record))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aegis.adapters import lifecycle
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
@@ -27,7 +27,7 @@ from aegis.core.recovery import RecoveryLevel
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
+SLOW = "slow"  # --inject-fault NODE:slow: the local platform slows that node's pods down
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,9 @@ class LocalSettings:
     hang_timeout_s: float = 0.0
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
+    ckpt_dir: Path | None = None  # the pods' checkpoint saver persists under <ckpt_dir>/<pod>
+    slow_stop_s: float = 0.04  # an injected slow node is stopped this long ...
+    slow_period_s: float = 0.05  # ... of every period (SIGSTOP/SIGCONT from outside)
 
 
 @dataclass(slots=True)
@@ -49,12 +52,6 @@ class _Pod:
     node: str
     process: asyncio.subprocess.Process | None = None
     incarnation: int = 0
-
-
-def _die_with_parent() -> None:
-    os.setsid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class LocalPlatform:
@@ -139,9 +136,9 @@ class LocalPlatform:
 
     async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
         proc = state.process
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
-        if wait_for_exit:
+        if wait_for_exit and proc.returncode is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), self.settings.exit_wait_s)
         await _kill_group(proc, self.settings.grace_s)
@@ -162,11 +159,13 @@ class LocalPlatform:
             "--heartbeat-s", str(s.heartbeat_s),
             "--", *s.command,
         ]  # fmt: skip
-        env = dict(os.environ)
+        env = lifecycle.child_env()
         env.pop("AEGIS_INJECT_FAULT", None)
-        injected = s.inject.get(state.node)
+        injected = s.inject.get(state.node, frozenset()) - {SLOW}
         if injected:
             env["AEGIS_INJECT_FAULT"] = ",".join(sorted(injected))
+        if s.ckpt_dir is not None:
+            env["AEGIS_CKPT_DIR"] = str(s.ckpt_dir)
         log_path = s.log_dir / "pods" / f"{state.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:
@@ -175,9 +174,15 @@ class LocalPlatform:
             )
             out.flush()
             state.process = await asyncio.create_subprocess_exec(
-                *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
-                stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        if SLOW in s.inject.get(state.node, frozenset()):
+            self._background(self._slow_down(state.process))
 
     async def stop_all(self) -> None:
         """Wait (bounded) for the agents to exit on their own, then kill what is left."""
@@ -191,6 +196,18 @@ class LocalPlatform:
         for proc in procs:
             await _kill_group(proc, self.settings.grace_s)
 
+    async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
+        """A slow node, really: every process of the pod (agent, training, checks) is stopped
+        for ``slow_stop_s`` of every ``slow_period_s`` until the pod ends."""
+        s = self.settings
+        while proc.returncode is None:
+            members = session_members(proc.pid)
+            _signal_all(members, signal.SIGSTOP)
+            await asyncio.sleep(s.slow_stop_s)
+            _signal_all(members, signal.SIGCONT)
+            await asyncio.sleep(s.slow_period_s - s.slow_stop_s)
+        _signal_all(session_members(proc.pid), signal.SIGCONT)
+
     def agent_pids(self) -> dict[PodName, int]:
         return {name: p.process.pid for name, p in self.pods.items() if p.process is not None}
 
@@ -203,6 +220,12 @@ class LocalPlatform:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("platform task crashed", exc_info=task.exception())
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def session_members(sid: int) -> list[int]:
@@ -222,8 +245,9 @@ def session_members(sid: int) -> list[int]:
 
 
 async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """Stop an agent and everything in its session (training processes included, also when
-    the agent itself was SIGKILLed and left them behind): SIGTERM, grace, SIGKILL."""
+    """Stop an agent and everything in its session (training processes and its saver daemon
+    included, also when the agent itself was SIGKILLed and left them behind): SIGTERM, grace,
+    SIGKILL."""
     sid = proc.pid
     for pid in session_members(sid):
         with contextlib.suppress(ProcessLookupError):

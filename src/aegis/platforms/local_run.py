@@ -41,6 +41,7 @@ class RunSettings:
     status_file: Path | None = None
     nats_url: str | None = None
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    ckpt_dir: Path | None = None  # default: <log_dir>/checkpoints
 
 
 @dataclass(slots=True)
@@ -100,6 +101,7 @@ async def _run_job(
             grace_s=settings.grace_s,
             hang_timeout_s=settings.hang_timeout_s,
             heartbeat_s=settings.heartbeat_s,
+            ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
         )
     )
     runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)

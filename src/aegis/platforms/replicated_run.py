@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, free_port
@@ -31,8 +32,6 @@ from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.platform_server import PlatformServer
 from aegis.wire import eventlog, status_json
-
-_PR_SET_PDEATHSIG = 1
 
 
 class ReplicatedRun:
@@ -77,6 +76,7 @@ class ReplicatedRun:
                 grace_s=s.grace_s,
                 hang_timeout_s=s.hang_timeout_s,
                 heartbeat_s=s.heartbeat_s,
+                ckpt_dir=s.ckpt_dir or self.log_dir / "checkpoints",
             )
         )
         self.served = PlatformServer(
@@ -116,8 +116,12 @@ class ReplicatedRun:
         ]
         out = (self.log_dir / f"master-{index}.log").open("ab")
         try:
-            return subprocess.Popen(  # noqa: PLW1509
-                argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pdeath, env=self.master_env
+            return subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=lifecycle.child_env(self.master_env),
             )
         finally:
             out.close()
@@ -167,13 +171,6 @@ class ReplicatedRun:
 
     def agent_pids(self) -> dict[PodName, int]:
         return self.platform.agent_pids()
-
-
-def _pdeath() -> None:
-    import ctypes
-
-    os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:

@@ -57,8 +57,29 @@ class QuitRequestedRecord(
     reason: str = "stopped by user"
 
 
-PlatformRecord = JobCreated | PodRestartedRecord | HeartbeatLostRecord | QuitRequestedRecord
-_PLATFORM_TYPES = {"JobCreated", "PodRestarted", "HeartbeatLost", "QuitRequested"}
+class CheckpointCommittedRecord(
+    msgspec.Struct, tag="CheckpointCommitted", tag_field="type", forbid_unknown_fields=True
+):
+    """Every pod has committed ``step`` (the master aggregates the pods' reports)."""
+
+    step: int
+    ts: float
+
+
+PlatformRecord = (
+    JobCreated
+    | PodRestartedRecord
+    | HeartbeatLostRecord
+    | QuitRequestedRecord
+    | CheckpointCommittedRecord
+)
+_PLATFORM_TYPES = {
+    "JobCreated",
+    "PodRestarted",
+    "HeartbeatLost",
+    "QuitRequested",
+    "CheckpointCommitted",
+}
 
 
 class _Head(msgspec.Struct):
@@ -129,6 +150,8 @@ def _entries(spec: JobSpec, lines: Iterator[str]) -> Iterator[Entry]:
                 event = ev.HeartbeatLost(PodName(pod))
             case QuitRequestedRecord(ts=ts, reason=reason):
                 event = ev.QuitRequested(reason)
+            case CheckpointCommittedRecord(ts=ts, step=step):
+                event = ev.CheckpointCommitted(step)
             case m.Message(ts=ts):
                 try:
                     event = to_event(record, job=spec.job, namespace=spec.namespace)

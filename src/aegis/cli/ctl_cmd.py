@@ -1,0 +1,127 @@
+"""``aegis ctl stop JOB | taint NODE.. --reason R | untaint NODE.. | hang POD``: operator
+controls (the seed's atlctl), sent to the master over NATS with the credentials of its control
+file (``--ctl-file``, ``$AEGIS_CTL_FILE``, or ``control.json`` in ``--log-dir``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aegis.adapters.nats_bus import NatsBus
+from aegis.master import control
+
+ctl_app = typer.Typer(help="Operator controls of a running master.", no_args_is_help=True)
+
+LogDir = Annotated[Path | None, typer.Option(help="Log directory of an aegis run.")]
+CtlFile = Annotated[Path | None, typer.Option(help="The control file (default $AEGIS_CTL_FILE).")]
+Timeout = Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the master.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ctl_app, name="ctl")
+
+
+def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarget:
+    env = os.environ.get(control.CTL_FILE_ENV)
+    path = ctl_file or (log_dir / control.CONTROL_FILE if log_dir else None)
+    path = path or (Path(env) if env else None)
+    if path is None:
+        print("aegis: error: no control file: pass --log-dir, --ctl-file or set "
+              f"{control.CTL_FILE_ENV}", file=sys.stderr)  # fmt: skip
+        raise typer.Exit(2)
+    try:
+        return control.read_control_file(path)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"aegis: error: cannot read control file {path}: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+async def _send(
+    target: control.ControlTarget,
+    build: Callable[[str], control.ControlRequest],
+    timeout_s: float,
+) -> control.ControlReply:
+    bus = await NatsBus.connect(target.nats_url, target.creds, name="aegis-ctl",
+                                max_reconnect_attempts=0)  # fmt: skip
+    try:
+        prefix = target.creds.inbox_prefix if target.creds else "_INBOX"
+        return await control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
+    finally:
+        await bus.close()
+
+
+def _run(
+    log_dir: Path | None,
+    ctl_file: Path | None,
+    timeout_s: float,
+    build: Callable[[control.ControlTarget, str], control.ControlRequest],
+) -> None:
+    target = _target(log_dir, ctl_file)
+    try:
+        reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))
+    except TimeoutError:
+        print(f"aegis: error: no answer from the master within {timeout_s} s", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        print(f"aegis: error: cannot reach {target.nats_url}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(f"aegis ctl: {reply.message}", file=sys.stdout if reply.ok else sys.stderr)
+    raise typer.Exit(0 if reply.ok else 1)
+
+
+@ctl_app.command("stop")
+def stop(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    reason: Annotated[str, typer.Option(help="Recorded as the quit reason.")] = "stopped by user",
+    namespace: Annotated[str | None, typer.Option(help="Default: the control file's.")] = None,
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Stop a job: should_quit, phase Failed, every pod deleted."""
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "stop", inbox, namespace or t.namespace, job=job, reason=reason))  # fmt: skip
+
+
+@ctl_app.command("taint")
+def taint(
+    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    reason: Annotated[str, typer.Option(help="Why (kept with the blacklist entry).")],
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Keep pods off these nodes from now on (running pods stay)."""
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "taint", inbox, t.namespace, nodes=nodes, reason=reason))  # fmt: skip
+
+
+@ctl_app.command("untaint")
+def untaint(
+    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Allow pods on these nodes again."""
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "untaint", inbox, t.namespace, nodes=nodes))  # fmt: skip
+
+
+@ctl_app.command("hang")
+def hang(
+    pod: Annotated[str, typer.Argument(help="Pod name (<job>-<rank>).")],
+    namespace: Annotated[str | None, typer.Option(help="Default: the control file's.")] = None,
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Report POD as hung, as its agent would: marked slow, evicted at the next checkpoint."""
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "hang", inbox, namespace or t.namespace, pod=pod))  # fmt: skip

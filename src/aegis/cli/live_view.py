@@ -1,0 +1,197 @@
+"""The live view of ``aegis run`` on a terminal: a ``rich`` table of pods (node, inner phase,
+retries, last event) under the job phase and the restart line, with a step progress bar when
+training reports progress (checkpoint commits, and heartbeats once agents carry ``step``).
+
+``render`` is pure (state in, renderable out) so it can be tested on a recorded console;
+``LiveView`` feeds it from the runner's observer hooks and refreshes a ``rich.live.Live``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobRunner
+from aegis.platforms.local import LocalPlatform
+from aegis.wire import messages as m
+
+PHASE_STYLE = {
+    Phase.PENDING: "dim", Phase.BOOT_CHECKING: "cyan", Phase.RUN_COMMAND: "green",
+    Phase.RESTARTING: "yellow", Phase.TROUBLESHOOTING: "magenta", Phase.SUCCEED: "bold green",
+    Phase.FAILED: "bold red",
+}  # fmt: skip
+
+
+@dataclass(slots=True)
+class ViewState:
+    spec: JobSpec
+    status: JobStatus
+    last_event: dict[str, tuple[float, str]] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+    total_steps: int | None = None
+    started: float = field(default_factory=time.time)
+
+
+def event_text(event: ev.Event) -> tuple[str, str] | None:
+    """(pod, short text) for an event about one pod."""
+    match event:
+        case ev.PodAcked(pod=pod):
+            return pod, "acked"
+        case ev.ChecksReported(pod=pod, verdict=verdict, reason=reason):
+            return pod, f"checks: {verdict.value}" + (f" ({reason})" if reason else "")
+        case ev.PodFinished(pod=pod, exit_code=code):
+            return pod, f"exited {code}"
+        case ev.PodErrored(pod=pod, reason=reason):
+            return pod, f"error: {reason}"
+        case ev.HangReported(pod=pod, reason=reason):
+            return pod, reason
+        case ev.HeartbeatLost(pod=pod):
+            return pod, "heartbeat lost"
+        case ev.PodRestarted(pod=pod, node=node):
+            return pod, f"restarted on {node}" if node else "restarted"
+        case _:
+            return None
+
+
+def action_text(action: act.Action) -> tuple[str, str] | None:
+    match action:
+        case act.EvictPod(pod=pod, level=level):
+            return pod, f"evicted (level {int(level)})"
+        case act.ReplacePod(pod=pod):
+            return pod, "being replaced"
+        case _:
+            return None
+
+
+def user_line(spec: JobSpec, status: JobStatus, hardware: int) -> str:
+    restarted = min(status.recover_count, spec.max_retry)
+    return (
+        f"max restarts {spec.max_retry}, restarted {restarted} times; "
+        f"hardware problems rescheduled {hardware} times"
+    )
+
+
+def render(state: ViewState, now: float | None = None) -> RenderableType:
+    spec, status = state.spec, state.status
+    now = time.time() if now is None else now
+    header = Text.assemble(
+        (f"job {spec.job} ", "bold"),
+        (status.phase.value, PHASE_STYLE[status.phase]),
+        f"  {user_line(spec, status, len(status.error_nodes))}",
+        f"  ({now - state.started:.0f} s)",
+    )
+    table = Table(expand=False, show_edge=True)
+    for column in ("pod", "node", "inner phase", "retries", "step", "last event"):
+        table.add_column(column)
+    for pod, info in pods_by_rank(status):
+        seen = state.last_event.get(pod)
+        last = "-" if seen is None else f"{_clock(seen[0])} {seen[1]}"
+        step = state.steps.get(pod)
+        table.add_row(
+            pod, info.node or "-", Text(info.inner_phase.value, PHASE_STYLE[info.inner_phase]),
+            str(info.retries), "-" if step is None else str(step), Text(last),
+        )  # fmt: skip
+    parts: list[RenderableType] = [header, table]
+    if state.steps:
+        slowest = min(state.steps.values())
+        if state.total_steps:
+            bar = ProgressBar(total=state.total_steps, completed=min(slowest, state.total_steps),
+                              width=40)  # fmt: skip
+            parts.append(_bar_row(bar, slowest, state))
+        else:
+            parts.append(Text(f"step {slowest} (slowest pod)"))
+    if status.error_nodes:
+        parts.append(Text("error nodes: " + ", ".join(e.node for e in status.error_nodes)))
+    return Group(*parts)
+
+
+def _bar_row(bar: ProgressBar, slowest: int, state: ViewState) -> Table:
+    grid = Table.grid()
+    grid.add_row(bar, f" step {slowest}/{state.total_steps}")
+    return grid
+
+
+def _clock(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+class LiveView:
+    """Feeds ``render`` from a runner and keeps a ``rich.live.Live`` on ``console`` refreshed."""
+
+    def __init__(self, console: Console, *, total_steps: int | None = None) -> None:
+        self.console = console
+        self.total_steps = total_steps
+        self.state: ViewState | None = None
+        self.live: Live | None = None
+        self.tick_s = 0.5
+        self._ticker: asyncio.Task[None] | None = None
+
+    def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
+        self.state = ViewState(runner.spec, runner.status, total_steps=self.total_steps)
+        runner.listeners.append(self.on_event)
+        runner.message_listeners.append(self.on_message)
+        heartbeats = getattr(runner, "heartbeat_listeners", None)
+        if isinstance(heartbeats, list):
+            heartbeats.append(self.on_message)
+        # Refreshed from the event loop (no refresh thread): agents are forked from this
+        # thread, and a second thread writing the terminal at fork time is asking for trouble.
+        self.live = Live(self, console=self.console, auto_refresh=False, transient=False)
+        self.live.start(refresh=True)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="live-view")
+
+    def __rich__(self) -> RenderableType:
+        assert self.state is not None
+        return render(self.state)
+
+    def on_event(self, runner: JobRunner, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
+        assert self.state is not None
+        self.state.status = runner.status
+        now = runner.clock()
+        about = event_text(event)
+        if about is not None:
+            self.state.last_event[about[0]] = (now, about[1])
+        if isinstance(event, ev.CheckpointCommitted):  # every pod has committed this step
+            for pod in runner.status.pod_infos:
+                self.state.steps[pod] = max(self.state.steps.get(pod, 0), event.step)
+        for action in actions:
+            about = action_text(action)
+            if about is not None:
+                self.state.last_event[about[0]] = (now, about[1])
+        if self.live is not None:
+            self.live.refresh()
+
+    async def _tick(self) -> None:
+        while self.live is not None and self.live.is_started:
+            await asyncio.sleep(self.tick_s)
+            self.live.refresh()
+
+    def on_message(self, runner: JobRunner, msg: m.Message) -> None:
+        assert self.state is not None
+        match msg.data:
+            case m.HeartbeatData(step=step) if step is not None:
+                self.state.steps[PodName(msg.pod)] = step
+            case m.CheckpointData(step=step):
+                for pod in runner.status.pod_infos:
+                    self.state.steps[pod] = max(self.state.steps.get(pod, 0), step)
+            case _:
+                pass
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        if self.live is not None:
+            self.live.refresh()
+            self.live.stop()

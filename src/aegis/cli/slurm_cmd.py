@@ -1,0 +1,114 @@
+"""``aegis slurm submit`` (write and submit the sbatch script) and ``aegis slurm coordinator``
+(the master and the agents' steps inside the allocation)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aegis.cli import run_cmd
+from aegis.platforms.slurm import commands, coordinator
+
+_PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+
+
+def register(app: typer.Typer) -> None:
+    slurm = typer.Typer(name="slurm", help="Run a job under Aegis on Slurm.", no_args_is_help=True)
+    slurm.command("submit", context_settings=_PASS_THROUGH)(submit)
+    slurm.command("coordinator", context_settings=_PASS_THROUGH)(run_coordinator)
+    app.add_typer(slurm)
+
+
+def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
+    """Leading ``-x``/``--opt=value`` words are sbatch options; the rest is the command."""
+    options: list[str] = []
+    for index, word in enumerate(args):
+        if not word.startswith("-"):
+            return options, args[index:]
+        options.append(word)
+    return options, []
+
+
+def _command(cmd: list[str]) -> tuple[str, ...]:
+    return tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd)
+
+
+def submit(
+    cmd: Annotated[
+        list[str], typer.Argument(help="[sbatch options as --opt=value] then the command.")
+    ],
+    nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
+    max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
+    spare_nodes: Annotated[int, typer.Option(min=0, help="Extra nodes for replacements.")] = 1,
+    job: Annotated[str, typer.Option(help="Job name.")] = "job",
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Shared directory for logs and the store (default ./.aegis/JOB)."),
+    ] = None,
+    hang_timeout_s: Annotated[float, typer.Option(min=0, help="0: no hang watchdog.")] = 0.0,
+    inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
+) -> None:
+    """Write an sbatch script that runs CMD on --nodes nodes under Aegis and submit it."""
+    options, command = split_sbatch_options(cmd)
+    if not command:
+        raise typer.BadParameter("no command given", param_hint="CMD")
+    run_cmd.parse_injections(inject_fault or [])
+    state = (state_dir or Path.cwd() / ".aegis" / job).resolve()
+    spec = commands.SubmitSpec(
+        job=job, nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, state_dir=state,
+        command=_command(command), sbatch_options=tuple(options),
+        inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s,
+    )  # fmt: skip
+    script = commands.batch_script(spec)
+    if dry_run:
+        print(script, end="")
+        raise typer.Exit(0)
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "job.sbatch"
+    path.write_text(script)
+    result = asyncio.run(commands.SubprocessCommands()(["sbatch", "--parsable", str(path)]))
+    if result.returncode != 0:
+        print(f"aegis: sbatch failed: {result.stderr.strip()}", file=sys.stderr)
+        raise typer.Exit(1)
+    print(f"aegis slurm: submitted job {result.stdout.strip()} ({path}); state in {state}")
+
+
+def run_coordinator(
+    cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
+    job: Annotated[str, typer.Option(help="Job name.")],
+    state_dir: Annotated[Path, typer.Option(help="Shared directory for logs and the store.")],
+    nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
+    max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
+    advertise: Annotated[str, typer.Option(help="How agents reach this host.")] = "127.0.0.1",
+    nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
+    hang_timeout_s: Annotated[float, typer.Option(min=0)] = 0.0,
+    heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
+    status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
+    inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
+) -> None:
+    """Inside an allocation: the master and one srun step per pod, until Succeed or Failed."""
+    settings = coordinator.CoordinatorSettings(
+        command=_command(cmd), job=job, nodes=nodes, max_retry=max_retry, state_dir=state_dir,
+        advertise=advertise, nats_url=nats, hang_timeout_s=hang_timeout_s,
+        heartbeat_timeout_s=heartbeat_timeout_s, grace_s=grace_s, status_file=status_file,
+        inject=run_cmd.parse_injections(inject_fault or []),
+    )  # fmt: skip
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )  # fmt: skip
+    result = asyncio.run(coordinator.run_coordinator(settings))
+    status = result.status
+    drained = ", ".join(f"{n} ({r})" for n, r in result.drained) or "none"
+    print(
+        f"aegis slurm: job {result.spec.job} {status.phase.value}; recover_count "
+        f"{status.recover_count}/{result.spec.max_retry}; drained: {drained}"
+    )
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,208 @@
+"""The operator's control channel (the seed's atlctl): ``aegis ctl`` -> NATS -> the master.
+
+Request/reply over the ``Bus`` port: the client subscribes to a private inbox, then publishes a
+``ControlRequest`` (carrying ``reply_to``) on ``CONTROL_SUBJECT``; the master's handler answers
+with a ``ControlReply`` on that inbox. The subject lies outside every job's prefix
+(``aegis.<ns>.<job>.>``), so worker credentials cannot reach it: only the master's credentials
+(written to a 0600 control file by ``aegis run``) can.
+
+Commands:
+- ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
+- ``taint NODE.. --reason R`` / ``untaint NODE..``: add to / remove from the platforms' node
+  blacklists (future placements avoid a tainted node; a running pod is not moved).
+- ``hang POD``: the runner is fed exactly what the pod's agent would send on a hang (a ``Hang``
+  message with ``idle_s`` 0 and no stacks, in the current round), so the core marks the pod slow
+  and evicts it at the next committed checkpoint; it is recorded in ``events.jsonl`` like any
+  agent report and replays identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from aegis.adapters.nats_auth import UserCreds
+from aegis.adapters.ports import Bus, Subscription
+from aegis.core import events as ev
+from aegis.master.job_runner import JobRunner
+from aegis.wire import codec
+from aegis.wire import messages as m
+
+log = logging.getLogger(__name__)
+
+CONTROL_SUBJECT = "aegisctl.request"
+CONTROL_FILE = "control.json"
+CTL_FILE_ENV = "AEGIS_CTL_FILE"
+
+Command = Literal["stop", "taint", "untaint", "hang"]
+
+
+class ControlRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    command: Command
+    reply_to: str
+    namespace: str = "default"
+    job: str = ""
+    pod: str = ""
+    nodes: list[str] = []
+    reason: str = ""
+
+
+class ControlReply(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    ok: bool
+    message: str
+
+
+@runtime_checkable
+class NodeBlacklist(Protocol):
+    """What ``taint``/``untaint`` need from a platform (``LocalPlatform`` has it)."""
+
+    blacklist: dict[str, str]
+
+
+ResolveJob = Callable[[str, str], JobRunner | None]  # (namespace, job)
+ResolvePlatforms = Callable[[], Iterable[NodeBlacklist]]
+
+
+def job_of_pod(pod: str) -> str:
+    """The job of a pod named ``<job>-<rank>``."""
+    return pod.rsplit("-", 1)[0]
+
+
+async def handle(
+    request: ControlRequest, resolve_job: ResolveJob, resolve_platforms: ResolvePlatforms
+) -> ControlReply:
+    match request.command:
+        case "stop":
+            runner = resolve_job(request.namespace, request.job)
+            if runner is None:
+                return ControlReply(False, f"no job {request.namespace}/{request.job}")
+            runner.platform_event(ev.QuitRequested(request.reason or "stopped by aegis ctl"))
+            return ControlReply(True, f"job {request.job}: stop requested")
+        case "taint" | "untaint":
+            if not request.nodes:
+                return ControlReply(False, "no node given")
+            platforms = list(resolve_platforms())
+            for platform in platforms:
+                for node in request.nodes:
+                    if request.command == "taint":
+                        platform.blacklist[node] = request.reason or "tainted by aegis ctl"
+                    else:
+                        platform.blacklist.pop(node, None)
+            done = "tainted" if request.command == "taint" else "untainted"
+            return ControlReply(True, f"{done} {', '.join(request.nodes)} "
+                                f"on {len(platforms)} platform(s)")  # fmt: skip
+        case "hang":
+            runner = resolve_job(request.namespace, request.job or job_of_pod(request.pod))
+            if runner is None or request.pod not in runner.status.pod_infos:
+                return ControlReply(False, f"no pod {request.pod}")
+            await _feed_hang(runner, request.pod)
+            return ControlReply(True, f"{request.pod}: reported hung")
+
+
+async def _feed_hang(runner: JobRunner, pod: str) -> None:
+    status = runner.status
+    msg = m.Message(
+        job=runner.spec.job, namespace=runner.spec.namespace, pod=pod, type=m.MessageType.HANG,
+        phase=status.phase, seq=status.seq, ts=runner.clock(),
+        data=m.HangData(idle_s=0.0, stacks="(reported by aegis ctl hang)"),
+        id=f"ctl-{secrets.token_hex(8)}",
+    )  # fmt: skip
+    await runner.on_worker_message(runner.worker_subject, codec.encode(msg))
+
+
+async def serve_control(
+    bus: Bus, resolve_job: ResolveJob, resolve_platforms: ResolvePlatforms
+) -> Subscription:
+    """Answer control requests on ``CONTROL_SUBJECT``; a bad request is logged and dropped."""
+    decoder = msgspec.json.Decoder(ControlRequest)
+
+    async def on_request(subject: str, payload: bytes) -> None:
+        try:
+            request = decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            log.warning("control: dropped a bad request (%s)", exc)
+            return
+        try:
+            reply = await handle(request, resolve_job, resolve_platforms)
+        except Exception as exc:  # a control request must never kill the master
+            log.exception("control: %s failed", request.command)
+            reply = ControlReply(False, f"{request.command} failed: {exc}")
+        log.warning("control: %s %s -> %s", request.command, request.job or request.pod
+                    or ",".join(request.nodes), reply.message)  # fmt: skip
+        await bus.publish(request.reply_to, msgspec.json.encode(reply))
+
+    return await bus.subscribe(CONTROL_SUBJECT, on_request)
+
+
+async def request(
+    bus: Bus, req: Callable[[str], ControlRequest], *, inbox_prefix: str, timeout_s: float = 10.0
+) -> ControlReply:
+    """Send one request (built for a fresh inbox) and wait for its reply."""
+    inbox = f"{inbox_prefix}.ctl{secrets.token_hex(8)}"
+    answer: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+
+    async def on_reply(subject: str, payload: bytes) -> None:
+        if not answer.done():
+            answer.set_result(msgspec.json.decode(payload, type=ControlReply))
+
+    sub = await bus.subscribe(inbox, on_reply)
+    try:
+        await bus.flush()
+        await bus.publish(CONTROL_SUBJECT, msgspec.json.encode(req(inbox)))
+        async with asyncio.timeout(timeout_s):
+            return await answer
+    finally:
+        await sub.unsubscribe()
+
+
+# -- the control file --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ControlTarget:
+    nats_url: str
+    creds: UserCreds | None
+    namespace: str
+    job: str
+
+
+def write_control_file(path: Path, target: ControlTarget) -> None:
+    """Owner-only (0600) from the first byte: it holds the master's credentials."""
+    body = {"nats_url": target.nats_url, "namespace": target.namespace, "job": target.job,
+            "jwt": target.creds.jwt if target.creds else "",
+            "seed": target.creds.seed.decode() if target.creds else "",
+            "inbox_prefix": target.creds.inbox_prefix if target.creds else "_INBOX"}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(body, out)
+    os.replace(tmp, path)
+
+
+def read_control_file(path: Path) -> ControlTarget:
+    body = json.loads(path.read_text())
+    creds = None
+    if body.get("jwt"):
+        creds = UserCreds(body["jwt"], body["seed"].encode(), body["inbox_prefix"], None)
+    return ControlTarget(body["nats_url"], creds, body.get("namespace", "default"),
+                         body.get("job", ""))  # fmt: skip
+
+
+def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:
+    """The URL and credentials a connected ``NatsBus`` uses (for ``aegis run``'s control
+    file). None for a bus that does not say (the in-memory one)."""
+    url = getattr(bus, "url", "")
+    if not url:
+        return None
+    creds = getattr(bus, "creds", None)
+    return ControlTarget(url, creds if isinstance(creds, UserCreds) else None, namespace, job)

@@ -1,0 +1,1 @@
+"""The Kubernetes platform: a kopf operator for the ``AegisJob`` custom resource."""

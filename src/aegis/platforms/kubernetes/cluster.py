@@ -1,0 +1,89 @@
+"""The real ``ClusterApi``: the official ``kubernetes`` client (blocking calls in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client import exceptions as k8s_errors
+
+from aegis.platforms.kubernetes import manifests
+
+Body = dict[str, Any]
+
+_NOT_FOUND, _CONFLICT = 404, 409
+
+
+def load_config() -> client.ApiClient:
+    """In a pod: the service account; elsewhere: ``$KUBECONFIG`` or ``~/.kube/config``."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        path = os.environ.get("KUBECONFIG")  # read now, not at the client's import
+        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration)
+
+
+class KubernetesCluster:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def _plain(self, obj: object) -> Body:
+        return cast(Body, self.api_client.sanitize_for_serialization(obj))  # type: ignore[no-untyped-call]
+
+    async def list_pods(self, namespace: str, job: str) -> list[Body]:
+        selector = f"{manifests.LABEL_JOB}={job}"
+        found = await asyncio.to_thread(
+            self.core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        pods = [self._plain(p) for p in found.items]
+        # Filter again: a label selector is a hint some API servers (and mocks) ignore.
+        return [p for p in pods if p["metadata"].get("labels", {}).get(manifests.LABEL_JOB) == job]
+
+    async def create_pod(self, namespace: str, body: Body) -> None:
+        try:
+            await asyncio.to_thread(
+                self.core.create_namespaced_pod, namespace, cast(Any, body), _preload_content=False
+            )
+        except k8s_errors.ApiException as exc:
+            if exc.status != _CONFLICT:  # already there: a retried create
+                raise
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, namespace, _preload_content=False
+            )
+        except k8s_errors.ApiException as exc:
+            if exc.status != _NOT_FOUND:
+                raise
+
+    async def get_job(self, namespace: str, name: str) -> Body | None:
+        try:
+            found = await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object,
+                manifests.GROUP, manifests.VERSION, namespace, manifests.PLURAL, name,
+            )  # fmt: skip
+        except k8s_errors.ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return None
+            raise
+        return cast(Body, found)
+
+    async def ensure_secret(self, namespace: str, body: Body) -> None:
+        await self._ensure(self.core.create_namespaced_secret, namespace, body)
+
+    async def ensure_service(self, namespace: str, body: Body) -> None:
+        await self._ensure(self.core.create_namespaced_service, namespace, body)
+
+    async def _ensure(self, create: Any, namespace: str, body: Body) -> None:
+        try:
+            await asyncio.to_thread(create, namespace, body, _preload_content=False)
+        except k8s_errors.ApiException as exc:
+            if exc.status != _CONFLICT:
+                raise

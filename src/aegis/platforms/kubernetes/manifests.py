@@ -1,0 +1,193 @@
+"""The pods of an ``AegisJob``, as plain dicts (no I/O).
+
+One pod per worker, named ``<job>-<rank>`` (the master's pod names), whose entrypoint is the
+agent. Two ways to get the agent into the pod (``spec.agent.mode``):
+
+- ``initContainer`` (default): an init container from ``spec.agent.image`` copies a
+  self-contained agent (``/opt/aegis``: a venv with ``aegis``) into an ``emptyDir`` mounted at
+  ``/aegis``; the training container runs ``/aegis/bin/aegis agent ... -- CMD`` (the training
+  image needs a compatible glibc, nothing else);
+- ``image``: the training image already has ``aegis`` on its PATH (``pip install aegis-ft``).
+
+Pods get torchrun's and Kubeflow's environment, node affinity that keeps them off the job's
+ErrorNodes, ``restartPolicy: Never`` (the operator, not the kubelet, decides what comes back),
+and an owner reference to the AegisJob (deleting the job deletes its pods).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GROUP = "aegis.dev"
+VERSION = "v1"
+PLURAL = "aegisjobs"
+KIND = "AegisJob"
+LABEL_JOB = "aegis.dev/job"
+LABEL_RANK = "aegis.dev/rank"
+AGENT_VOLUME = "aegis-agent"
+TOKEN_VOLUME = "aegis-token"
+TOKEN_DIR = "/var/run/aegis"
+DEFAULT_MASTER = "aegis-master.aegis-system.svc:50051"
+DEFAULT_AGENT_IMAGE = "ghcr.io/aegis-ft/aegis:0.1.0"
+RENDEZVOUS_PORT = 29500
+TERMINAL = ("Succeed", "Failed")
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """The fields of an AegisJob the operator reads (``spec`` and ``status``)."""
+
+    name: str
+    namespace: str
+    uid: str
+    replicas: int
+    max_retry: int
+    template: Mapping[str, Any]
+    agent_mode: str
+    agent_image: str
+    master: str
+    hang_timeout_s: float
+    checks: Mapping[str, Any]
+    phase: str
+    should_quit: bool
+    error_nodes: tuple[str, ...]
+
+    @property
+    def over(self) -> bool:
+        """The pods must go: the job failed, was stopped, or succeeded."""
+        return self.should_quit or self.phase in TERMINAL
+
+    @property
+    def failed_or_stopped(self) -> bool:
+        return self.should_quit or self.phase == "Failed"
+
+
+def view(body: Mapping[str, Any]) -> JobView:
+    meta = body.get("metadata", {})
+    spec = body.get("spec", {})
+    status = body.get("status") or {}
+    agent = spec.get("agent", {})
+    return JobView(
+        name=meta["name"],
+        namespace=meta.get("namespace", "default"),
+        uid=meta.get("uid", ""),
+        replicas=int(spec.get("replicas", 1)),
+        max_retry=int(spec.get("max_retry", 3)),
+        template=spec.get("template", {}),
+        agent_mode=agent.get("mode", "initContainer"),
+        agent_image=agent.get("image", DEFAULT_AGENT_IMAGE),
+        master=spec.get("master", DEFAULT_MASTER),
+        hang_timeout_s=float(spec.get("hang_timeout_s", 0.0)),
+        checks=spec.get("checks", {}),
+        phase=str(status.get("phase", "")),
+        should_quit=bool(status.get("should_quit", False)),
+        error_nodes=tuple(str(e["node"]) for e in status.get("error_nodes", []) if "node" in e),
+    )
+
+
+def pod_name(job: str, rank: int) -> str:
+    return f"{job}-{rank}"
+
+
+def worker_env(job: JobView, rank: int) -> list[Body]:
+    """torchrun's and Kubeflow's variables; rank 0's pod hosts the rendezvous (a headless
+    service named after the job resolves ``<job>-0.<job>``)."""
+    addr = f"{pod_name(job.name, 0)}.{job.name}.{job.namespace}.svc"
+    plain = {
+        "RANK": str(rank), "WORLD_SIZE": str(job.replicas), "LOCAL_RANK": "0",
+        "MASTER_ADDR": addr, "MASTER_PORT": str(RENDEZVOUS_PORT),
+        "PET_NNODES": str(job.replicas), "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": addr, "PET_MASTER_PORT": str(RENDEZVOUS_PORT),
+        "AEGIS_JOB": job.name, "AEGIS_POD": pod_name(job.name, rank),
+    }  # fmt: skip
+    env: list[Body] = [{"name": k, "value": v} for k, v in plain.items()]
+    env.append({"name": "AEGIS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    return env
+
+
+def agent_argv(job: JobView, rank: int, agent: str) -> list[str]:
+    return [
+        agent, "agent", "--master", job.master, "--namespace", job.namespace,
+        "--job", job.name, "--pod", pod_name(job.name, rank),
+        "--token-file", f"{TOKEN_DIR}/token", "--hang-timeout-s", str(job.hang_timeout_s),
+        "--",
+    ]  # fmt: skip
+
+
+def avoid_nodes(nodes: Sequence[str]) -> Body:
+    """Node affinity that keeps a pod off the ErrorNodes."""
+    if not nodes:
+        return {}
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(set(nodes))}
+        ]
+    }
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}  # fmt: skip
+
+
+def pod_manifest(job: JobView, rank: int) -> Body:
+    """The pod of ``rank``: the template's first container wrapped by the agent."""
+    template = copy.deepcopy(dict(job.template))
+    meta = template.get("metadata", {})
+    spec = template.setdefault("spec", {})
+    containers = spec.setdefault("containers", [{"name": "worker", "image": "python:3.11"}])
+    main = containers[0]
+    command = [*main.get("command", []), *main.get("args", [])] or ["python", "train.py"]
+    binary = "/aegis/bin/aegis" if job.agent_mode == "initContainer" else "aegis"
+    main["command"] = [*agent_argv(job, rank, binary), *command]
+    main.pop("args", None)
+    main["env"] = [*main.get("env", []), *worker_env(job, rank)]
+    mounts = main.setdefault("volumeMounts", [])
+    mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
+    volumes = spec.setdefault("volumes", [])
+    volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": f"{job.name}-aegis-token"}})
+    if job.agent_mode == "initContainer":
+        mounts.append({"name": AGENT_VOLUME, "mountPath": "/aegis"})
+        volumes.append({"name": AGENT_VOLUME, "emptyDir": {}})
+        spec["initContainers"] = [*spec.get("initContainers", []), {
+            "name": "aegis-agent", "image": job.agent_image,
+            "command": ["cp", "-a", "/opt/aegis/.", "/aegis/"],
+            "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": "/aegis"}],
+        }]  # fmt: skip
+    spec["restartPolicy"] = "Never"
+    spec["hostname"] = pod_name(job.name, rank)
+    spec["subdomain"] = job.name
+    affinity = avoid_nodes(job.error_nodes)
+    if affinity:
+        spec["affinity"] = {**spec.get("affinity", {}), **affinity}
+    labels = {**meta.get("labels", {}), LABEL_JOB: job.name, LABEL_RANK: str(rank)}
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": job.name, "uid": job.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(job.name, rank),
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": dict(meta.get("annotations", {})),
+            "ownerReferences": [owner],
+        },
+        "spec": spec,
+    }
+
+
+def exit_code(pod: Mapping[str, Any]) -> int | None:
+    """The main container's exit code once the pod has terminated, else None."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated is not None:
+            return int(terminated.get("exitCode", 0))
+    if status.get("phase") == "Failed":
+        return 1
+    return None

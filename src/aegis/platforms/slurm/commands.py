@@ -1,0 +1,133 @@
+"""Slurm command lines and the batch script, as pure functions (no I/O), plus the one port that
+runs them (``SlurmCommands``) and its real adapter (``subprocess``)."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+DRAIN_PREFIX = "aegis: "
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class SlurmCommands(Protocol):
+    """Runs a Slurm client command (``scontrol``, ``sbatch``) to completion."""
+
+    async def __call__(self, argv: Sequence[str]) -> CommandResult: ...
+
+
+class SubprocessCommands:
+    async def __call__(self, argv: Sequence[str]) -> CommandResult:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode("replace"))
+
+
+def drain_argv(node: str, reason: str) -> list[str]:
+    """``scontrol update`` that drains ``node``; the reason says it was Aegis and why."""
+    text = " ".join(f"{DRAIN_PREFIX}{reason}".split())[:200]
+    return ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={text}"]
+
+
+def hostnames_argv(nodelist: str) -> list[str]:
+    return ["scontrol", "show", "hostnames", nodelist]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStep:
+    """One pod's agent as an ``srun`` step pinned to one node of the allocation."""
+
+    job: str
+    namespace: str
+    pod: str
+    node: str
+    master: str  # HOST:PORT of the credentials server
+    token_file: Path
+    command: tuple[str, ...]
+    grace_s: float = 5.0
+    hang_timeout_s: float = 0.0
+    heartbeat_s: float = 1.0
+    python: str = field(default=sys.executable)
+
+
+def srun_argv(step: AgentStep) -> list[str]:
+    """``--overlap`` lets the step share the batch step's CPUs (the coordinator is tiny)."""
+    exports = ["ALL", f"AEGIS_NODE={step.node}"]
+    return [
+        "srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={step.node}",
+        f"--job-name={step.pod}", "--kill-on-bad-exit=0", f"--export={','.join(exports)}",
+        step.python, "-m", "aegis", "agent",
+        "--master", step.master, "--namespace", step.namespace, "--job", step.job,
+        "--pod", step.pod, "--node", step.node, "--token-file", str(step.token_file),
+        "--grace-s", str(step.grace_s), "--hang-timeout-s", str(step.hang_timeout_s),
+        "--heartbeat-s", str(step.heartbeat_s),
+        "--", *step.command,
+    ]  # fmt: skip
+
+
+def step_env(base: Mapping[str, str], inject: frozenset[str]) -> dict[str, str]:
+    """The environment of an ``srun`` (``--export=ALL`` passes it on to the agent):
+    ``AEGIS_INJECT_FAULT`` only on the node where it was asked for."""
+    env = {k: v for k, v in base.items() if k != "AEGIS_INJECT_FAULT"}
+    if inject:
+        env["AEGIS_INJECT_FAULT"] = ",".join(sorted(inject))
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitSpec:
+    job: str
+    nodes: int
+    spare_nodes: int
+    max_retry: int
+    state_dir: Path
+    command: tuple[str, ...]
+    sbatch_options: tuple[str, ...] = ()
+    inject: tuple[str, ...] = ()  # NODE:CHECK
+    hang_timeout_s: float = 0.0
+    python: str = field(default=sys.executable)
+
+
+def batch_script(spec: SubmitSpec) -> str:
+    """The sbatch script: one task per node, requeue on a lost allocation, the coordinator."""
+    coordinator = [
+        spec.python, "-m", "aegis", "slurm", "coordinator",
+        "--job", spec.job, "--nodes", str(spec.nodes), "--max-retry", str(spec.max_retry),
+        "--state-dir", str(spec.state_dir), "--hang-timeout-s", str(spec.hang_timeout_s),
+        "--status-file", str(spec.state_dir / "status.json"),
+    ]  # fmt: skip
+    for item in spec.inject:
+        coordinator += ["--inject-fault", item]
+    coordinator += ["--", *spec.command]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={spec.job}",
+        f"#SBATCH --nodes={spec.nodes + spec.spare_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --requeue",
+        f"#SBATCH --output={spec.state_dir}/slurm-%j.out",
+        *(f"#SBATCH {option}" for option in spec.sbatch_options),
+        "# Written by 'aegis slurm submit'. The coordinator runs the Aegis master and one srun",
+        "# step per pod; its state (the fault budget) lives under the state directory, so a",
+        "# requeued allocation resumes with what is left of the budget.",
+        f"exec {shlex.join(coordinator)}",
+        "",
+    ]
+    return "\n".join(lines)

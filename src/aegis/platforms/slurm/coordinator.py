@@ -1,0 +1,213 @@
+"""``aegis slurm coordinator``: runs inside the batch step of an allocation.
+
+Like ``aegis run`` but with ``SlurmPlatform``: an embedded NATS server (its JetStream store under
+the state directory, so it survives a requeue) or ``--nats URL``, the master, one ``srun`` step
+per pod. The first ``nodes`` allocated nodes carry the pods, the rest are spares.
+
+Requeue: Slurm restarts the batch script (``SLURM_RESTART_COUNT`` > 0) when the allocation is
+lost. Each attempt is a job of its own in the store (``<job>``, ``<job>-r1``, ...); a new attempt
+reads the previous attempt's status from the store and starts with what is left of the fault
+budget (``max_retry - recover_count``; after an in-place restart every pod's retries equal
+``recover_count``, so the job fails after exactly as many further faults as it would have).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.adapters.ports import StatusStore
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobSettings, status_key
+from aegis.master.service import MasterService, MasterSettings
+from aegis.platforms.slurm import commands
+from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
+from aegis.wire import status_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    command: tuple[str, ...]
+    job: str
+    nodes: int
+    max_retry: int
+    state_dir: Path
+    namespace: str = "default"
+    advertise: str = "127.0.0.1"  # how agents reach this host (grpc listens on all addresses)
+    nats_url: str | None = None
+    hang_timeout_s: float = 0.0
+    heartbeat_timeout_s: float = 5.0
+    grace_s: float = 5.0
+    status_file: Path | None = None
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorResult:
+    spec: JobSpec
+    status: JobStatus
+    placements: list[tuple[str, str]]
+    drained: list[tuple[str, str]]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status.phase is Phase.SUCCEED else 1
+
+
+def attempt_job(job: str, attempt: int) -> str:
+    return job if attempt == 0 else f"{job}-r{attempt}"
+
+
+async def allocated_nodes(slurm: commands.SlurmCommands, env: Mapping[str, str]) -> list[str]:
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise SystemExit("aegis slurm coordinator: not inside a Slurm allocation")
+    result = await slurm(commands.hostnames_argv(nodelist))
+    if result.returncode != 0:
+        raise SystemExit(f"scontrol show hostnames failed: {result.stderr.strip()}")
+    return result.stdout.split()
+
+
+async def budget_left(
+    store: StatusStore, settings: CoordinatorSettings, attempt: int
+) -> tuple[int, JobStatus | None]:
+    """The fault budget this attempt starts with, and the last attempt's status, if any."""
+    for earlier in range(attempt - 1, -1, -1):
+        key = status_key(JobSpec(attempt_job(settings.job, earlier), settings.namespace, 1, 0))
+        found = await store.get(key)
+        if found is None:
+            continue
+        spec, status = status_json.from_dict(json.loads(found[0]))
+        return max(spec.max_retry - status.recover_count, -1), status
+    return settings.max_retry, None
+
+
+def _authority(state_dir: Path) -> Authority:
+    """The NATS keys, kept in the state directory: the JetStream store of a requeued attempt
+    belongs to the same account, so the new server can read the previous attempts' status."""
+    path = state_dir / "nats-authority.json"
+    if path.exists():
+        return Authority.load(path)
+    authority = Authority()
+    authority.save(path)
+    return authority
+
+
+async def run_coordinator(
+    settings: CoordinatorSettings,
+    env: Mapping[str, str] | None = None,
+    slurm: commands.SlurmCommands | None = None,
+) -> CoordinatorResult:
+    env = dict(os.environ if env is None else env)
+    slurm = slurm or commands.SubprocessCommands()
+    nodes = await allocated_nodes(slurm, env)
+    if len(nodes) < settings.nodes:
+        raise SystemExit(f"the allocation has {len(nodes)} nodes, the job needs {settings.nodes}")
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    authority = None if settings.nats_url else _authority(settings.state_dir)
+    server = None
+    if authority is not None:
+        (settings.state_dir / "nats").mkdir(exist_ok=True)
+        server = EmbeddedNats(authority, store_dir=settings.state_dir / "nats")
+        await asyncio.to_thread(server.start)
+    url = settings.nats_url or (server.url if server else "")
+    master: MasterService | None = None
+    try:
+        master = await MasterService.connect(
+            authority,
+            url,
+            MasterSettings(
+                grpc_host="0.0.0.0",
+                job=JobSettings(
+                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                    master_addr=settings.advertise,
+                ),
+            ),
+        )
+        attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+        return await _run_attempt(settings, master, nodes, attempt, slurm)
+    finally:
+        if master is not None:
+            await master.close()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+async def _run_attempt(
+    settings: CoordinatorSettings,
+    master: MasterService,
+    nodes: list[str],
+    attempt: int,
+    slurm: commands.SlurmCommands,
+) -> CoordinatorResult:
+    budget, previous = await budget_left(master.store, settings, attempt)
+    job = attempt_job(settings.job, attempt)
+    if previous is not None:
+        log.warning(
+            "requeued (attempt %d): %d of %d faults left", attempt, budget, settings.max_retry
+        )
+    if previous is not None and (previous.phase in (Phase.SUCCEED, Phase.FAILED) or budget < 0):
+        spec = JobSpec(job, settings.namespace, settings.nodes, max(budget, 0))
+        return CoordinatorResult(spec, previous, [], [])
+    spec = JobSpec(job, settings.namespace, settings.nodes, budget)
+    log_dir = settings.state_dir / f"attempt-{attempt}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    platform = _platform(settings, nodes, log_dir, slurm)
+    runner, token = await master.create_job(
+        spec, nodes[: settings.nodes], platform, log_dir=log_dir
+    )
+    platform.attach(runner, f"{settings.advertise}:{master.grpc_port}", token)
+    loop = asyncio.get_running_loop()
+    lost = asyncio.Event()
+
+    def on_term() -> None:
+        # Slurm is taking the allocation away (requeue, preemption, scancel): stop the steps
+        # and leave the status as it is in the store, so a requeued attempt resumes from it.
+        log.warning("SIGTERM: the allocation is going away; the job's status stays in the store")
+        lost.set()
+        runner.close()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        await platform.launch_all()
+        await runner.wait_done()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        await platform.stop_all()
+    if settings.status_file is not None and not lost.is_set():
+        _write_status(settings.status_file, spec, runner.status)
+    placements = [(str(p), n) for p, n in platform.placements]
+    return CoordinatorResult(spec, runner.status, placements, list(platform.drained))
+
+
+def _platform(
+    settings: CoordinatorSettings, nodes: list[str], log_dir: Path, slurm: commands.SlurmCommands
+) -> SlurmPlatform:
+    return SlurmPlatform(
+        SlurmSettings(
+            nodes=tuple(nodes[: settings.nodes]),
+            spares=tuple(nodes[settings.nodes :]),
+            command=settings.command,
+            log_dir=log_dir,
+            inject=settings.inject,
+            grace_s=settings.grace_s,
+            hang_timeout_s=settings.hang_timeout_s,
+        ),
+        slurm,
+    )
+
+
+def _write_status(path: Path, spec: JobSpec, status: JobStatus) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")

@@ -1,0 +1,196 @@
+"""``SlurmPlatform``: the Platform port inside one Slurm allocation.
+
+Each pod is an ``srun`` step pinned to one allocated node, running ``aegis agent``. A pod that
+must move (level 3, slow eviction) gets a new step on a healthy spare node of the allocation;
+a container restart (level 2) and a lost pod get a new step on the same node. A blacklisted node
+is drained in Slurm (``scontrol update ... state=drain reason="aegis: <reason>"``), so neither
+this job nor any other (nor this job after a requeue) is placed on it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aegis.core import events as ev
+from aegis.core.model import NodeName, PodName
+from aegis.core.phases import Phase
+from aegis.core.recovery import RecoveryLevel
+from aegis.master.job_runner import JobRunner
+from aegis.platforms.slurm import commands
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    nodes: tuple[str, ...]  # the pods' nodes, in rank order
+    spares: tuple[str, ...]  # the rest of the allocation
+    command: tuple[str, ...]
+    log_dir: Path
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
+    grace_s: float = 5.0
+    hang_timeout_s: float = 0.0
+    heartbeat_s: float = 1.0
+    exit_wait_s: float = 30.0
+
+
+@dataclass(slots=True)
+class _Pod:
+    name: PodName
+    node: str
+    process: asyncio.subprocess.Process | None = None
+    incarnation: int = 0
+
+
+class SlurmPlatform:
+    def __init__(
+        self,
+        settings: SlurmSettings,
+        slurm: commands.SlurmCommands | None = None,
+    ) -> None:
+        self.settings = settings
+        self.slurm: commands.SlurmCommands = slurm or commands.SubprocessCommands()
+        self.pods: dict[PodName, _Pod] = {}
+        self.blacklist: dict[str, str] = {}
+        self.used_nodes: set[str] = set()
+        self.placements: list[tuple[PodName, str]] = []
+        self.drained: list[tuple[str, str]] = []
+        self.runner: JobRunner | None = None
+        self.master = ""
+        self.token_file: Path | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def attach(self, runner: JobRunner, master: str, token: str) -> None:
+        """``master``: HOST:PORT of the credentials server as the agents reach it."""
+        self.runner, self.master = runner, master
+        self.token_file = self.settings.log_dir / ".bootstrap-token"
+        self.token_file.write_text(token)
+        self.token_file.chmod(0o600)
+
+    async def launch_all(self) -> None:
+        assert self.runner is not None
+        for pod, info in sorted(self.runner.status.pod_infos.items()):
+            self.pods[pod] = _Pod(pod, info.node)
+            await self._spawn(self.pods[pod])
+
+    # -- the Platform port ---------------------------------------------------------------------
+
+    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
+        self._background(self._replace(PodName(pod), same_node=True, reason=reason))
+
+    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
+        same = level is RecoveryLevel.CONTAINER
+        self._background(self._replace(PodName(pod), same_node=same, reason=reason, wait=True))
+
+    async def blacklist_node(self, job: str, node: str, reason: str) -> None:
+        log.warning("node %s blacklisted: %s; draining it in Slurm", node, reason)
+        self.blacklist[node] = reason
+        result = await self.slurm(commands.drain_argv(node, reason))
+        if result.returncode != 0:
+            log.error("draining %s failed (%d): %s", node, result.returncode, result.stderr)
+            return
+        self.drained.append((node, reason))
+
+    async def end_job(self, job: str, phase: Phase) -> None:
+        log.info("job %s %s: its steps end with their agents", job, phase)
+
+    # -- placement -----------------------------------------------------------------------------
+
+    async def _replace(
+        self, pod: PodName, *, same_node: bool, reason: str, wait: bool = False
+    ) -> None:
+        state = self.pods[pod]
+        await self._retire(state, wait_for_exit=wait)
+        node = state.node if same_node and state.node not in self.blacklist else self._spare()
+        assert self.runner is not None
+        if node is None:
+            log.error("no healthy node left in the allocation for %s", pod)
+            self.runner.platform_event(ev.QuitRequested(f"no healthy node left for {pod}"))
+            return
+        self.used_nodes.discard(state.node)
+        state.node = node
+        await self._spawn(state)
+        self.runner.platform_event(ev.PodRestarted(pod, NodeName(node), node))
+        log.info("%s placed on %s (%s)", pod, node, reason)
+
+    def _spare(self) -> str | None:
+        for node in (*self.settings.nodes, *self.settings.spares):
+            if node not in self.blacklist and node not in self.used_nodes:
+                return node
+        return None
+
+    async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
+        proc = state.process
+        if proc is None or proc.returncode is not None:
+            return
+        if wait_for_exit:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), self.settings.exit_wait_s)
+        await _stop_step(proc, self.settings.grace_s)
+
+    async def _spawn(self, state: _Pod) -> None:
+        assert self.token_file is not None and self.runner is not None
+        state.incarnation += 1
+        self.used_nodes.add(state.node)
+        self.placements.append((state.name, state.node))
+        s = self.settings
+        inject = s.inject.get(state.node, frozenset())
+        step = commands.AgentStep(
+            job=self.runner.spec.job, namespace=self.runner.spec.namespace, pod=state.name,
+            node=state.node, master=self.master, token_file=self.token_file, command=s.command,
+            grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
+        )  # fmt: skip
+        log_path = s.log_dir / "pods" / f"{state.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as out:
+            out.write(f"=== {state.name} step {state.incarnation} on {state.node}\n".encode())
+            out.flush()
+            state.process = await asyncio.create_subprocess_exec(
+                *commands.srun_argv(step), stdout=out, stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL, env=commands.step_env(os.environ, inject),
+                start_new_session=True,
+            )  # fmt: skip
+
+    async def stop_all(self) -> None:
+        """Wait (bounded) for the steps to end with their agents, then stop what is left."""
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+        procs = [p.process for p in self.pods.values() if p.process is not None]
+        if procs:
+            waits = [asyncio.wait_for(p.wait(), self.settings.exit_wait_s) for p in procs]
+            await asyncio.gather(*waits, return_exceptions=True)
+        for proc in procs:
+            await _stop_step(proc, self.settings.grace_s)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name="slurm-platform")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("platform task crashed", exc_info=task.exception())
+
+
+async def _stop_step(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """srun forwards SIGTERM to the agent (which stops its training group); SIGKILL of srun
+    after the grace period makes Slurm kill what is left of the step."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s + 2.0)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

@@ -1,0 +1,237 @@
+"""Incidents of a job, rebuilt from its replayed ``events.jsonl`` (``aegis incidents``).
+
+An incident opens at the first fault (``RecordFault``), eviction or replacement while none is
+open, and closes when the job is back in ``RunCommand`` or terminal: the rule of the master's
+fault log (``aegis.master.faultlog``), so incident ids agree with ``faults.jsonl``. Evidence comes
+from the agents' reports recorded in the event log: matched log lines and fault class (Error),
+stack dumps (Hang), check results (troubleshooting Finish).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.model import JobStatus
+from aegis.core.phases import TERMINAL_PHASES, Order, Phase
+from aegis.core.recovery import RecoveryLevel
+from aegis.tools import replay
+from aegis.wire import messages as m
+from aegis.wire.translate import verdict_of
+
+LEVEL_NAMES: dict[RecoveryLevel, str] = {
+    RecoveryLevel.IN_PLACE: "in_place",
+    RecoveryLevel.CONTAINER: "container",
+    RecoveryLevel.NODE: "node_replaced",
+    RecoveryLevel.EVICT_SLOW: "slow_evicted",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    ts: float
+    pod: str
+    kind: str  # "log" (matched lines), "checks", "stacks", "exit"
+    summary: str
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ts: float
+    text: str
+    level: str | None = None
+
+
+@dataclass(slots=True)
+class Incident:
+    id: str
+    detected_ts: float
+    detected_by: str
+    pod: str
+    node: str
+    reason: str
+    phase: Phase
+    counted: bool = False
+    level: RecoveryLevel | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    classification: dict[str, str] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    closed_ts: float | None = None
+    outcome: Phase | None = None
+
+    @property
+    def level_name(self) -> str | None:
+        return LEVEL_NAMES[self.level] if self.level is not None else None
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.closed_ts is None else self.closed_ts - self.detected_ts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "detected_ts": self.detected_ts, "detected_by": self.detected_by,
+            "pod": self.pod, "node": self.node, "reason": self.reason, "phase": self.phase.value,
+            "counted": self.counted, "level": self.level_name,
+            "evidence": [_ev_dict(e) for e in self.evidence],
+            "classification": self.classification,
+            "decisions": [{"ts": d.ts, "text": d.text, "level": d.level} for d in self.decisions],
+            "closed_ts": self.closed_ts,
+            "outcome": self.outcome.value if self.outcome else None,
+            "recovery_s": self.recovery_s,
+        }  # fmt: skip
+
+
+def _ev_dict(e: Evidence) -> dict[str, Any]:
+    return {"ts": e.ts, "pod": e.pod, "kind": e.kind, "summary": e.summary, "lines": list(e.lines)}
+
+
+_message = msgspec.json.Decoder(m.Message)
+
+
+def detected_by(event: ev.Event) -> str:
+    match event:
+        case ev.PodErrored():
+            return "agent error report"
+        case ev.HangReported():
+            return "hang watchdog (no progress)"
+        case ev.HeartbeatLost():
+            return "heartbeat loss"
+        case ev.PodRestarted():
+            return "platform: pod restarted"
+        case ev.PodFinished(exit_code=code):
+            return f"training exit code {code}"
+        case ev.ChecksReported():
+            return "checks"
+        case ev.CheckpointCommitted():
+            return "slow mark, evicted at a committed checkpoint"
+        case ev.QuitRequested():
+            return "quit requested"
+        case _:
+            return type(event).__name__
+
+
+def decision(action: act.Action) -> Decision | None:
+    match action:
+        case act.RecordFault(pod=pod, reason=reason, counted=counted):
+            note = "counted (fault budget spent)" if counted else "not counted"
+            return Decision(0.0, f"{pod}: fault {note}: {reason}")
+        case act.EvictPod(pod=pod, level=level, reason=reason):
+            text = f"{pod}: leaves its node, level {int(level)} {LEVEL_NAMES[level]}: {reason}"
+            return Decision(0.0, text, LEVEL_NAMES[level])
+        case act.ReplacePod(pod=pod, reason=reason):
+            return Decision(0.0, f"{pod}: replaced: {reason}", LEVEL_NAMES[RecoveryLevel.CONTAINER])
+        case act.BlacklistNode(node=node, reason=reason):
+            return Decision(0.0, f"node {node} joins ErrorNodes: {reason}")
+        case act.SendOrder(order=Order.RESTART):
+            return Decision(0.0, "restart every pod in place", "in_place")
+        case act.SendOrder(order=Order.TROUBLESHOOT):
+            return Decision(0.0, "stop training, run the checks on every pod")
+        case act.EndJob(phase=phase, reason=reason):
+            return Decision(0.0, f"job {phase.value}: {reason}")
+        case _:
+            return None
+
+
+def evidence_of(entry_text: str, ts: float) -> tuple[Evidence | None, tuple[str, str] | None]:
+    """Evidence in one recorded agent report, and (pod, classification) for check results."""
+    try:
+        msg = _message.decode(entry_text.encode())
+    except msgspec.DecodeError:
+        return None, None  # a platform record
+    match msg.data:
+        case m.ErrorData(reason=reason, fault_class=cls, exit_code=code, lines=lines):
+            head = f"{cls}: {reason}" if cls else reason
+            tail = f" (exit code {code})" if code is not None else ""
+            return Evidence(ts, msg.pod, "log", head + tail, tuple(lines)), None
+        case m.HangData(idle_s=idle_s, stacks=stacks):
+            summary = f"no progress for {idle_s:.1f} s"
+            return Evidence(ts, msg.pod, "stacks", summary, tuple(stacks.splitlines())), None
+        case m.ChecksData(response=response):
+            checks = tuple(
+                f"{r.check_type}: {'n/a' if r.not_applicable else 'PASS' if r.passed else 'FAIL'}"
+                f" ({r.duration_s:.2f} s) {r.result}"
+                for r in response.results
+            )
+            failed = [r.check_type.value for r in response.results if not r.passed]
+            summary = "failed: " + ", ".join(failed) if failed else "all checks passed"
+            verdict = verdict_of(response).value
+            return Evidence(ts, msg.pod, "checks", summary, checks), (msg.pod, verdict)
+        case m.ExitData(exit_code=code) if code != 0:
+            return Evidence(ts, msg.pod, "exit", f"training exited {code}"), None
+        case _:
+            return None, None
+
+
+level_min = RecoveryLevel.IN_PLACE
+
+
+def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) -> list[Incident]:
+    found: list[Incident] = []
+    current: Incident | None = None
+    phase = initial.phase
+    before = initial
+    for done in steps:
+        assert done.entry.event is not None
+        event, ts, after = done.entry.event, done.entry.ts, done.status
+        for action in done.actions:
+            opens = isinstance(action, act.RecordFault | act.EvictPod | act.ReplacePod)
+            if opens and current is None:
+                pod = str(getattr(action, "pod", ""))
+                info = before.pod_infos.get(pod)  # type: ignore[call-overload]
+                current = Incident(
+                    id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
+                    pod=pod, node=str(info.node) if info else "",
+                    reason=str(getattr(action, "reason", "")), phase=phase,
+                )  # fmt: skip
+                found.append(current)
+            if current is None:
+                continue
+            match action:
+                case act.RecordFault(counted=True) if phase is Phase.RUN_COMMAND:
+                    current.counted = True
+                case act.EvictPod(level=level):
+                    current.level = max(level, current.level or level)
+                case act.ReplacePod():
+                    current.level = max(RecoveryLevel.CONTAINER, current.level or level_min)
+                case _:
+                    pass
+            note = decision(action)
+            if note is not None:
+                current.decisions.append(Decision(ts, note.text, note.level))
+        if current is not None:
+            evidence, verdict = evidence_of(done.entry.text, ts)
+            if evidence is not None and (evidence.kind != "checks" or phase in _CHECKING):
+                current.evidence.append(evidence)
+            if verdict is not None:
+                pod, cls = verdict
+                seen = current.classification.get(pod)
+                if seen is not None and not seen.endswith(cls):
+                    cls = f"{seen} -> {cls}"
+                current.classification[pod] = seen if seen and seen.endswith(cls) else cls
+            back = after.phase is Phase.RUN_COMMAND and phase is not Phase.RUN_COMMAND
+            if back or after.phase in TERMINAL_PHASES:
+                if back and current.level is None and current.counted:
+                    current.level = RecoveryLevel.IN_PLACE
+                current.closed_ts, current.outcome = ts, after.phase
+                current = None
+        phase, before = after.phase, after
+    return found
+
+
+_CHECKING = frozenset({Phase.BOOT_CHECKING, Phase.TROUBLESHOOTING})
+
+
+def hardware_reschedules(steps: Iterable[replay.Replayed]) -> int:
+    """How many times a pod was moved off a bad node (level 3 evictions)."""
+    return sum(
+        1
+        for done in steps
+        for action in done.actions
+        if isinstance(action, act.EvictPod) and action.level is RecoveryLevel.NODE
+    )

@@ -1,0 +1,87 @@
+"""The user-facing summary of a job (``aegis status``), after the seed's line: "max restarts N,
+restarted M times; hardware problems rescheduled K times".
+
+M is the number of recoveries the budget paid for: ``min(recover_count, max_retry)`` (in
+``Failed`` after an exhausted budget the status holds ``max_retry + 1``: the last fault was not
+followed by a restart). K counts level-3 evictions (a pod moved off a bad node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aegis.core.model import JobSpec, JobStatus, pods_by_rank
+from aegis.core.phases import Phase
+from aegis.tools import incidents, joblog
+from aegis.wire import status_json
+
+
+@dataclass(frozen=True, slots=True)
+class PodRow:
+    pod: str
+    node: str
+    inner_phase: str
+    retries: int
+    last_failed_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    job: str
+    phase: Phase
+    max_restarts: int
+    restarted: int
+    hardware_rescheduled: int
+    should_quit: bool
+    error_nodes: tuple[str, ...]
+    pods: tuple[PodRow, ...]
+    status: dict[str, Any]
+
+    @property
+    def user_line(self) -> str:
+        return (
+            f"max restarts {self.max_restarts}, restarted {self.restarted} times; "
+            f"hardware problems rescheduled {self.hardware_rescheduled} times"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "phase": self.phase.value,
+            "user_line": self.user_line,
+            "max_restarts": self.max_restarts,
+            "restarted": self.restarted,
+            "hardware_rescheduled": self.hardware_rescheduled,
+            "should_quit": self.should_quit,
+            "error_nodes": list(self.error_nodes),
+            "pods": [_row(p) for p in self.pods],
+            **self.status,
+        }
+
+
+def _row(p: PodRow) -> dict[str, Any]:
+    return {"pod": p.pod, "node": p.node, "inner_phase": p.inner_phase, "retries": p.retries,
+            "last_failed_reason": p.last_failed_reason}  # fmt: skip
+
+
+def summarize(spec: JobSpec, status: JobStatus, hardware_rescheduled: int) -> Summary:
+    rows = tuple(
+        PodRow(pod, str(info.node), info.inner_phase.value, info.retries, info.last_failed_reason)
+        for pod, info in pods_by_rank(status)
+    )
+    return Summary(
+        job=spec.job,
+        phase=status.phase,
+        max_restarts=spec.max_retry,
+        restarted=min(status.recover_count, spec.max_retry),
+        hardware_rescheduled=hardware_rescheduled,
+        should_quit=status.should_quit,
+        error_nodes=tuple(str(e.node) for e in status.error_nodes),
+        pods=rows,
+        status=status_json.to_dict(spec, status),
+    )
+
+
+def from_log(log: joblog.JobLog) -> Summary:
+    return summarize(log.spec, log.status, incidents.hardware_reschedules(log.steps))

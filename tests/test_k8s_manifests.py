@@ -1,0 +1,83 @@
+"""deploy/: render the kustomization, schema-check every manifest, the example AegisJob and the
+pods the operator would create from it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from aegis.platforms.kubernetes import handlers, manifests
+from tests import k8s_schema
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+
+
+def _crd() -> dict[str, Any]:
+    crd: dict[str, Any] = yaml.safe_load((DEPLOY / "crd.yaml").read_text())
+    return crd
+
+
+def _example() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "examples" / "aegisjob.yaml").read_text())
+    return doc
+
+
+def test_every_rendered_manifest_fits_the_kubernetes_api_schema() -> None:
+    docs = k8s_schema.render_kustomization(DEPLOY)
+    kinds = sorted({d["kind"] for d in docs})
+    assert {"CustomResourceDefinition", "Deployment", "StatefulSet", "ClusterRole"} <= set(kinds)
+    for doc in docs:
+        assert k8s_schema.check_builtin(doc) == [], doc["metadata"]["name"]
+
+
+def test_the_deployment_runs_two_master_replicas_and_the_operator() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_schema.render_kustomization(DEPLOY)}
+    assert docs[("Deployment", "aegis-master")]["spec"]["replicas"] == 2
+    operator = docs[("Deployment", "aegis-operator")]["spec"]["template"]["spec"]
+    assert operator["containers"][0]["command"][:2] == ["aegis", "operator"]
+    assert docs[("StatefulSet", "aegis-nats")]["spec"]["replicas"] == 3
+
+
+def test_schema_check_catches_a_misspelt_field() -> None:
+    docs = k8s_schema.render_kustomization(DEPLOY)
+    broken = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"))
+    broken["spec"]["replica"] = 2
+    assert any("replica" in p for p in k8s_schema.check_builtin(broken))
+
+
+def test_the_crd_has_a_status_subresource_and_printer_columns() -> None:
+    version = _crd()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"] for c in version["additionalPrinterColumns"]}
+    assert {"Phase", "Recovered", "MaxRetry", "ErrorNodes"} <= columns
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"phase", "recover_count", "error_nodes", "conditions", "pod_infos"} <= set(status)
+
+
+def test_the_example_aegisjob_fits_the_crd() -> None:
+    k8s_schema.check_custom(_example(), _crd())
+
+
+def test_an_aegisjob_without_replicas_is_rejected_by_the_crd() -> None:
+    doc = _example()
+    del doc["spec"]["replicas"]
+    with pytest.raises(jsonschema.ValidationError):
+        k8s_schema.check_custom(doc, _crd())
+
+
+@pytest.mark.parametrize("mode", ["initContainer", "image"])
+def test_operator_pods_fit_the_pod_schema_in_both_agent_modes(mode: str) -> None:
+    doc = _example()
+    doc["metadata"]["uid"] = "uid-1"
+    doc["spec"]["agent"]["mode"] = mode
+    doc["status"] = {"phase": "Restarting", "error_nodes": [{"node": "gpu-node-7"}]}
+    job = manifests.view(doc)
+    for rank in range(job.replicas):
+        assert k8s_schema.check_builtin(manifests.pod_manifest(job, rank)) == []
+    assert k8s_schema.check_builtin(handlers.token_secret(job)) == []
+    assert k8s_schema.check_builtin(handlers.headless_service(job)) == []

@@ -1,0 +1,93 @@
+"""``aegis ctl`` against a running ``aegis run`` job: real nats-server with operator auth, the
+master's control subscription, the CLI as a separate process with the run's control file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from aegis.cli import run_cmd
+from aegis.core.phases import Phase
+from aegis.master.job_runner import JobRunner
+from aegis.platforms import local_run
+from aegis.platforms.local import LocalPlatform
+from tests.agent_waits import async_wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+HANG = Path(__file__).parent / "bin" / "hang.py"
+AEGIS = [sys.executable, "-m", "aegis.cli.main"]
+
+
+async def ctl(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *AEGIS, "ctl", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_ctl_taints_reports_a_hang_and_stops_a_running_job(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    settings = local_run.RunSettings(
+        command=(sys.executable, str(HANG), "output"),  # never ends, never reports a hang
+        nodes=2, spare_nodes=2, max_retry=3, job="ctl", log_dir=log_dir, grace_s=2.0,
+    )  # fmt: skip
+    observers = run_cmd.RunObservers(None)
+    seen: dict[str, object] = {}
+
+    def observe(runner: JobRunner, platform: LocalPlatform) -> None:
+        observers.attach(runner, platform)
+        seen["runner"], seen["platform"] = runner, platform
+
+    job = asyncio.create_task(local_run.run_local(settings, observe=observe))
+    try:
+        await async_wait_until(lambda: "runner" in seen, 60, "the job to start")
+        runner, platform = seen["runner"], seen["platform"]
+        assert isinstance(runner, JobRunner) and isinstance(platform, LocalPlatform)
+        await async_wait_until(
+            lambda: runner.status.phase is Phase.RUN_COMMAND, 90, "the job to run"
+        )
+        assert observers.control_ready is not None
+        await asyncio.wait_for(observers.control_ready.wait(), 30)
+        control_file = log_dir / "control.json"
+        assert stat.S_IMODE(control_file.stat().st_mode) == 0o600
+        assert json.loads(control_file.read_text())["jwt"]  # the master's credentials
+
+        where = ("--log-dir", str(log_dir))
+        code, out = await ctl("taint", "spare-0", "spare-1", "--reason", "bad fan", *where)
+        assert code == 0, out
+        assert platform.blacklist == {"spare-0": "bad fan", "spare-1": "bad fan"}
+        code, out = await ctl("untaint", "spare-1", *where)
+        assert code == 0 and platform.blacklist == {"spare-0": "bad fan"}, out
+
+        code, out = await ctl("stop", "no-such-job", *where)
+        assert code == 1 and "no job default/no-such-job" in out
+
+        code, out = await ctl("hang", "ctl-1", *where)
+        assert code == 0, out
+        await async_wait_until(
+            lambda: runner.status.phase is Phase.TROUBLESHOOTING, 30, "the hang to be handled"
+        )
+        assert runner.status.recover_count == 1
+        info = runner.status.pod_infos["ctl-1"]  # type: ignore[index]
+        assert info.slow and info.retries == 1
+
+        code, out = await ctl("stop", "ctl", "--reason", "operator said so", *where)
+        assert code == 0, out
+        result = await asyncio.wait_for(job, 90)
+    finally:
+        if not job.done():
+            job.cancel()
+        observers.close()
+    assert result.status.phase is Phase.FAILED and result.status.should_quit
+    assert result.exit_code == 1
+    assert not (log_dir / "control.json").exists()  # its credentials die with the run
+    events = (log_dir / "events.jsonl").read_text()
+    assert '"reason":"operator said so"' in events and '"type":"Hang"' in events

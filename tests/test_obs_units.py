@@ -1,0 +1,131 @@
+"""Observability pieces without a job: the live view's rendering, the view choice, the fault
+log's rotation and incident rule, and the control channel over the in-memory bus."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from aegis.adapters.memory import MemoryBus
+from aegis.cli import live_view, run_cmd, run_view
+from aegis.core import actions as act
+from aegis.core.model import JobSpec, NodeName, PodName, initial_status
+from aegis.core.phases import Order, Phase
+from aegis.core.recovery import RecoveryLevel
+from aegis.master import control, faultlog
+
+SPEC = JobSpec("demo", "default", 3, 2)
+
+
+def test_live_view_renders_pods_phase_and_progress_bar_when_steps_are_reported() -> None:
+    status = initial_status(SPEC, [NodeName("node-0"), NodeName("node-1"), NodeName("node-2")])
+    state = live_view.ViewState(SPEC, status, total_steps=100, started=1000.0)
+    state.steps = {"demo-0": 40, "demo-1": 42, "demo-2": 41}
+    state.last_event["demo-1"] = (1000.0, "error: nccl_timeout: watchdog")
+    console = Console(record=True, file=io.StringIO(), width=120, force_terminal=True)
+    console.print(live_view.render(state, now=1012.0))
+    text = console.export_text()
+    assert "job demo Pending" in text and "(12 s)" in text
+    assert "max restarts 2, restarted 0 times; hardware problems rescheduled 0 times" in text
+    assert "step 40/100" in text  # the slowest pod
+    assert "error: nccl_timeout: watchdog" in text
+    for pod, node in (("demo-0", "node-0"), ("demo-1", "node-1"), ("demo-2", "node-2")):
+        assert any(pod in line and node in line for line in text.splitlines())
+
+
+def test_live_view_shows_the_step_without_a_bar_when_the_total_is_unknown() -> None:
+    state = live_view.ViewState(SPEC, initial_status(SPEC), steps={"demo-0": 7, "demo-1": 9})
+    console = Console(record=True, file=io.StringIO(), width=120)
+    console.print(live_view.render(state))
+    assert "step 7 (slowest pod)" in console.export_text()
+
+
+def test_choose_view_is_plain_when_output_is_not_a_tty() -> None:
+    plain = run_cmd.choose_view("auto", Console(file=io.StringIO()), None)
+    assert isinstance(plain, run_view.PlainView)
+    tty = Console(file=io.StringIO(), force_terminal=True)
+    assert isinstance(run_cmd.choose_view("auto", tty, 10), live_view.LiveView)
+    assert isinstance(run_cmd.choose_view("plain", tty, 10), run_view.PlainView)
+
+
+def test_fault_log_rotates_by_size_and_keeps_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "faults.jsonl"
+    out = faultlog.RotatingJsonLines(path, max_bytes=200, backups=2)
+    for index in range(40):
+        out.write({"n": index, "message": "x" * 20})
+    out.close()
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["faults.jsonl", "faults.jsonl.1", "faults.jsonl.2"]
+    numbers = []
+    for name in ("faults.jsonl.2", "faults.jsonl.1", "faults.jsonl"):
+        text = (tmp_path / name).read_text()
+        assert len(text.encode()) <= 200
+        numbers += [json.loads(line)["n"] for line in text.splitlines()]
+    assert numbers == list(range(40 - len(numbers), 40))  # newest kept, in order, none split
+
+
+def test_incident_tracker_opens_on_a_fault_and_closes_back_in_run_command() -> None:
+    tracker = faultlog.IncidentTracker("demo")
+    pod = PodName("demo-1")
+    status = initial_status(SPEC)
+    troubleshooting = status.__class__(**{**_fields(status), "phase": Phase.TROUBLESHOOTING})
+    running = status.__class__(**{**_fields(status), "phase": Phase.RUN_COMMAND})
+    fault = (act.RecordFault(pod, "exit code 1", counted=True),)
+    assert tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 10.0) is None
+    assert tracker.current is not None and tracker.current.id == "demo-1"
+    restart = (act.SendOrder(Order.RESTART, Phase.RUN_COMMAND, 4),)
+    closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 14.5)
+    assert closed is not None and closed.level is RecoveryLevel.IN_PLACE
+    assert (closed.closed_ts, closed.outcome) == (14.5, Phase.RUN_COMMAND)
+    evict = (act.EvictPod(pod, RecoveryLevel.NODE, 1, "gpu"),)
+    tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 20.0)
+    tracker.feed(Phase.TROUBLESHOOTING, troubleshooting, evict, 21.0)
+    closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 30.0)
+    assert closed is not None and (closed.id, closed.level_name) == ("demo-2", "node_replaced")
+
+
+def _fields(status: object) -> dict[str, object]:
+    return {name: getattr(status, name) for name in status.__slots__}  # type: ignore[attr-defined]
+
+
+class _Platform:
+    def __init__(self) -> None:
+        self.blacklist: dict[str, str] = {"node-9": "old"}
+
+
+async def test_control_answers_requests_over_the_bus_when_no_job_matches() -> None:
+    bus = MemoryBus()
+    platform = _Platform()
+    sub = await control.serve_control(bus, lambda namespace, job: None, lambda: [platform])
+    reply = await control.request(
+        bus, lambda inbox: control.ControlRequest("stop", inbox, job="gone"), inbox_prefix="_I"
+    )
+    assert reply == control.ControlReply(False, "no job default/gone")
+    reply = await control.request(
+        bus,
+        lambda inbox: control.ControlRequest("taint", inbox, nodes=["a", "b"], reason="ecc"),
+        inbox_prefix="_I",
+    )
+    assert reply.ok and platform.blacklist == {"node-9": "old", "a": "ecc", "b": "ecc"}
+    reply = await control.request(
+        bus, lambda inbox: control.ControlRequest("untaint", inbox, nodes=["node-9", "a"]),
+        inbox_prefix="_I",
+    )  # fmt: skip
+    assert reply.ok and platform.blacklist == {"b": "ecc"}
+    await sub.unsubscribe()
+
+
+def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:
+    from aegis.adapters.nats_auth import Authority
+
+    creds = Authority().master_creds()
+    target = control.ControlTarget("nats://127.0.0.1:1", creds, "default", "demo")
+    path = tmp_path / "control.json"
+    control.write_control_file(path, target)
+    assert path.stat().st_mode & 0o777 == 0o600
+    back = control.read_control_file(path)
+    assert back.creds is not None and back.creds.jwt == creds.jwt
+    assert (back.nats_url, back.job, back.creds.seed) == (target.nats_url, "demo", creds.seed)

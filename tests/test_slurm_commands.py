@@ -1,0 +1,124 @@
+"""The Slurm platform's pure parts and its decisions, without Slurm: the batch script, the srun
+and scontrol command lines, the requeue budget, and draining through the SlurmCommands port."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from aegis.adapters.memory import MemoryStore
+from aegis.cli import slurm_cmd
+from aegis.core.model import JobSpec, initial_status
+from aegis.platforms.slurm import commands, coordinator
+from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
+from aegis.wire import status_json
+
+
+class RecordingSlurm:
+    def __init__(self, stdout: str = "", returncode: int = 0) -> None:
+        self.calls: list[list[str]] = []
+        self.stdout, self.returncode = stdout, returncode
+
+    async def __call__(self, argv: Sequence[str]) -> commands.CommandResult:
+        self.calls.append(list(argv))
+        return commands.CommandResult(self.returncode, self.stdout, "")
+
+
+def _spec(tmp_path: Path, **extra: object) -> commands.SubmitSpec:
+    base: dict[str, object] = {"job": "t", "nodes": 2, "spare_nodes": 1, "max_retry": 3}
+    base |= {"state_dir": tmp_path, "command": ("python", "train.py")}
+    base.update(extra)
+    return commands.SubmitSpec(**base)  # type: ignore[arg-type]
+
+
+def test_batch_script_requeues_and_asks_for_pods_plus_spares(tmp_path: Path) -> None:
+    script = commands.batch_script(_spec(tmp_path, sbatch_options=("--partition=gpu",)))
+    assert script.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --requeue\n" in script
+    assert "#SBATCH --partition=gpu\n" in script
+    last = script.strip().splitlines()[-1]
+    assert last.startswith("exec ") and " slurm coordinator " in last
+    assert last.endswith("-- python train.py") and "--max-retry 3" in last
+
+
+def test_sbatch_options_are_the_leading_dashed_words() -> None:
+    options, command = slurm_cmd.split_sbatch_options(["-pgpu", "--time=10", "python", "-u", "x"])
+    assert options == ["-pgpu", "--time=10"]
+    assert command == ["python", "-u", "x"]
+
+
+def test_srun_pins_one_agent_to_its_node() -> None:
+    step = commands.AgentStep(
+        job="t", namespace="default", pod="t-1", node="n2", master="h:1",
+        token_file=Path("/s/tok"), command=("python", "x"),
+    )  # fmt: skip
+    argv = commands.srun_argv(step)
+    assert argv[0] == "srun" and "--nodelist=n2" in argv and "--nodes=1" in argv
+    assert "--export=ALL,AEGIS_NODE=n2" in argv
+    assert argv[argv.index("--pod") + 1] == "t-1"
+    assert argv[-3:] == ["--", "python", "x"]
+
+
+def test_inject_fault_reaches_only_its_node() -> None:
+    env = commands.step_env({"AEGIS_INJECT_FAULT": "io", "PATH": "/bin"}, frozenset({"gpu"}))
+    assert env["AEGIS_INJECT_FAULT"] == "gpu"
+    assert "AEGIS_INJECT_FAULT" not in commands.step_env({"AEGIS_INJECT_FAULT": "io"}, frozenset())
+
+
+def test_drain_reason_says_aegis_and_why() -> None:
+    argv = commands.drain_argv("n2", "gpu check failed:\n  ECC")
+    assert argv == ["scontrol", "update", "nodename=n2", "state=drain",
+                    "reason=aegis: gpu check failed: ECC"]  # fmt: skip
+
+
+async def test_blacklisted_node_is_drained_and_never_used_again(tmp_path: Path) -> None:
+    slurm = RecordingSlurm()
+    platform = SlurmPlatform(
+        SlurmSettings(nodes=("n1", "n2"), spares=("n3",), command=("true",), log_dir=tmp_path),
+        slurm,
+    )
+    platform.used_nodes |= {"n1", "n2"}
+    await platform.blacklist_node("t", "n2", "gpu check failed")
+    assert slurm.calls == [commands.drain_argv("n2", "gpu check failed")]
+    assert platform.drained == [("n2", "gpu check failed")]
+    platform.used_nodes.discard("n2")
+    assert platform._spare() == "n3"
+
+
+async def test_failed_drain_is_logged_not_recorded(tmp_path: Path) -> None:
+    platform = SlurmPlatform(
+        SlurmSettings(nodes=("n1",), spares=(), command=("true",), log_dir=tmp_path),
+        RecordingSlurm(returncode=1),
+    )
+    await platform.blacklist_node("t", "n1", "bad")
+    assert platform.drained == [] and "n1" in platform.blacklist
+
+
+async def test_allocated_nodes_are_expanded_by_scontrol() -> None:
+    slurm = RecordingSlurm(stdout="n1\nn2\nn3\n")
+    nodes = await coordinator.allocated_nodes(slurm, {"SLURM_JOB_NODELIST": "n[1-3]"})
+    assert nodes == ["n1", "n2", "n3"]
+    assert slurm.calls == [["scontrol", "show", "hostnames", "n[1-3]"]]
+
+
+async def test_requeued_attempt_starts_with_what_is_left_of_the_budget(tmp_path: Path) -> None:
+    store = MemoryStore()
+    settings = coordinator.CoordinatorSettings(command=("x",), job="t", nodes=2, max_retry=3,
+                                               state_dir=tmp_path)  # fmt: skip
+    assert await coordinator.budget_left(store, settings, 0) == (3, None)
+    spec = JobSpec("t", "default", 2, 3)
+    status = initial_status(spec)
+    status = replace(status, recover_count=2)
+    payload = json.dumps(status_json.to_dict(spec, status)).encode()
+    await store.put("default.t", payload, expected_revision=None)
+    budget, previous = await coordinator.budget_left(store, settings, 1)
+    assert budget == 1 and previous is not None and previous.recover_count == 2
+    assert coordinator.attempt_job("t", 1) == "t-r1"
+    # Attempt 2 finds attempt 1's record first when there is one.
+    spec1 = JobSpec("t-r1", "default", 2, 1)
+    again = replace(initial_status(spec1), recover_count=1)
+    await store.put("default.t-r1", json.dumps(status_json.to_dict(spec1, again)).encode(),
+                    expected_revision=None)  # fmt: skip
+    assert (await coordinator.budget_left(store, settings, 2))[0] == 0

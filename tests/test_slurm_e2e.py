@@ -1,0 +1,166 @@
+"""End to end against real Slurm daemons (Debian's slurmctld/slurmd/munge) in a private network
+namespace: ``aegis slurm submit`` -> sbatch -> coordinator -> srun steps of ``aegis agent``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent_waits import processes_with, wait_until
+from tests.slurm_fixture import NODES, SlurmCluster, why_unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+_REASON = why_unavailable()
+if _REASON is not None:
+    pytest.skip(_REASON, allow_module_level=True)
+
+TASK = Path(__file__).parent / "bin" / "slurm_task.py"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        slurm.start()
+    except AssertionError:
+        logs = slurm.logs()
+        slurm.stop()
+        raise AssertionError(f"the Slurm cluster did not come up:\n{logs}") from None
+    yield slurm
+    slurm.stop()
+
+
+@pytest.fixture
+def slurm(cluster: SlurmCluster, tmp_path: Path) -> Iterator[SlurmCluster]:
+    """The module's cluster, every node back to idle afterwards (a test may drain one), and
+    no process of the test's job left (coordinator, srun, agents, training all name tmp_path)."""
+    yield cluster
+    wait_until(lambda: not processes_with(str(tmp_path)), 30, "every process of the job gone")
+    for node in NODES:
+        cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+    wait_until(lambda: _idle(cluster), 30, "every node idle again")
+
+
+def _idle(cluster: SlurmCluster) -> bool:
+    return all(cluster.node_state(node)[0] == "idle" for node in NODES)
+
+
+def _submit(slurm: SlurmCluster, state: Path, *args: str) -> str:
+    out = state.parent / f"{state.name}-out"
+    out.mkdir()
+    argv = [sys.executable, "-m", "aegis", "slurm", "submit", "--job", state.name,
+            "--state-dir", str(state), "--max-retry", "2", "--nodes", "2", "--spare-nodes", "1",
+            *args, "--", sys.executable, str(TASK), str(out)]  # fmt: skip
+    for task_flag in ("--crash-once", "--wait"):
+        if task_flag in argv:
+            argv.remove(task_flag)
+            argv.append(task_flag)
+    result = slurm.run(argv)
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    return job_id
+
+
+def _finished(slurm: SlurmCluster, state: Path, job_id: str) -> dict[str, Any]:
+    status_file = state / "status.json"
+
+    def done() -> bool:
+        queue = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout
+        return not queue.strip()
+
+    try:
+        wait_until(done, 120, f"slurm job {job_id} to finish")
+    except AssertionError:
+        raise AssertionError(_diagnostics(slurm, state)) from None
+    assert status_file.exists(), _diagnostics(slurm, state)
+    record: dict[str, Any] = json.loads(status_file.read_text())
+    return record
+
+
+def _diagnostics(slurm: SlurmCluster, state: Path) -> str:
+    parts = [slurm.logs()]
+    for path in sorted(state.rglob("*")):
+        if path.is_file() and path.suffix in (".out", ".log", ".jsonl"):
+            parts.append(f"--- {path}\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
+def _nodes(record: dict[str, Any]) -> dict[str, str]:
+    return {pod: info["node"] for pod, info in record["status"]["pod_infos"].items()}
+
+
+def test_slurm_job_runs_under_aegis_and_a_crash_is_recovered_in_place(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Submitted through sbatch, the job runs under Aegis (one srun step per pod, inside the
+    allocation) and rank 0's crash costs one in-place restart on the same nodes."""
+    state = tmp_path / "crash"
+    job_id = _submit(slurm, state, "--crash-once")
+    record = _finished(slurm, state, job_id)
+    assert record["status"]["phase"] == "Succeed", _diagnostics(slurm, state)
+    assert record["status"]["recover_count"] == 1
+    assert _nodes(record) == {"crash-0": "n1", "crash-1": "n2"}  # in place: no node moved
+    assert record["status"]["error_nodes"] == []
+    runs = (tmp_path / "crash-out" / "rank-0.jsonl").read_text().splitlines()
+    assert len(runs) == 2  # the crashed run and the restarted one
+    rank1 = json.loads((tmp_path / "crash-out" / "rank-1.jsonl").read_text().splitlines()[0])
+    assert rank1["WORLD_SIZE"] == "2" and rank1["AEGIS_NODE"] == "n2"
+    assert rank1["SLURM_JOB_ID"] == job_id  # the worker ran in a step of the allocation
+    assert _idle(slurm)
+
+
+def test_slurm_node_is_drained_when_its_gpu_check_fails(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    state = tmp_path / "gpu"
+    job_id = _submit(slurm, state, "--inject-fault", "n2:gpu", "--crash-once")
+    record = _finished(slurm, state, job_id)
+    assert record["status"]["phase"] == "Succeed", _diagnostics(slurm, state)
+    assert [e["node"] for e in record["status"]["error_nodes"]] == ["n2"]
+    assert _nodes(record) == {"gpu-0": "n1", "gpu-1": "n3"}  # moved to the spare
+    state_n2, reason = slurm.node_state("n2")
+    assert state_n2 in ("drained", "draining")
+    assert reason.startswith("aegis: ")
+    assert "gpu" in reason
+    listing = slurm.run(["sinfo", "-R", "-h", "-o", "%N|%E"]).stdout
+    assert any(line.startswith("n2|aegis: ") for line in listing.splitlines()), listing
+
+
+def test_slurm_requeued_job_resumes_with_what_is_left_of_its_budget(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The allocation is lost (``scontrol requeue``) after one counted fault: Slurm restarts
+    the batch script, the coordinator reads the store and runs the rest with budget 2 - 1."""
+    state, out = tmp_path / "req", tmp_path / "req-out"
+    job_id = _submit(slurm, state, "--crash-once", "--wait")
+    try:
+        wait_until(lambda: _lines(out / "rank-0.jsonl") == 2, 90, "the in-place restart")
+    except AssertionError:
+        raise AssertionError(_diagnostics(slurm, state)) from None
+    slurm.run(["scontrol", "requeue", job_id])
+    # Slurm holds a requeued batch job back (BeginTime) for a while; let it start now.
+    wait_until(lambda: _job_state(slurm, job_id) == "PENDING", 60, "the job requeued")
+    slurm.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
+    try:
+        wait_until(lambda: _lines(out / "rank-0.jsonl") == 3, 120, "the requeued attempt's run")
+    except AssertionError:
+        raise AssertionError(_diagnostics(slurm, state)) from None
+    (out / "go").write_text("1")
+    record = _finished(slurm, state, job_id)
+    assert record["spec"]["job"] == "req-r1", _diagnostics(slurm, state)
+    assert record["spec"]["max_retry"] == 1  # 2 - the fault counted before the requeue
+    assert record["status"]["phase"] == "Succeed"
+    assert (state / "attempt-0" / "events.jsonl").exists()
+
+
+def _job_state(slurm: SlurmCluster, job_id: str) -> str:
+    return slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
