@@ -6,7 +6,7 @@ LOG="runs/demo-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$LOG"
 echo "== aegis run: 3 pods of a real DDP job (gloo on CPU, embedded NATS, in-process master)"
 echo "   rank 1 crashes at step 45; node-1's GPU check is broken (injected): watch Aegis recover"
-aegis run --nodes 3 --spare-nodes 1 --max-retry 2 --job demo \
+aegis run --nodes 3 --spare-nodes 1 --max-retry 2 --job demo --view plain \
   --log-dir "$LOG" --status-file "$LOG/status.json" --inject-fault node-1:gpu \
   -- python examples/train_ddp.py --steps 80 --ckpt-every 10 --ckpt-dir "$LOG/ckpt" \
      --crash-at-step 45 --crash-rank 1 --step-time-s 0.05
@@ -14,15 +14,12 @@ echo
 echo "== the ranks resumed from their checkpoint:"
 grep -h "resumed from" "$LOG"/pods/*.log || true
 echo
+echo "== aegis status and incidents (from the run's log directory)"
+aegis status demo --log-dir "$LOG"
+aegis incidents demo --log-dir "$LOG" | head -40
+echo
 echo "== aegis replay: the master's decisions, re-derived from its event log"
-aegis replay "$LOG/events.jsonl" --json | python -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    s = r["status"]
-    retries = ",".join(str(p["retries"]) for p in s["pod_infos"].values())
-    print(f"line {r[\"line\"]:>3}: {s[\"phase\"]:<15} rc={s[\"recover_count\"]} retries=({retries})  {r[\"event\"][:60]}  -> {r[\"actions\"][:70]}")
-'
+aegis replay "$LOG/events.jsonl" --json | python examples/summarize_replay.py
 echo
 echo "== aegis verify: every reachable state of the state machine that made those decisions"
 aegis verify --workers 3 --max-retry 2

@@ -2,10 +2,10 @@
 
 Checkpoints every ``--ckpt-every`` steps, with ``aegis.checkpoint`` under an Aegis agent (each rank
 into shared memory, persisted by the agent's saver) or else ``torch.save`` (rank 0, atomically);
-resumes from the newest checkpoint, reports progress to the agent with ``aegis.progress(step)`` and logs one line
-per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R`` crashes rank R
-once (a marker in the checkpoint directory remembers it); ``--always-crash-rank R`` crashes
-rank R in every incarnation.
+resumes from the newest checkpoint, reports progress to the agent with ``aegis.progress(step)``
+and logs one line per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R``
+crashes rank R once (a marker in the checkpoint directory remembers it);
+``--always-crash-rank R`` crashes rank R in every incarnation.
 """
 
 from __future__ import annotations

@@ -114,6 +114,10 @@ class Reaper:
         """The raw wait status of a child started by :meth:`spawn` (many callers may wait)."""
         return await asyncio.shield(self._waiters[pid])
 
+    def status(self, pid: int) -> asyncio.Future[int]:
+        """The future of a spawned child's raw wait status (await it through ``asyncio.shield``)."""
+        return self._waiters[pid]
+
     def exited(self, pid: int) -> bool:
         future = self._waiters.get(pid)
         return future is None or future.done()

@@ -13,11 +13,16 @@ Drive it from one event loop (the master link will)::
 Each incarnation's environment is the supervisor's plus ``AEGIS_RESTART_COUNT`` (0, 1, ...),
 ``AEGIS_PROGRESS_FILE`` and the override given to :meth:`start`/:meth:`restart`. Its stdout and
 stderr pass through line by line and feed a signature scanner; a watchdog reports hangs.
+
+With ``SupervisorSettings.prewarm`` a Python command is forked from a warm interpreter (a zygote,
+:mod:`aegis.agent.warm`) instead of spawned: same process group, signals, output, watchdog and
+exit status; the zygote's nanny reports the exit instead of the reaper.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -28,7 +33,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from aegis.agent import group, ports, progress, pump, reaper, signatures, stacks, watchdog
+from aegis.agent import group, ports, progress, pump, reaper, signatures, stacks, warm, watchdog
 from aegis.core import errors
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 RESTART_COUNT_VAR = "AEGIS_RESTART_COUNT"
 REPORT_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 2.0
+PREWARM_POLL_S = 0.05
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +53,7 @@ class SupervisorSettings:
     stdout_fd: int = 1  # where the command's output goes
     stderr_fd: int = 2
     foreground: bool = False  # hand our terminal (if stdin is one) to the command's group
+    prewarm: warm.PrewarmSettings | None = None  # warm (re)starts from a zygote; None: cold
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -55,6 +62,8 @@ class _Incarnation:
     restart_count: int
     scanner: signatures.Scanner
     done: asyncio.Future[ports.ExitReport]
+    status: asyncio.Future[int] | None = None  # the raw wait status (reaper's or nanny's)
+    warm: bool = False
     last_output_ts: float = dataclasses.field(default_factory=time.monotonic)
     reason: ports.ExitReason | None = None
     terminator: asyncio.Task[None] | None = None
@@ -90,10 +99,20 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._tasks = asyncio.TaskGroup()
         self._progress: watchdog.ProgressFile | None = None
+        self._warm: warm.Zygotes | None = None
 
     async def __aenter__(self) -> Supervisor:
         self._progress = watchdog.ProgressFile()
         await self._tasks.__aenter__()
+        if self._settings.prewarm is not None:
+            self._warm = warm.Zygotes.create(
+                self._argv,
+                self._env,
+                self._reaper,
+                self._settings.prewarm,
+                self._settings.stderr_fd,
+                self._progress.path + ".modules",
+            )
         return self
 
     async def __aexit__(
@@ -105,9 +124,13 @@ class Supervisor:
         try:
             await self.stop()
         finally:
+            if self._warm is not None:
+                await self._warm.close()
             await self._tasks.__aexit__(exc_type, exc, tb)
             if self._progress is not None:
                 self._progress.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._progress.path + ".modules")
 
     @property
     def pid(self) -> int | None:
@@ -132,6 +155,11 @@ class Supervisor:
         """The step the command last reported with ``aegis.progress()``, None if none yet."""
         seen = self._progress.read() if self._progress is not None else None
         return None if seen is None else seen[0]
+
+    @property
+    def zygotes(self) -> warm.Zygotes | None:
+        """The warm-start pool, None when every start is cold."""
+        return self._warm
 
     @property
     def progress_path(self) -> str:
@@ -186,7 +214,7 @@ class Supervisor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            pid = self._reaper.spawn(self._argv, child_env, fds={1: out_w, 2: err_w})
+            pid, status, warm_start = await self._spawn(child_env, out_w, err_w)
         except OSError as exc:
             os.close(out_r)
             os.close(err_r)
@@ -205,6 +233,8 @@ class Supervisor:
                 self._settings.signatures, keep_lines=self._settings.keep_lines
             ),
             done=loop.create_future(),
+            status=status,
+            warm=warm_start,
         )
         self._current = inc
         for read_fd, stream, sink in (
@@ -217,7 +247,43 @@ class Supervisor:
         if self._settings.hang_timeout_s > 0:
             inc.watchdog = self._background(self._watch_hangs(inc), f"watchdog-{pid}")
         self._background(self._watch_exit(inc), f"exit-{pid}")
-        log.info("started %s as pid %s (restart %s)", self._argv[0], pid, inc.restart_count)
+        if self._warm is not None:
+            self._background(self._prewarm_when_running(inc), f"prewarm-{pid}")
+        log.info(
+            "started %s as pid %s (restart %s, %s)",
+            self._argv[0],
+            pid,
+            inc.restart_count,
+            "warm" if inc.warm else "cold",
+        )
+
+    async def _spawn(
+        self, env: Mapping[str, str], out_w: int, err_w: int
+    ) -> tuple[int, asyncio.Future[int], bool]:
+        """Fork the command from a zygote, or spawn it cold: (pid, its raw status, warm)."""
+        if self._warm is not None:
+            forked = await self._warm.fork(env, os.getcwd(), out_w, err_w)
+            if forked is not None:
+                return forked.pid, forked.status, True
+        pid = self._reaper.spawn(self._argv, env, fds={1: out_w, 2: err_w})
+        return pid, self._reaper.status(pid), False
+
+    async def _prewarm_when_running(self, inc: _Incarnation) -> None:
+        """Make the next zygote once ``inc`` has ended or has run a while since its first progress.
+
+        Not sooner: a zygote importing torch would compete for CPU with the starting ranks and
+        with the report of an early crash.
+        """
+        assert self._warm is not None and self._progress is not None
+        settings = self._warm.settings
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.prepare_after_s
+        while not inc.done.done() and loop.time() < deadline:
+            if self._progress.read() is not None:
+                deadline = min(deadline, loop.time() + settings.settle_s)
+            await asyncio.sleep(PREWARM_POLL_S)
+        seen = await asyncio.to_thread(lambda: warm.native_packages(group.member_pids(inc.pid)))
+        self._warm.prepare(seen)
 
     def _spawn_failed(self, exc: OSError) -> None:
         status = 127 if exc.errno == errno.ENOENT else 126
@@ -243,7 +309,7 @@ class Supervisor:
         if inc is None:
             return None
         if not inc.done.done():
-            if inc.reason is None and not self._reaper.exited(inc.pid):
+            if inc.reason is None and not (inc.status is not None and inc.status.done()):
                 inc.reason = reason
             self._terminate(inc)
         return await asyncio.shield(inc.done)
@@ -256,8 +322,10 @@ class Supervisor:
         return inc.terminator
 
     async def _watch_exit(self, inc: _Incarnation) -> None:
-        raw = await self._reaper.wait(inc.pid)
-        self._reaper.forget(inc.pid)
+        assert inc.status is not None
+        raw = await asyncio.shield(inc.status)
+        if not inc.warm:
+            self._reaper.forget(inc.pid)
         if inc.terminator is not None or group.group_alive(inc.pid):
             await self._terminate(inc)
         await self._drain(inc)

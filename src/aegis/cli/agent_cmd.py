@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from aegis.agent import runner, signatures, supervisor
+from aegis.agent import runner, signatures, supervisor, warm
+
+LOG_LEVEL_VAR = "AEGIS_LOG_LEVEL"
 
 
 def register(app: typer.Typer) -> None:
@@ -52,6 +55,18 @@ def agent(
     keep_lines: Annotated[
         int, typer.Option(min=1, help="Last output lines kept as evidence.")
     ] = 50,
+    prewarm: Annotated[
+        str | None,
+        typer.Option(
+            envvar=warm.ENV_VAR,
+            help="Restart a Python command warm from a zygote that imported these modules "
+            "('torch,numpy'); 'auto' (default): the script's imports and the native packages of "
+            "its first run; '0': cold restarts. Only under --master (restarts come from it).",
+        ),
+    ] = None,
+    no_prewarm: Annotated[
+        bool, typer.Option("--no-prewarm", help="Cold restarts (same as --prewarm 0).")
+    ] = False,
 ) -> None:
     """Run CMD like tini (own process group, signals forwarded, zombies reaped, its exit status)."""
     argv = ["bash", "-c", cmd[0]] if len(cmd) == 1 else list(cmd)
@@ -82,11 +97,15 @@ def agent(
             keep_lines=keep_lines,
             signatures=table,
             foreground=True,
+            prewarm=None if no_prewarm or master is None else warm.settings_from(prewarm),
         ),
         master=master_settings,
     )
     if not logging.getLogger().handlers:
+        level = os.environ.get(LOG_LEVEL_VAR, "")  # e.g. INFO: timestamped, for benchmarks
         logging.basicConfig(
-            stream=sys.stderr, level=logging.WARNING, format="aegis agent: %(message)s"
+            stream=sys.stderr,
+            level=level.upper() or logging.WARNING,
+            format=f"aegis agent: {'%(asctime)s ' if level else ''}%(message)s",
         )
     raise typer.Exit(runner.main(settings, argv))

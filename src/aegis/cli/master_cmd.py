@@ -15,6 +15,7 @@ import typer
 
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
+from aegis.master import metrics
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -39,6 +40,9 @@ def master(
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     log_dir: Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")] = None,
     replicas: Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")] = 1,
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (0: off).")
+    ] = 0,
 ) -> None:
     """Run a master replica: standby until it holds the lease, then leader of every job."""
     if auth_file is not None and not auth_file.is_file():
@@ -62,7 +66,11 @@ def master(
         format=f"%(asctime)s {settings.replica_id} %(levelname)s %(name)s: %(message)s",
     )
     lifecycle.die_with_parent(signal.SIGTERM)
-    asyncio.run(_serve(Replica(authority, nats, settings)))
+    replica = Replica(authority, nats, settings)
+    if metrics_port:
+        replica.metrics = metrics.MasterMetrics()
+        replica.metrics.serve(metrics_port)
+    asyncio.run(_serve(replica))
 
 
 async def _serve(replica: Replica) -> None:

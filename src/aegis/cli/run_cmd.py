@@ -133,6 +133,12 @@ def run(
         list[str] | None, typer.Option(help="NODE:CHECK, e.g. node-1:gpu (repeatable).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    masters: Annotated[
+        int, typer.Option(min=1, max=5, help="Master replicas (own processes, leader election).")
+    ] = 1,
+    prewarm: Annotated[
+        str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
+    ] = "auto",
     metrics_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics here (0: off).")
     ] = 0,
@@ -158,6 +164,8 @@ def run(
         status_file=status_file,
         nats_url=nats,
         inject=parse_injections(inject_fault or []),
+        masters=masters,
+        prewarm=prewarm,
     )
     logging.basicConfig(
         stream=sys.stderr,

@@ -23,6 +23,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import TERMINAL_PHASES
+from aegis.master import env_report, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -60,6 +61,7 @@ class Replica:
         self.runners: dict[str, JobRunner] = {}
         self.records: dict[str, dict[str, Any]] = {}
         self.finished: set[str] = set()
+        self.metrics: metrics.MasterMetrics | None = None  # set to serve /metrics
         self.grpc_port = 0
         self.leading = asyncio.Event()
 
@@ -139,6 +141,9 @@ class Replica:
         )
         holder.append(runner)
         self.runners[key] = runner
+        env_report.EnvironmentReport().attach(runner)
+        if self.metrics is not None:
+            self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
         await self._subscribe_platform_events(runner)
         await runner.takeover()
         runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")

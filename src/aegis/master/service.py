@@ -14,6 +14,7 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.master import env_report
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.ports import Platform
 
@@ -103,6 +104,7 @@ class MasterService:
             log_dir=log_dir,
         )
         self.jobs[key], self.tokens[key] = runner, token
+        env_report.EnvironmentReport().attach(runner)
         await runner.start(nodes)
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task

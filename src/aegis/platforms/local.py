@@ -42,6 +42,7 @@ class LocalSettings:
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
     ckpt_dir: Path | None = None  # the pods' checkpoint saver persists under <ckpt_dir>/<pod>
+    prewarm: str = "auto"  # AEGIS_PREWARM for the agents: auto, 0 (cold restarts) or modules
     slow_stop_s: float = 0.04  # an injected slow node is stopped this long ...
     slow_period_s: float = 0.05  # ... of every period (SIGSTOP/SIGCONT from outside)
 
@@ -166,6 +167,7 @@ class LocalPlatform:
             env["AEGIS_INJECT_FAULT"] = ",".join(sorted(injected))
         if s.ckpt_dir is not None:
             env["AEGIS_CKPT_DIR"] = str(s.ckpt_dir)
+        env.setdefault("AEGIS_PREWARM", s.prewarm)
         log_path = s.log_dir / "pods" / f"{state.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:

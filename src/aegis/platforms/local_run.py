@@ -42,6 +42,8 @@ class RunSettings:
     nats_url: str | None = None
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
     ckpt_dir: Path | None = None  # default: <log_dir>/checkpoints
+    masters: int = 1  # > 1: master replicas in their own processes (ReplicatedRun)
+    prewarm: str = "auto"  # the agents' warm restarts (AEGIS_PREWARM): auto, 0, or modules
 
 
 @dataclass(slots=True)
@@ -64,6 +66,12 @@ Observer = Callable[[JobRunner, LocalPlatform], None]
 async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
     log_dir = settings.log_dir or Path(tempfile.mkdtemp(prefix="aegis-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    if settings.masters > 1:
+        from aegis.platforms.replicated_run import ReplicatedRun
+
+        replicated = ReplicatedRun(settings, settings.masters, log_dir)
+        await replicated.start()
+        return await replicated.wait()
     authority = None if settings.nats_url else Authority()
     server = None
     if settings.nats_url is None:
@@ -102,6 +110,7 @@ async def _run_job(
             hang_timeout_s=settings.hang_timeout_s,
             heartbeat_s=settings.heartbeat_s,
             ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
+            prewarm=settings.prewarm,
         )
     )
     runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)

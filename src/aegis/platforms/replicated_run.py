@@ -77,6 +77,7 @@ class ReplicatedRun:
                 hang_timeout_s=s.hang_timeout_s,
                 heartbeat_s=s.heartbeat_s,
                 ckpt_dir=s.ckpt_dir or self.log_dir / "checkpoints",
+                prewarm=s.prewarm,
             )
         )
         self.served = PlatformServer(

@@ -1,0 +1,305 @@
+"""The zygote: a warm interpreter that forks training processes (run by path, stdlib only).
+
+The agent starts it as ``PYTHON [the command's options] zygote.py --fd N --agent PID
+(--script S | --module M) [--modules a,b] [--auto 1] [--learned FILE]`` with the job's
+environment and cwd, in a process group of its own; it dies with the agent while idle. It puts
+the directory a cold start would put first on ``sys.path`` (the script's, or the cwd for ``-m``),
+imports the modules to prewarm (``--modules``; with ``--auto`` also the modules the script
+imports and, in import order, those the previous incarnation had loaded at its first
+``aegis.progress()``, listed in ``--learned``), skipping any that lives under that directory (the
+job's own code, which may change between restarts) and stopping at one that starts a thread or
+initialises CUDA. Then it talks to the agent over the socket on fd N, one JSON object per line:
+
+- zygote -> agent: ``{"event": "ready", "pid", "modules", "skipped", "threads", "cuda"}`` or
+  ``{"event": "failed", "reason", "module"}`` (then it exits);
+- agent -> zygote: ``{"env", "cwd", "args", "orig_argv", "learn"}`` with two descriptors (stdout,
+  stderr) attached;
+- zygote -> agent: ``{"event": "forked", "pid"}`` or ``{"event": "refused", "reason"}``; after a
+  fork the zygote is the child's *nanny*: the one process that waits for it, it sends
+  ``{"event": "exited", "status": <raw wait status>}`` and exits.
+
+The child leads a new process group, dies with its nanny (``PR_SET_PDEATHSIG``, so its exit is
+never lost), takes the per-incarnation environment, cwd and output descriptors, gets Python's
+start-up signal dispositions back, and runs the command as ``__main__`` from the top level of
+this file, so an uncaught exception, ``SystemExit`` or ``KeyboardInterrupt`` ends it exactly as
+it ends a cold interpreter.
+"""
+
+import sys
+
+if __name__ == "__main__":
+    del sys.path[0]  # this file's directory: never let it shadow the job's modules
+
+import ast
+import builtins
+import contextlib
+import ctypes
+import importlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import runpy
+import signal
+import socket
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+MAX_FDS = 2
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and cuda.is_initialized())
+
+
+def send(sock: socket.socket, **message: Any) -> None:
+    sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+def script_imports(path: str) -> list[str]:
+    """Absolute imports anywhere in the file, in order of appearance."""
+    try:
+        with io.open_code(path) as source:
+            tree = ast.parse(source.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def is_job_code(name: str, path0: str) -> bool:
+    """Whether the top-level package of ``name`` lives under ``path0`` (or cannot be found)."""
+    try:
+        spec = importlib.util.find_spec(name.partition(".")[0])
+    except (ImportError, ValueError):
+        return True
+    if spec is None:
+        return True
+    places = [spec.origin or "", *(spec.submodule_search_locations or ())]
+    root = os.path.join(os.path.realpath(path0), "")
+    return any(os.path.realpath(p).startswith(root) for p in places if p and p != "built-in")
+
+
+def prewarm(names: list[str], path0: str) -> tuple[list[str], list[str], str | None]:
+    """Import ``names``; (imported, skipped, the module that broke the single thread or None)."""
+    imported: list[str] = []
+    skipped: list[str] = []
+    for name in names:
+        if name in sys.modules or name == "__future__" or is_job_code(name, path0):
+            (imported if name in sys.modules else skipped).append(name)
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            skipped.append(name)
+            continue
+        imported.append(name)
+        if thread_count() != 1 or threading.active_count() != 1 or cuda_initialized():
+            return imported, skipped, name
+    return imported, skipped, None
+
+
+def reset_signals() -> None:
+    """Python's start-up dispositions and an empty signal mask."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGCHLD, signal.SIGALRM, signal.SIGTTIN, signal.SIGTTOU):  # fmt: skip
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def set_name(name: bytes) -> None:
+    """The process name ``ps``/``psutil`` show (our command line stays the zygote's)."""
+    ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
+def own_name() -> bytes:
+    with open("/proc/self/comm", "rb") as comm:
+        return comm.read().strip()
+
+
+def die_with(parent: int | None) -> None:
+    """SIGKILL us when ``parent`` ends (None: stop dying with our parent)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, 0 if parent is None else signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
+
+
+def become_child(request: dict[str, Any], fds: list[int], nanny: int, name: bytes) -> None:
+    os.setpgid(0, 0)
+    set_name(name)
+    die_with(nanny)
+    reset_signals()
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.orig_argv[:] = request["orig_argv"]
+    if request.get("learn"):
+        learn_at_first_progress(request["learn"])
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # as fresh as a cold start's (random reseeds itself after fork)
+
+
+def learn_at_first_progress(path: str) -> None:
+    """Write the names in ``sys.modules`` (import order) to ``path`` at the first progress call.
+
+    Through ``aegis.progress``'s own lazy binding, so later calls cost nothing extra; the agent
+    prewarms these modules in the next zygote (lazy imports such as ``torch._dynamo`` included).
+    """
+    aegis = sys.modules.get("aegis")
+    if aegis is None or not hasattr(aegis, "_load_report"):
+        return
+
+    def first_progress(step: int) -> None:
+        report = aegis._load_report()
+        try:
+            with open(path + ".tmp", "w") as out:
+                out.write("\n".join(name for name in list(sys.modules) if name != "__main__"))
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+        report(step)
+
+    setattr(aegis, "_report", first_progress)  # noqa: B010 - a private hook, by design
+
+
+def learned(path: str | None) -> list[str]:
+    if not path:
+        return []
+    try:
+        with open(path) as names:
+            return names.read().split()
+    except OSError:
+        return []
+
+
+def run_script(path: str, args: list[str]) -> None:
+    """What ``python path args`` does once the interpreter is up."""
+    sys.argv[:] = [path, *args]
+    full = os.path.abspath(path)  # since 3.9 ``__main__.__file__`` is absolute
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=full,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", full),
+    )
+    sys.modules["__main__"] = main
+    with io.open_code(full) as source:
+        code = compile(source.read(), full, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def run_module(module: str, args: list[str]) -> None:
+    """What ``python -m module args`` does once the interpreter is up."""
+    sys.argv[:] = ["-m", *args]
+    runpy._run_module_as_main(module, True)  # type: ignore[attr-defined]  # what -m calls
+
+
+def serve(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """Wait for fork requests; return (request, fds) in the child, never in the zygote."""
+    name = own_name()  # the interpreter's, as a cold start would show it
+    set_name(b"aegis-zygote")
+    pending = b""
+    while True:
+        data, fds, _, _ = socket.recv_fds(sock, 65536, MAX_FDS)
+        if not data:
+            os._exit(0)  # the agent is gone or closed us
+        pending += data
+        if not pending.endswith(b"\n"):
+            for fd in fds:
+                os.close(fd)
+            continue
+        request = json.loads(pending)
+        pending = b""
+        if len(fds) != MAX_FDS or thread_count() != 1 or threading.active_count() != 1:
+            send(sock, event="refused", reason=f"threads={thread_count()} fds={len(fds)}")
+            for fd in fds:
+                os.close(fd)
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        nanny = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            become_child(request, fds, nanny, name)
+            return request, fds
+        nurse(sock, pid, fds)
+
+
+def nurse(sock: socket.socket, pid: int, fds: list[int]) -> None:
+    """In the zygote after a fork: report the child, wait for it (we alone), report its end."""
+    set_name(b"aegis-nanny")
+    die_with(None)  # a warm child outlives its agent as a cold one does
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # the child does it too: whoever runs first
+    for fd in fds:
+        os.close(fd)
+    send(sock, event="forked", pid=pid)
+    _, raw = os.waitpid(pid, 0)
+    try:
+        send(sock, event="exited", status=raw)
+    finally:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> Callable[[], None]:
+    """Prewarm, serve, and (in the forked child only) return what runs the command."""
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    die_with(int(options["--agent"]))  # an idle zygote never outlives its agent
+    sock = socket.socket(fileno=int(options["--fd"]))
+    script, module = options.get("--script"), options.get("--module")
+    path0 = os.path.dirname(os.path.realpath(script)) if script else os.getcwd()
+    sys.path.insert(0, path0)
+    names = [n for n in options.get("--modules", "").split(",") if n]
+    extra: list[str] = []
+    if options.get("--auto") == "1":
+        names += script_imports(script) if script else []
+        extra = learned(options.get("--learned"))
+    names = list(dict.fromkeys(names))
+    imported, skipped, culprit = prewarm([*names, *(n for n in extra if n not in names)], path0)
+    if culprit is not None:
+        reason = "cuda" if cuda_initialized() else "threads"
+        send(sock, event="failed", reason=reason, module=culprit)
+        os._exit(1)
+    chosen = set(names)
+    send(sock, event="ready", pid=os.getpid(), modules=[n for n in imported if n in chosen],
+         skipped=[n for n in skipped if n in chosen], learned=len(extra), total=len(sys.modules),
+         threads=thread_count(), cuda=cuda_initialized())  # fmt: skip
+    request, _ = serve(sock)
+    args = request["args"]
+    if module is not None:
+        return lambda: run_module(module, args)
+    assert script is not None
+    return lambda: run_script(script, args)
+
+
+if __name__ == "__main__":
+    _run = main(sys.argv[1:])
+    del main
+    _run()
