@@ -9,7 +9,7 @@ import pytest
 
 from aegis.cli import main as cli
 from aegis.core import events as ev
-from aegis.core import machine
+from aegis.core import machine, updates
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
 from aegis.tools.verify import checker
@@ -119,7 +119,7 @@ MUTANTS: dict[str, tuple[str, object, set[str]]] = {
     "budget exhausted without should_quit": (
         "_fail",
         lambda spec, status, reason, now, budget_spent: machine._end(
-            machine._replace(status, recover_count=spec.max_retry + 1), Phase.FAILED, reason, now
+            updates.status(status, recover_count=spec.max_retry + 1), Phase.FAILED, reason, now
         ),
         {"FailedMeansShouldQuit"},
     ),

@@ -11,13 +11,11 @@ round counters: O(log pods). Only a phase change walks the pods, once per round.
 
 from __future__ import annotations
 
-import enum
 from typing import assert_never
-
-import immutables
 
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core import updates
 from aegis.core.model import ErrorNode, JobSpec, JobStatus, NodeName, PodInfo, PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import (
@@ -30,7 +28,7 @@ from aegis.core.recovery import (
 )
 
 Result = tuple[JobStatus, tuple[act.Action, ...]]
-PodMap = immutables.Map[PodName, PodInfo]
+PodMap = updates.PodMap
 
 
 def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Result:
@@ -118,10 +116,10 @@ def _record_answer(
     now: float,
 ) -> Result:
     failed_reason = reason if verdict is not Classification.HEALTHY else info.last_failed_reason
-    new_info = _pod(
+    new_info = updates.pod(
         info, finished=True, seq=status.seq, verdict=verdict, reason=failed_reason, ts=now
     )
-    status = _replace(
+    status = updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, new_info),
         outstanding=status.outstanding - 1,
@@ -134,8 +132,8 @@ def _record_answer(
 
 
 def _on_success(status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
-    new_info = _pod(info, finished=True, seq=status.seq, ts=now)
-    status = _replace(
+    new_info = updates.pod(info, finished=True, seq=status.seq, ts=now)
+    status = updates.status(
         status, pod_infos=status.pod_infos.set(pod, new_info), outstanding=status.outstanding - 1
     )
     if status.outstanding > 0:
@@ -159,8 +157,8 @@ def _count_fault(
     """Transition 5: one fault of ``pod`` in RunCommand. ``leaving``: the pod's inner phase when
     it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again)."""
     info = status.pod_infos[pod]
-    counted = _pod(info, retries=info.retries + 1, reason=reason, ts=now)
-    status = _replace(
+    counted = updates.pod(info, retries=info.retries + 1, reason=reason, ts=now)
+    status = updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, counted),
         recover_count=_capped_recover_count(spec, status),
@@ -185,9 +183,9 @@ def _capped_recover_count(spec: JobSpec, status: JobStatus) -> int:
 def _mark_slow(status: JobStatus, pod: PodName, info: PodInfo) -> JobStatus:
     if info.slow:
         return status
-    return _replace(
+    return updates.status(
         status,
-        pod_infos=status.pod_infos.set(pod, _pod(info, slow=True)),
+        pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=True)),
         slow_count=status.slow_count + 1,
     )
 
@@ -232,7 +230,7 @@ def _resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Re
             leaving[pod] = level
     if leaving:
         return _evict(status, leaving, now, phase=Phase.RESTARTING)
-    status = _replace(status, pod_infos=_align_retries(status))
+    status = updates.status(status, pod_infos=_align_retries(status))
     return _start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
 
 
@@ -246,7 +244,7 @@ def _align_retries(status: JobStatus) -> PodMap:
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
             if info.retries != rc:
-                pods[pod] = _pod(info, retries=rc)
+                pods[pod] = updates.pod(info, retries=rc)
         aligned = pods.finish()
     return aligned
 
@@ -261,9 +259,9 @@ def _evict(
     for pod, level in sorted(leaving.items()):
         info = status.pod_infos[pod]
         if info.slow:  # the mark belongs to the node it leaves, not to its replacement
-            status = _replace(
+            status = updates.status(
                 status,
-                pod_infos=status.pod_infos.set(pod, _pod(info, slow=False)),
+                pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=False)),
                 slow_count=status.slow_count - 1,
             )
         reason = info.last_failed_reason or (info.verdict.value if info.verdict else "evicted")
@@ -274,16 +272,18 @@ def _evict(
         if level is not RecoveryLevel.CONTAINER:
             error_nodes = _add_error_node(error_nodes, info.node, reason, now)
             actions.append(act.BlacklistNode(node=info.node, reason=reason))
-    status = _replace(status, error_nodes=error_nodes)
+    status = updates.status(status, error_nodes=error_nodes)
     if phase is Phase.RESTARTING:
         return _enter_restarting(status, dict.fromkeys(leaving, Phase.RESTARTING), now), tuple(
             actions
         )
     with status.pod_infos.mutate() as pods:
         for pod, level in leaving.items():
-            pods[pod] = _pod(pods[pod], inner=Phase.RESTARTING, finished=False, evict=level, ts=now)
+            pods[pod] = updates.pod(
+                pods[pod], inner=Phase.RESTARTING, finished=False, evict=level, ts=now
+            )
         pod_infos = pods.finish()
-    status = _replace(
+    status = updates.status(
         status,
         pod_infos=pod_infos,
         outstanding=status.outstanding + len(leaving),
@@ -310,9 +310,9 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
             return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
         if info.inner_phase is not Phase.PENDING:
             return _reject(status, act.RejectReason.STALE, f"{pod} is awaiting a replacement")
-        status = _replace(
+        status = updates.status(
             status,
-            pod_infos=status.pod_infos.set(pod, _pod(info, finished=True, ts=now)),
+            pod_infos=status.pod_infos.set(pod, updates.pod(info, finished=True, ts=now)),
             outstanding=status.outstanding - 1,
         )
         if status.outstanding > 0:
@@ -322,8 +322,8 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
     if info.inner_phase is not Phase.PENDING:
         return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
     if status.phase is Phase.RESTARTING:
-        back = _pod(info, inner=Phase.RESTARTING, finished=True, evict=None, ts=now)
-        status = _replace(
+        back = updates.pod(info, inner=Phase.RESTARTING, finished=True, evict=None, ts=now)
+        status = updates.status(
             status,
             pod_infos=status.pod_infos.set(pod, back),
             outstanding=status.outstanding - 1,
@@ -333,8 +333,10 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
             return status, ()
         return _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
     if status.phase in CHECK_PHASES:
-        back = _pod(info, inner=status.phase, evict=None, ts=now)
-        status = _replace(status, pod_infos=status.pod_infos.set(pod, back), away=status.away - 1)
+        back = updates.pod(info, inner=status.phase, evict=None, ts=now)
+        status = updates.status(
+            status, pod_infos=status.pod_infos.set(pod, back), away=status.away - 1
+        )
         if status.away > 0:
             return status, ()
         order = Order.BOOTCHECK if status.phase is Phase.BOOT_CHECKING else Order.TROUBLESHOOT
@@ -357,7 +359,7 @@ def _on_restarted(
     spec: JobSpec, status: JobStatus, event: ev.PodRestarted, info: PodInfo, now: float
 ) -> Result:
     pod = event.pod
-    placed = _pod(
+    placed = updates.pod(
         info,
         node=event.node if event.node is not None else info.node,
         pod_ip=event.pod_ip if event.pod_ip is not None else info.pod_ip,
@@ -365,11 +367,11 @@ def _on_restarted(
     )
     if _awaiting_replacement(info):
         # The replacement the platform was asked for: it must ACK before it counts as back.
-        return _replace(
-            status, pod_infos=status.pod_infos.set(pod, _pod(placed, inner=Phase.PENDING))
+        return updates.status(
+            status, pod_infos=status.pod_infos.set(pod, updates.pod(placed, inner=Phase.PENDING))
         ), ()
     reason = "pod restarted"
-    status = _replace(status, pod_infos=status.pod_infos.set(pod, placed))
+    status = updates.status(status, pod_infos=status.pod_infos.set(pod, placed))
     if status.phase is Phase.RUN_COMMAND:
         return _count_fault(spec, status, pod, reason, now, leaving=Phase.PENDING)
     # Outside RunCommand nothing is counted and only this pod is reset (seed branch 4).
@@ -387,12 +389,14 @@ def _leave(
     """Outside RunCommand a pod goes away (lost or restarted) without a fault being counted."""
     if status.phase is Phase.PENDING:
         # Before bootcheck a pod only has to (re)ACK (once replaced, when it was lost).
-        left = _pod(info, inner=inner, finished=False, reason=reason, ts=now)
+        left = updates.pod(info, inner=inner, finished=False, reason=reason, ts=now)
         outstanding = status.outstanding + (1 if info.finished else 0)
-        return _replace(status, pod_infos=status.pod_infos.set(pod, left), outstanding=outstanding)
+        return updates.status(
+            status, pod_infos=status.pod_infos.set(pod, left), outstanding=outstanding
+        )
     was_away = info.inner_phase in (Phase.PENDING, Phase.RESTARTING) and not info.finished
-    left = _pod(info, inner=inner, finished=False, verdict=None, reason=reason, ts=now)
-    return _replace(
+    left = updates.pod(info, inner=inner, finished=False, verdict=None, reason=reason, ts=now)
+    return updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, left),
         outstanding=status.outstanding + (1 if info.finished else 0),
@@ -412,8 +416,8 @@ def _on_checkpoint(status: JobStatus, now: float) -> Result:
     with status.pod_infos.mutate() as pods:
         for pod in slow:
             info = pods[pod]
-            pods[pod] = _pod(info, slow=False, reason=info.last_failed_reason or "slow")
-        status = _replace(status, pod_infos=pods.finish(), slow_count=0)
+            pods[pod] = updates.pod(info, slow=False, reason=info.last_failed_reason or "slow")
+        status = updates.status(status, pod_infos=pods.finish(), slow_count=0)
     evicted, actions = _evict(
         status, dict.fromkeys(slow, RecoveryLevel.EVICT_SLOW), now, phase=Phase.RESTARTING
     )
@@ -426,17 +430,19 @@ def _fail(
 ) -> Result:
     """Transitions 8 (budget exhausted) and 9 (should_quit from outside)."""
     rc = spec.max_retry + 1 if budget_spent else status.recover_count
-    status = _replace(status, recover_count=rc, should_quit=True)
+    status = updates.status(status, recover_count=rc, should_quit=True)
     return _end(status, Phase.FAILED, reason, now)
 
 
 def _end(status: JobStatus, phase: Phase, reason: str, now: float) -> Result:
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
-            pods[pod] = _pod(info, inner=phase, finished=True, ts=now)
+            pods[pod] = updates.pod(info, inner=phase, finished=True, ts=now)
         pod_infos = pods.finish()
     seq = status.seq + 1
-    status = _replace(status, phase=phase, seq=seq, pod_infos=pod_infos, outstanding=0, away=0)
+    status = updates.status(
+        status, phase=phase, seq=seq, pod_infos=pod_infos, outstanding=0, away=0
+    )
     code = 0 if phase is Phase.SUCCEED else JOB_FAILED_EXIT_CODE
     return status, (
         act.SendOrder(Order.EXIT, phase, seq, exit_code=code),
@@ -450,10 +456,12 @@ def _start_round(
     """A new round: bump seq, every pod enters ``phase`` unfinished, one order to all."""
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
-            pods[pod] = _pod(info, inner=phase, finished=False, verdict=None, evict=None, ts=now)
+            pods[pod] = updates.pod(
+                info, inner=phase, finished=False, verdict=None, evict=None, ts=now
+            )
         pod_infos = pods.finish()
     seq = status.seq + 1
-    status = _replace(
+    status = updates.status(
         status,
         phase=phase,
         seq=seq,
@@ -469,11 +477,15 @@ def _enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: flo
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
             if pod in leaving:
-                pods[pod] = _pod(info, inner=leaving[pod], finished=False, verdict=None, ts=now)
+                pods[pod] = updates.pod(
+                    info, inner=leaving[pod], finished=False, verdict=None, ts=now
+                )
             else:
-                pods[pod] = _pod(info, inner=Phase.RESTARTING, finished=True, verdict=None, ts=now)
+                pods[pod] = updates.pod(
+                    info, inner=Phase.RESTARTING, finished=True, verdict=None, ts=now
+                )
         pod_infos = pods.finish()
-    return _replace(
+    return updates.status(
         status,
         phase=Phase.RESTARTING,
         seq=status.seq + 1,
@@ -485,70 +497,3 @@ def _enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: flo
 
 def _reject(status: JobStatus, reason: act.RejectReason, detail: str = "") -> Result:
     return status, (act.Rejected(reason=reason, detail=detail),)
-
-
-# ---------------------------------------------------------------------------------------------
-# Fast immutable updates (dataclasses.replace is several times slower on the hot path).
-
-
-class _Keep(enum.Enum):
-    KEEP = "keep"
-
-
-_KEEP = _Keep.KEEP
-
-
-def _pod(
-    info: PodInfo,
-    *,
-    inner: Phase | None = None,
-    finished: bool | None = None,
-    retries: int | None = None,
-    reason: str | None = None,
-    ts: float | None = None,
-    seq: int | None = None,
-    verdict: Classification | _Keep | None = _KEEP,
-    evict: RecoveryLevel | _Keep | None = _KEEP,
-    slow: bool | None = None,
-    node: NodeName | None = None,
-    pod_ip: str | None = None,
-) -> PodInfo:
-    return PodInfo(
-        inner_phase=info.inner_phase if inner is None else inner,
-        node=info.node if node is None else node,
-        pod_ip=info.pod_ip if pod_ip is None else pod_ip,
-        finished=info.finished if finished is None else finished,
-        retries=info.retries if retries is None else retries,
-        last_failed_reason=info.last_failed_reason if reason is None else reason,
-        updated_ts=info.updated_ts if ts is None else ts,
-        seq=info.seq if seq is None else seq,
-        verdict=info.verdict if isinstance(verdict, _Keep) else verdict,
-        evict=info.evict if isinstance(evict, _Keep) else evict,
-        slow=info.slow if slow is None else slow,
-    )
-
-
-def _replace(
-    status: JobStatus,
-    *,
-    phase: Phase | None = None,
-    recover_count: int | None = None,
-    should_quit: bool | None = None,
-    seq: int | None = None,
-    pod_infos: PodMap | None = None,
-    error_nodes: tuple[ErrorNode, ...] | None = None,
-    outstanding: int | None = None,
-    away: int | None = None,
-    slow_count: int | None = None,
-) -> JobStatus:
-    return JobStatus(
-        phase=status.phase if phase is None else phase,
-        recover_count=status.recover_count if recover_count is None else recover_count,
-        should_quit=status.should_quit if should_quit is None else should_quit,
-        seq=status.seq if seq is None else seq,
-        pod_infos=status.pod_infos if pod_infos is None else pod_infos,
-        error_nodes=status.error_nodes if error_nodes is None else error_nodes,
-        outstanding=status.outstanding if outstanding is None else outstanding,
-        away=status.away if away is None else away,
-        slow_count=status.slow_count if slow_count is None else slow_count,
-    )
