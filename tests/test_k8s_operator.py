@@ -90,8 +90,8 @@ def _live(emulator: kmock.KubernetesEmulator) -> set[str]:
 
 
 @pytest.mark.skip(
-    reason="flaky against kmock 0.8 (about 1 run in 3): after a pod's DELETED event the "
-    "replacement is sometimes never created; kept open in issue 8"
+    reason="flaky against kmock 0.8 (about 1 run in 4-6): the replacement pod is sometimes "
+    "never created after the DELETED event; kept open in issue 8"
 )
 async def test_operator_runs_an_aegisjob_end_to_end_when_pods_and_job_fail(
     operator: kmock.KubernetesEmulator, caplog: pytest.LogCaptureFixture

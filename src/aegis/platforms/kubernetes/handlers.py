@@ -69,7 +69,9 @@ def _owner(job: manifests.JobView) -> Body:
     }  # fmt: skip
 
 
-async def job_created(body: Mapping[str, Any], api: ClusterApi) -> list[str]:
+async def job_created(
+    body: Mapping[str, Any], api: ClusterApi, *, gone: str | None = None
+) -> list[str]:
     """Create (idempotently) the token Secret, the headless Service and every missing pod;
     return the names of the pods created. Also the resume handler. The job is read afresh
     (the event's body may predate the master's latest ErrorNodes)."""
@@ -83,6 +85,7 @@ async def job_created(body: Mapping[str, Any], api: ClusterApi) -> list[str]:
     await api.ensure_secret(job.namespace, token_secret(job))
     await api.ensure_service(job.namespace, headless_service(job))
     existing = {p["metadata"]["name"] for p in await api.list_pods(job.namespace, job.name)}
+    existing.discard(gone or "")  # its DELETED event is the truth, whatever a lagging list says
     created = []
     for rank in range(job.replicas):
         name = manifests.pod_name(job.name, rank)
@@ -129,7 +132,7 @@ async def pod_changed(event: str | None, pod: Mapping[str, Any], api: ClusterApi
     if job.over:
         return None
     if gone:
-        created = await job_created(body, api)
+        created = await job_created(body, api, gone=meta.get("name"))
         return f"created {created[0]}" if created else None
     log.warning("job %s/%s: %s exited %s on %s; replacing it (error nodes: %s)",
                 namespace, job_name, meta.get("name"), code,
