@@ -27,7 +27,9 @@ for _ in range(2):
         if os.fork() == 0:
             while os.getppid() == middle:
                 time.sleep(0.01)
-            (out / f"orphan-{os.getpid()}").write_text(str(os.getppid()))
+            tmp = out / f".tmp-{os.getpid()}"  # written then renamed: never seen half-written
+            tmp.write_text(str(os.getppid()))
+            tmp.rename(out / f"orphan-{os.getpid()}")
             while True:
                 time.sleep(1)
         os._exit(0)  # the middle process: exits at once, never waited for (another zombie)
