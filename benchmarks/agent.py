@@ -20,7 +20,8 @@ import sys
 import time
 import timeit
 
-from aegis.agent import ports, progress, reaper, supervisor, watchdog
+from aegis import training as progress
+from aegis.agent import ports, reaper, supervisor, watchdog
 
 TRIVIAL = ["sh", "-c", "echo ready; exec sleep 600"]
 TORCH = [

@@ -5,7 +5,9 @@ into shared memory, persisted by the agent's saver) or else ``torch.save`` (rank
 resumes from the newest checkpoint, reports progress to the agent with ``aegis.progress(step)``
 and logs one line per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R``
 crashes rank R once (a marker in the checkpoint directory remembers it);
-``--always-crash-rank R`` crashes rank R in every incarnation.
+``--always-crash-rank R`` crashes rank R in every incarnation. Under an agent it also saves when
+the master asks (``aegis.checkpoint.save_if_requested``: a drain, a slow node's eviction) unless
+``--no-ckpt-requests`` (the baseline of a script that only checkpoints periodically).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--crash-at-step", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--always-crash-rank", type=int, default=-1)
+    p.add_argument("--no-ckpt-requests", action="store_true")
     return p.parse_args()
 
 
@@ -96,9 +99,14 @@ def main() -> None:
         optimizer.step()
         aegis.progress(step)
         log(rank, f"step {step} loss {loss.item():.4f}")
-        if step % args.ckpt_every == 0 and SAVER:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            aegis.checkpoint.save(step, state)  # blocks only for the copy to shared memory
+
+        def state() -> dict[str, object]:
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+        if SAVER and not args.no_ckpt_requests and aegis.checkpoint.save_if_requested(step, state):
+            log(rank, f"checkpoint at step {step} on request")  # (after a hold: never printed)
+        elif step % args.ckpt_every == 0 and SAVER:
+            aegis.checkpoint.save(step, state())  # blocks only for the copy to shared memory
         elif step % args.ckpt_every == 0 and rank == 0:
             tmp = ckpt_dir / f".ckpt-{step}.tmp"
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}

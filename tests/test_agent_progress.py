@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import aegis
-from aegis.agent import ports, progress, reaper, stacks, watchdog
+from aegis import training as progress
+from aegis.agent import ports, reaper, stacks, watchdog
 
 
 def test_progress_does_nothing_when_not_under_agent() -> None:

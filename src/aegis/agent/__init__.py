@@ -13,5 +13,6 @@ Modules, outside in:
 - :mod:`aegis.agent.reaper` — the one owner of ``waitpid``; every child is spawned through it.
 - :mod:`aegis.agent.signatures` — the log signature table and scanner.
 - :mod:`aegis.agent.watchdog`, :mod:`aegis.agent.stacks` — hang detection and py-spy dumps.
-- :mod:`aegis.agent.progress` — the training side of ``aegis.progress(step)`` (keep it light).
+- :mod:`aegis.training` (outside this package, so that :mod:`aegis.checkpoint` may use it) — the
+  training side of ``aegis.progress(step)`` and of checkpoint requests (keep it light).
 """

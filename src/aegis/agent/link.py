@@ -31,6 +31,7 @@ from aegis.wire import messages as m
 log = logging.getLogger(__name__)
 
 _ACK = m.MessageType.ACK
+CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class LinkSettings:
     scratch_dir: Path = Path("/tmp")
     inject: frozenset[str] = frozenset()
     ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
+    decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
 
 
 class LinkUnavailable(Exception):
@@ -69,6 +71,7 @@ class MasterLink:
         self.hung = False
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -252,7 +255,7 @@ class MasterLink:
         while not self.done.done():
             msg = await self.orders.get()
             assert isinstance(msg.data, m.OrderData)
-            key = (msg.seq, msg.data.order.value)
+            key = (msg.seq, msg.data.order.value + msg.data.env.get(CKPT_REQUEST_ENV, ""))
             if key in self.executed:
                 continue  # a round already executed (re-sent order): harmless
             self.executed.add(key)
@@ -284,7 +287,54 @@ class MasterLink:
                 if not self.done.done():
                     self.done.set_result(order.exit_code)
             case Order.CHECKPOINT:
-                log.info("checkpoint requested (round %d)", msg.seq)
+                self._checkpoint_requested(sup, msg, order)
+
+    def _checkpoint_requested(
+        self, sup: supervisor.Supervisor, msg: m.Message, order: m.OrderData
+    ) -> None:
+        """Hand the master's checkpoint request to the training (through the progress file),
+        and tell the master when the script will never answer it."""
+        env = order.env
+        request = int(env.get(CKPT_REQUEST_ENV, str(msg.seq)))
+        target = int(env.get("AEGIS_CKPT_STEP", "0"))
+        hold_s = float(env.get("AEGIS_CKPT_HOLD_S", "0"))
+        if not sup.running:
+            log.info("checkpoint request %d: no training running", request)
+            return
+        log.info("checkpoint request %d: save at step %d, hold %.0f s", request, target, hold_s)
+        sup.request_checkpoint(request, target, hold_s)
+        task = asyncio.get_running_loop().create_task(
+            self._decline_unless_taken(sup, msg, request), name="checkpoint-request"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _decline_unless_taken(
+        self, sup: supervisor.Supervisor, msg: m.Message, request: int
+    ) -> None:
+        """A script that keeps stepping (or says nothing for a while) without ever calling
+        ``save_if_requested`` will not answer: say so, so the drain does not wait in vain."""
+        first = sup.last_step
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while sup.running and not self.done.done():
+            if sup.takes_checkpoint_requests:
+                return
+            step = sup.last_step
+            if first is None:
+                first = step
+            stepping = step is not None and first is not None and step >= first + 2
+            silent = step is None and loop.time() - started > self.settings.decline_after_s
+            if stepping or silent:
+                reason = (
+                    "the training does not take checkpoint requests "
+                    "(it never calls aegis.checkpoint.save_if_requested)"
+                )
+                log.warning("checkpoint request %d declined: %s", request, reason)
+                data = m.CheckpointDeclinedData(str(request), reason)
+                await self._send(m.MessageType.CHECKPOINT, msg.phase, msg.seq, data)
+                return
+            await asyncio.sleep(0.1)
 
     async def _checks(self, order: m.OrderData) -> list[m.CheckResult]:
         group = None

@@ -33,7 +33,8 @@ from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from aegis.agent import group, ports, progress, pump, reaper, signatures, stacks, warm, watchdog
+from aegis import training as progress
+from aegis.agent import group, ports, pump, reaper, signatures, stacks, warm, watchdog
 from aegis.core import errors
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,18 @@ class Supervisor:
         """The step the command last reported with ``aegis.progress()``, None if none yet."""
         seen = self._progress.read() if self._progress is not None else None
         return None if seen is None else seen[0]
+
+    def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
+        """Ask the running command for a checkpoint at ``target_step`` (``aegis.checkpoint.
+        save_if_requested``), held for up to ``hold_s`` after saving."""
+        assert self._progress is not None, "use 'async with Supervisor(...)'"
+        hold_until = time.monotonic() + hold_s if hold_s > 0 else 0.0
+        self._progress.request_checkpoint(request_id, target_step, hold_until)
+
+    @property
+    def takes_checkpoint_requests(self) -> bool:
+        """Whether the running command has said it saves on request."""
+        return self._progress is not None and self._progress.opted_in()
 
     @property
     def zygotes(self) -> warm.Zygotes | None:

@@ -1,6 +1,6 @@
 """Hang detection: no progress (or, for scripts that never report progress, no output) for too long.
 
-The agent side of :mod:`aegis.agent.progress`: :class:`ProgressFile` creates and reads the shared
+The agent side of :mod:`aegis.training`: :class:`ProgressFile` creates and reads the shared
 file; :func:`watch` declares a hang once per idle spell, collects stack dumps and reports. It never
 kills anything (seed 7.3: mark first, decide later).
 """
@@ -17,7 +17,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from aegis.agent import ports, progress
+from aegis import training as progress
+from aegis.agent import ports
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,23 @@ class ProgressFile:
             os.close(fd)
 
     def reset(self) -> None:
-        progress.LAYOUT.pack_into(self._map, 0, 0, 0.0)
+        """A new incarnation: no progress, no checkpoint request, not opted in."""
+        self._map[:] = bytes(progress.SIZE)
+
+    def request_checkpoint(self, request_id: int, target_step: int, hold_until: float) -> None:
+        """Ask the training to save at ``target_step`` (or at once, if past it) and to hold
+        until ``hold_until`` (``time.monotonic()``) afterwards; ids only grow."""
+        progress.REQUEST_ONLY.pack_into(
+            self._map, progress.REQUEST_AT, request_id, target_step, hold_until
+        )
+
+    def answered(self) -> int:
+        """The id of the last request the training saved for (0: none)."""
+        return int(progress.ANSWERED.unpack_from(self._map, progress.ANSWERED_AT)[0])
+
+    def opted_in(self) -> bool:
+        """Whether the training takes checkpoint requests (``save_if_requested`` was called)."""
+        return bool(progress.OPTED_IN.unpack_from(self._map, progress.OPTED_IN_AT)[0])
 
     def read(self) -> tuple[int, float] | None:
         """(step, monotonic time) of the last report, None when there was none since reset."""

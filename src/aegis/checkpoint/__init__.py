@@ -8,16 +8,37 @@ in-place restart, else the newest valid committed copy on disk. A save never dro
 while the previous one is being persisted the default policy ``wait`` blocks (``raise`` raises
 :class:`SaverBusyError`). Configured by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``,
 ``AEGIS_CKPT_POLICY``, ``AEGIS_CKPT_WAIT_S``. Importing this package does not import torch.
+
+``save_if_requested(step, state)``, called every step, saves only when the master asked for a
+checkpoint (a drain, or a slow node's eviction) and the step it named is reached: every rank
+saves that same step. After saving it holds the training (reporting progress, so the hang
+watchdog stays quiet) until the agent stops it for the move, or the hold ends; no step after
+the checkpoint is done twice. Costs one mapped read per call when nothing is requested.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
+from aegis import training
 from aegis.checkpoint.api import BusyPolicy, Saver, SaverBusyError, SaverSettings
 
-__all__ = ["BusyPolicy", "Saver", "SaverBusyError", "SaverSettings", "load_latest", "save"]
+__all__ = [
+    "BusyPolicy",
+    "Saver",
+    "SaverBusyError",
+    "SaverSettings",
+    "load_latest",
+    "save",
+    "save_if_requested",
+]
+
+log = logging.getLogger(__name__)
+HOLD_POLL_S = 0.05
 
 
 @functools.cache
@@ -34,3 +55,21 @@ def save(step: int, state_dict: Any) -> None:
 def load_latest(template: Any = None) -> tuple[int, Any] | None:
     """``(step, state)`` of the newest committed checkpoint (shared memory first), or None."""
     return _saver(SaverSettings.from_env()).load_latest(template)
+
+
+def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:
+    """Save ``state`` (or what the callable returns) if the master asked for a checkpoint due
+    at ``step``; then hold until the agent stops this process or the request's hold ends.
+    Returns whether it saved. A no-op (False) when not under an agent."""
+    request = training.pending_request(step)
+    if request is None:
+        return False
+    if step > request.target_step:
+        log.warning("checkpoint request %d for step %d seen at step %d: saved late",
+                    request.id, request.target_step, step)  # fmt: skip
+    save(step, state() if callable(state) else state)
+    training.answer(request)
+    while time.monotonic() < request.hold_until:  # the move comes: do no step twice
+        training.report(step)
+        time.sleep(HOLD_POLL_S)
+    return True

@@ -1,6 +1,7 @@
-"""``aegis ctl stop JOB | taint NODE.. --reason R | untaint NODE.. | hang POD``: operator
-controls (the seed's atlctl), sent to the master over NATS with the credentials of its control
-file (``--ctl-file``, ``$AEGIS_CTL_FILE``, or ``control.json`` in ``--log-dir``)."""
+"""``aegis ctl stop JOB | taint NODE.. --reason R | untaint NODE.. | hang POD |
+drain NODE.. [--reason R] [--deadline-s T] | undrain NODE..``: operator controls (the seed's
+atlctl), sent to the master over NATS with the credentials of its control file (``--ctl-file``,
+``$AEGIS_CTL_FILE``, or ``control.json`` in ``--log-dir``)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,43 @@ def hang(
     """Report POD as hung, as its agent would: marked slow, evicted at the next checkpoint."""
     _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
         "hang", inbox, namespace or t.namespace, pod=pod))  # fmt: skip
+
+
+def _check_nodes(nodes: list[str]) -> None:
+    for node in nodes:
+        if not control.NODE_NAME.fullmatch(node):
+            print(f"aegis: error: bad node name {node!r} (letters, digits, '.', '_', '-')",
+                  file=sys.stderr)  # fmt: skip
+            raise typer.Exit(2)
+
+
+@ctl_app.command("drain")
+def drain(
+    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    reason: Annotated[str, typer.Option(help="Why (kept with the node).")] = "maintenance",
+    deadline_s: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for the checkpoint's commit.")
+    ] = 60.0,
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Planned maintenance: checkpoint the jobs with a pod there, move those pods off at the
+    commit (or after the deadline), keep the nodes out until undrain. No fault is counted."""
+    _check_nodes(nodes)
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "drain", inbox, t.namespace, nodes=nodes, reason=reason,
+        deadline_s=deadline_s))  # fmt: skip
+
+
+@ctl_app.command("undrain")
+def undrain(
+    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    log_dir: LogDir = None,
+    ctl_file: CtlFile = None,
+    timeout_s: Timeout = 10.0,
+) -> None:
+    """Make drained nodes schedulable again."""
+    _check_nodes(nodes)
+    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
+        "undrain", inbox, t.namespace, nodes=nodes))  # fmt: skip

@@ -88,7 +88,7 @@ class RunObservers:
         def resolve(namespace: str, job: str) -> JobRunner | None:
             return runner if (namespace, job) == (spec.namespace, spec.job) else None
 
-        await control.serve_control(runner.bus, resolve, lambda: [platform])
+        await control.serve_control(runner.bus, resolve, lambda: [platform], lambda: [runner])
         target = control.bus_target(runner.bus, spec.namespace, spec.job)
         if target is not None:
             self.control_file = log_dir / control.CONTROL_FILE

@@ -91,6 +91,24 @@ class CheckpointCommitted:
     step: int
 
 
+@dataclass(frozen=True, slots=True)
+class DrainRequested:
+    """The operator drains the node of these pods (planned maintenance): they leave at the next
+    committed checkpoint, which the shell asks the job for; no fault is counted."""
+
+    pods: tuple[PodName, ...]
+    reason: str = "drained"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainForced:
+    """Stop waiting for a checkpoint: the draining pods among ``pods`` leave now (the drain's
+    deadline passed, or the training script does not take checkpoints on request)."""
+
+    pods: tuple[PodName, ...]
+    reason: str = "drain deadline passed"
+
+
 Event = (
     PodAcked
     | ChecksReported
@@ -101,6 +119,8 @@ Event = (
     | PodRestarted
     | QuitRequested
     | CheckpointCommitted
+    | DrainRequested
+    | DrainForced
 )
 
 # Events that answer a round: they carry (phase, seq) and are stale when these do not match.

@@ -87,6 +87,9 @@ def counters_consistent(spec: JobSpec, s: JobStatus) -> str | None:
     slow = sum(1 for info in s.pod_infos.values() if info.slow)
     if s.slow_count != slow:
         return f"slow_count {s.slow_count} != {slow} pods marked slow"
+    drain = sum(1 for info in s.pod_infos.values() if info.drain)
+    if s.drain_count != drain:
+        return f"drain_count {s.drain_count} != {drain} pods marked for a drain"
     return None
 
 
@@ -182,6 +185,21 @@ def one_fault_counts_once(
     return None
 
 
+def planned_never_counts(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Our own: a drain, its deadline and a committed checkpoint are planned events: they never
+    spend fault budget (retries and recover_count stay)."""
+    if not isinstance(event, ev.DrainRequested | ev.DrainForced | ev.CheckpointCommitted):
+        return None
+    if after.recover_count != before.recover_count:
+        return f"{type(event).__name__} moved recover_count"
+    for pod, info in after.pod_infos.items():
+        if info.retries != before.pod_infos[pod].retries:
+            return f"{type(event).__name__} moved the retries of {pod}"
+    return None
+
+
 TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "NoFinishDoubleProcessed": no_finish_double_processed,
     "MasterSeqNumMonotonic": master_seq_monotonic,
@@ -189,4 +207,5 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "NoCountOutsideRunCommand": no_count_outside_run_command,
     "TerminalAbsorbing": terminal_absorbing,
     "OneFaultCountsOnce": one_fault_counts_once,
+    "PlannedNeverCounts": planned_never_counts,
 }

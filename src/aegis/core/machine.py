@@ -40,6 +40,10 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
             return _fail(spec, status, reason, now, budget_spent=False)
         case ev.CheckpointCommitted():
             return _on_checkpoint(status, now)
+        case ev.DrainRequested(pods=pods, reason=reason):
+            return _on_drain(status, pods, reason, now)
+        case ev.DrainForced(pods=pods, reason=reason):
+            return _on_drain_forced(status, pods, reason, now)
         case ev.PodAcked(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:
@@ -202,6 +206,9 @@ def _resolve_bootcheck(spec: JobSpec, status: JobStatus, now: float) -> Result:
         for pod, info in status.pod_infos.items()
         if info.verdict is not Classification.HEALTHY
     }
+    for pod, info in status.pod_infos.items():
+        if info.drain:
+            leaving[pod] = _drain_level(leaving.get(pod, RecoveryLevel.IN_PLACE))
     if not leaving:
         return _start_round(status, Phase.RUN_COMMAND, Order.RUN, now)
     return _evict(status, leaving, now, phase=Phase.BOOT_CHECKING)
@@ -214,6 +221,11 @@ def _bootcheck_level(verdict: Classification | None) -> RecoveryLevel:
     return RecoveryLevel.NODE
 
 
+def _drain_level(level: RecoveryLevel) -> RecoveryLevel:
+    """A draining pod leaves its node in any case; only a bad node (level 3) says more."""
+    return level if level is RecoveryLevel.NODE else RecoveryLevel.DRAIN
+
+
 def _resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Result:
     """Transition 8: budget exhausted -> Failed; a pod must exit -> Restarting; else restart
     every pod in place (RunCommand) with retries aligned to recover_count."""
@@ -224,7 +236,9 @@ def _resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Re
         if info.verdict is None:
             continue
         level = LEVEL_BY_CLASS[info.verdict]
-        if level is RecoveryLevel.EVICT_SLOW:
+        if info.drain:  # training is stopped: nothing is lost by leaving now
+            leaving[pod] = _drain_level(level)
+        elif level is RecoveryLevel.EVICT_SLOW:
             status = _mark_slow(status, pod, info)
         elif level is not RecoveryLevel.IN_PLACE:
             leaving[pod] = level
@@ -258,18 +272,19 @@ def _evict(
     error_nodes = status.error_nodes
     for pod, level in sorted(leaving.items()):
         info = status.pod_infos[pod]
-        if info.slow:  # the mark belongs to the node it leaves, not to its replacement
+        if info.slow or info.drain:  # marks belong to the node it leaves, not its replacement
             status = updates.status(
                 status,
-                pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=False)),
-                slow_count=status.slow_count - 1,
+                pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=False, drain=False)),
+                slow_count=status.slow_count - info.slow,
+                drain_count=status.drain_count - info.drain,
             )
         reason = info.last_failed_reason or (info.verdict.value if info.verdict else "evicted")
         code = (
             CONTAINER_RESTART_EXIT_CODE if level is RecoveryLevel.CONTAINER else NODE_BAD_EXIT_CODE
         )
         actions.append(act.EvictPod(pod=pod, level=level, exit_code=code, reason=reason))
-        if level is not RecoveryLevel.CONTAINER:
+        if level not in (RecoveryLevel.CONTAINER, RecoveryLevel.DRAIN):
             error_nodes = _add_error_node(error_nodes, info.node, reason, now)
             actions.append(act.BlacklistNode(node=info.node, reason=reason))
     status = updates.status(status, error_nodes=error_nodes)
@@ -359,12 +374,16 @@ def _on_restarted(
     spec: JobSpec, status: JobStatus, event: ev.PodRestarted, info: PodInfo, now: float
 ) -> Result:
     pod = event.pod
+    moved = event.node is not None and event.node != info.node
     placed = updates.pod(
         info,
         node=event.node if event.node is not None else info.node,
         pod_ip=event.pod_ip if event.pod_ip is not None else info.pod_ip,
         ts=now,
+        drain=False if moved else None,
     )
+    if moved and info.drain:  # the drain mark belongs to the node it left
+        status = updates.status(status, drain_count=status.drain_count - 1)
     if _awaiting_replacement(info):
         # The replacement the platform was asked for: it must ACK before it counts as back.
         return updates.status(
@@ -409,20 +428,74 @@ def _leave(
 
 
 def _on_checkpoint(status: JobStatus, now: float) -> Result:
-    """At a committed checkpoint, pods marked slow (or hung) are evicted and blacklisted."""
-    if status.phase is not Phase.RUN_COMMAND or status.slow_count == 0:
+    """At a committed checkpoint, pods marked slow (or hung) are evicted and blacklisted, and
+    pods of a drained node leave (no fault, no blacklist)."""
+    if status.phase is not Phase.RUN_COMMAND or status.slow_count + status.drain_count == 0:
         return _reject(status, act.RejectReason.IGNORED, "no pod to evict at this checkpoint")
-    slow = [pod for pod, info in status.pod_infos.items() if info.slow]
+    leaving: dict[PodName, RecoveryLevel] = {}
     with status.pod_infos.mutate() as pods:
-        for pod in slow:
-            info = pods[pod]
-            pods[pod] = updates.pod(info, slow=False, reason=info.last_failed_reason or "slow")
-        status = updates.status(status, pod_infos=pods.finish(), slow_count=0)
-    evicted, actions = _evict(
-        status, dict.fromkeys(slow, RecoveryLevel.EVICT_SLOW), now, phase=Phase.RESTARTING
-    )
+        for pod, info in status.pod_infos.items():
+            if info.drain:
+                leaving[pod] = RecoveryLevel.DRAIN
+            elif info.slow:
+                leaving[pod] = RecoveryLevel.EVICT_SLOW
+                pods[pod] = updates.pod(info, reason=info.last_failed_reason or "slow")
+        status = updates.status(status, pod_infos=pods.finish())
+    return _evict_running(status, leaving, now)
+
+
+def _evict_running(status: JobStatus, leaving: dict[PodName, RecoveryLevel], now: float) -> Result:
+    """Pods leave a running job: every pod stops training, the job waits in Restarting."""
+    evicted, actions = _evict(status, leaving, now, phase=Phase.RESTARTING)
     stop = act.SendOrder(Order.STOP, Phase.RESTARTING, evicted.seq)
     return evicted, (stop, *actions)
+
+
+def _on_drain(status: JobStatus, pods: tuple[PodName, ...], reason: str, now: float) -> Result:
+    """Mark the pods of a drained node. In RunCommand they leave at the next committed
+    checkpoint (the shell asks for one); in any other phase training is stopped, so they leave
+    when the current round resolves. Nothing is counted."""
+    marked = [
+        pod
+        for pod in dict.fromkeys(pods)
+        if (info := status.pod_infos.get(pod)) is not None
+        and not info.drain
+        and not _awaiting_replacement(info)
+    ]
+    if not marked:
+        return _reject(status, act.RejectReason.IGNORED, "no pod left to drain")
+    with status.pod_infos.mutate() as infos:
+        for pod in marked:
+            infos[pod] = updates.pod(infos[pod], drain=True, reason=f"drain: {reason}", ts=now)
+        pod_infos = infos.finish()
+    status = updates.status(
+        status, pod_infos=pod_infos, drain_count=status.drain_count + len(marked)
+    )
+    return status, ()
+
+
+def _on_drain_forced(
+    status: JobStatus, pods: tuple[PodName, ...], reason: str, now: float
+) -> Result:
+    """The drain stops waiting for a checkpoint: its pods leave now (from RunCommand only;
+    elsewhere they leave when the round resolves anyway)."""
+    if status.phase is not Phase.RUN_COMMAND:
+        return _reject(
+            status, act.RejectReason.IGNORED, f"drain waits for the {status.phase} round"
+        )
+    leaving = {
+        pod: RecoveryLevel.DRAIN
+        for pod in dict.fromkeys(pods)
+        if (info := status.pod_infos.get(pod)) is not None and info.drain
+    }
+    if not leaving:
+        return _reject(status, act.RejectReason.IGNORED, "no draining pod")
+    with status.pod_infos.mutate() as infos:
+        for pod in leaving:
+            info = infos[pod]
+            infos[pod] = updates.pod(info, reason=f"{info.last_failed_reason} ({reason})")
+        status = updates.status(status, pod_infos=infos.finish())
+    return _evict_running(status, leaving, now)
 
 
 def _fail(

@@ -50,6 +50,9 @@ class PodInfo:
     ``seq``: the round in which the pod's last accepted answer arrived (the worker seq number).
     ``verdict``: its troubleshooting class this round. ``evict``: the level it is leaving with.
     ``slow``: marked slow or hung; evicted at the next committed checkpoint.
+    ``drain``: its node is being drained (planned maintenance); it leaves, without a fault
+    counted, at the next committed checkpoint (or at the end of a check round, when training is
+    stopped anyway), or when the drain's deadline passes.
     """
 
     inner_phase: Phase
@@ -63,6 +66,7 @@ class PodInfo:
     verdict: Classification | None = None
     evict: RecoveryLevel | None = None
     slow: bool = False
+    drain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ class JobStatus:
     outstanding: int = 0  # pods that have not yet finished the current round
     away: int = 0  # pods gone (awaiting replacement or not yet re-ACKed) outside Pending
     slow_count: int = 0  # pods marked slow
+    drain_count: int = 0  # pods marked for a drain
 
 
 def pod_names(spec: JobSpec) -> tuple[PodName, ...]:

@@ -33,6 +33,8 @@ class RecoveryLevel(enum.IntEnum):
     CONTAINER = 2  # the pod's agent exits with the restart code; same node
     NODE = 3  # the pod exits 1, its node joins ErrorNodes, a replacement runs elsewhere
     EVICT_SLOW = 4  # marked now, evicted at the next committed checkpoint, node blacklisted
+    DRAIN = 5  # planned (aegis ctl drain): leaves at the next checkpoint, not a fault; the
+    # node is drained by the operator, not recorded as an error node
 
 
 LEVEL_BY_CLASS: dict[Classification, RecoveryLevel] = {

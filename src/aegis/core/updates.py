@@ -33,6 +33,7 @@ def pod(
     verdict: Classification | Keep | None = KEEP,
     evict: RecoveryLevel | Keep | None = KEEP,
     slow: bool | None = None,
+    drain: bool | None = None,
     node: NodeName | None = None,
     pod_ip: str | None = None,
 ) -> PodInfo:
@@ -48,6 +49,7 @@ def pod(
         verdict=info.verdict if isinstance(verdict, Keep) else verdict,
         evict=info.evict if isinstance(evict, Keep) else evict,
         slow=info.slow if slow is None else slow,
+        drain=info.drain if drain is None else drain,
     )
 
 
@@ -63,6 +65,7 @@ def status(
     outstanding: int | None = None,
     away: int | None = None,
     slow_count: int | None = None,
+    drain_count: int | None = None,
 ) -> JobStatus:
     return JobStatus(
         phase=status.phase if phase is None else phase,
@@ -74,4 +77,5 @@ def status(
         outstanding=status.outstanding if outstanding is None else outstanding,
         away=status.away if away is None else away,
         slow_count=status.slow_count if slow_count is None else slow_count,
+        drain_count=status.drain_count if drain_count is None else drain_count,
     )

@@ -10,6 +10,11 @@ Commands:
 - ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
 - ``taint NODE.. --reason R`` / ``untaint NODE..``: add to / remove from the platforms' node
   blacklists (future placements avoid a tainted node; a running pod is not moved).
+- ``drain NODE.. --reason R --deadline-s T``: planned maintenance. The nodes are blacklisted
+  (and drained in Slurm), every job with a pod there is asked for a checkpoint; those pods leave
+  when it is committed (or when the deadline passes, with a warning), replacements are placed
+  elsewhere, and the job resumes from that checkpoint. No fault is counted. ``undrain NODE..``
+  makes the nodes schedulable again.
 - ``hang POD``: the runner is fed exactly what the pod's agent would send on a hang (a ``Hang``
   message with ``idle_s`` 0 and no stacks, in the current round), so the core marks the pod slow
   and evicts it at the next committed checkpoint; it is recorded in ``events.jsonl`` like any
@@ -22,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,6 +39,8 @@ import msgspec
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
+from aegis.core.model import PodName
+from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master.job_runner import JobRunner
 from aegis.wire import codec
 from aegis.wire import messages as m
@@ -43,7 +51,8 @@ CONTROL_SUBJECT = "aegisctl.request"
 CONTROL_FILE = "control.json"
 CTL_FILE_ENV = "AEGIS_CTL_FILE"
 
-Command = Literal["stop", "taint", "untaint", "hang"]
+Command = Literal["stop", "taint", "untaint", "hang", "drain", "undrain"]
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 class ControlRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -54,6 +63,7 @@ class ControlRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pod: str = ""
     nodes: list[str] = []
     reason: str = ""
+    deadline_s: float = 60.0
 
 
 class ControlReply(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -68,8 +78,25 @@ class NodeBlacklist(Protocol):
     blacklist: dict[str, str]
 
 
+@runtime_checkable
+class KnownNodes(Protocol):
+    """A platform that knows every node it may place pods on (so a typo is caught)."""
+
+    def known_nodes(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
+class NodeDrainer(Protocol):
+    """A platform that also drains nodes in its scheduler (Slurm: ``scontrol``)."""
+
+    async def drain_node(self, node: str, reason: str) -> None: ...
+
+    async def undrain_node(self, node: str) -> None: ...
+
+
 ResolveJob = Callable[[str, str], JobRunner | None]  # (namespace, job)
 ResolvePlatforms = Callable[[], Iterable[NodeBlacklist]]
+ResolveJobs = Callable[[], Iterable[JobRunner]]
 
 
 def job_of_pod(pod: str) -> str:
@@ -78,9 +105,23 @@ def job_of_pod(pod: str) -> str:
 
 
 async def handle(
-    request: ControlRequest, resolve_job: ResolveJob, resolve_platforms: ResolvePlatforms
+    request: ControlRequest,
+    resolve_job: ResolveJob,
+    resolve_platforms: ResolvePlatforms,
+    resolve_jobs: ResolveJobs = lambda: (),
 ) -> ControlReply:
     match request.command:
+        case "drain":
+            return await _drain(request, list(resolve_platforms()), list(resolve_jobs()))
+        case "undrain":
+            if not request.nodes:
+                return ControlReply(False, "no node given")
+            for platform in resolve_platforms():
+                for node in request.nodes:
+                    platform.blacklist.pop(node, None)
+                    if isinstance(platform, NodeDrainer):
+                        await platform.undrain_node(node)
+            return ControlReply(True, f"undrained {', '.join(request.nodes)}: schedulable again")
         case "stop":
             runner = resolve_job(request.namespace, request.job)
             if runner is None:
@@ -108,6 +149,50 @@ async def handle(
             return ControlReply(True, f"{request.pod}: reported hung")
 
 
+async def _drain(
+    request: ControlRequest, platforms: list[NodeBlacklist], runners: list[JobRunner]
+) -> ControlReply:
+    nodes = request.nodes
+    if not nodes:
+        return ControlReply(False, "no node given")
+    for node in nodes:
+        if not NODE_NAME.fullmatch(node):
+            return ControlReply(False, f"bad node name {node!r}")
+    on_node = {
+        runner: tuple(
+            PodName(pod)
+            for pod, info in runner.status.pod_infos.items()
+            if info.node in nodes
+            and not info.drain
+            and not (info.inner_phase is Phase.RESTARTING and not info.finished)
+        )
+        for runner in runners
+        if runner.status.phase not in TERMINAL_PHASES
+    }
+    known = [p.known_nodes() for p in platforms if isinstance(p, KnownNodes)]
+    used = {info.node for r in runners for info in r.status.pod_infos.values()}
+    for node in nodes:
+        if known and not any(node in k for k in known) and node not in used:
+            names = ", ".join(sorted(set().union(*known)))
+            return ControlReply(False, f"unknown node {node!r} (known: {names})")
+    reason = request.reason or "drained by aegis ctl"
+    for platform in platforms:
+        for node in nodes:
+            platform.blacklist[node] = f"drained: {reason}"
+            if isinstance(platform, NodeDrainer):
+                await platform.drain_node(node, reason)
+    moved = []
+    for runner, pods in on_node.items():
+        if pods:
+            runner.drain(pods, reason, request.deadline_s)
+            moved.append(f"job {runner.spec.job}: {', '.join(pods)} leave(s) at the next "
+                         f"checkpoint (requested now) or in {request.deadline_s:g} s")  # fmt: skip
+    where = ", ".join(nodes)
+    if not moved:
+        return ControlReply(True, f"drained {where}: no pod runs there, nothing to move")
+    return ControlReply(True, f"drained {where}: " + "; ".join(moved))
+
+
 async def _feed_hang(runner: JobRunner, pod: str) -> None:
     status = runner.status
     msg = m.Message(
@@ -120,7 +205,10 @@ async def _feed_hang(runner: JobRunner, pod: str) -> None:
 
 
 async def serve_control(
-    bus: Bus, resolve_job: ResolveJob, resolve_platforms: ResolvePlatforms
+    bus: Bus,
+    resolve_job: ResolveJob,
+    resolve_platforms: ResolvePlatforms,
+    resolve_jobs: ResolveJobs = lambda: (),
 ) -> Subscription:
     """Answer control requests on ``CONTROL_SUBJECT``; a bad request is logged and dropped."""
     decoder = msgspec.json.Decoder(ControlRequest)
@@ -132,7 +220,7 @@ async def serve_control(
             log.warning("control: dropped a bad request (%s)", exc)
             return
         try:
-            reply = await handle(request, resolve_job, resolve_platforms)
+            reply = await handle(request, resolve_job, resolve_platforms, resolve_jobs)
         except Exception as exc:  # a control request must never kill the master
             log.exception("control: %s failed", request.command)
             reply = ControlReply(False, f"{request.command} failed: {exc}")

@@ -36,6 +36,7 @@ LEVEL_NAMES: dict[RecoveryLevel, str] = {
     RecoveryLevel.CONTAINER: "container",
     RecoveryLevel.NODE: "node_replaced",
     RecoveryLevel.EVICT_SLOW: "slow_evicted",
+    RecoveryLevel.DRAIN: "drained",
 }
 
 
@@ -170,8 +171,16 @@ class FaultLog:
     def on_event(self, runner: JobRunner, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
         assert self.tracker is not None and self.phase is not None
         now, before, after = runner.clock(), self.phase, runner.status
-        if isinstance(event, ev.HeartbeatLost | ev.PodRestarted | ev.QuitRequested):
-            self._write(runner, kind="report", pod=getattr(event, "pod", ""), phase=before,
+        if isinstance(
+            event,
+            ev.HeartbeatLost
+            | ev.PodRestarted
+            | ev.QuitRequested
+            | ev.DrainRequested
+            | ev.DrainForced,
+        ):
+            pod = getattr(event, "pod", ",".join(getattr(event, "pods", ())))
+            self._write(runner, kind="report", pod=pod, phase=before,
                         message=_platform_text(event))  # fmt: skip
         opened_before = self.tracker.current
         closed = self.tracker.feed(before, after, actions, now)
@@ -266,5 +275,9 @@ def _platform_text(event: ev.Event) -> str:
             return f"pod restarted on {node}" if node else "pod restarted"
         case ev.QuitRequested(reason=reason):
             return f"quit requested: {reason}"
+        case ev.DrainRequested(reason=reason):
+            return f"node drained ({reason}): checkpoint requested, leaves at the commit"
+        case ev.DrainForced(reason=reason):
+            return f"drain stops waiting for a checkpoint: {reason}"
         case _:
             return type(event).__name__

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 BATCH_MAX = 2048
+CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"  # the agent's name for it: aegis.agent.link
 
 
 class LeadershipLost(LocalError):
@@ -63,6 +64,12 @@ class JobSettings:
     # before its orders go out (once: the marker file remembers).
     chaos_exit_after_persist: str = ""
     chaos_marker: Path | None = None
+    # Checkpoint on request: asked for when a pod is draining, and when one is marked slow
+    # (so it leaves at the next step boundary, not at the next periodic checkpoint).
+    checkpoint_on_slow: bool = True
+    checkpoint_lead_s: float = 1.0  # the requested step lies this far ahead of the estimate
+    checkpoint_hold_s: float = 30.0  # ranks hold after saving, at most this long
+    drain_deadline_s: float = 60.0  # default wait for the commit before a drain evicts anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +138,11 @@ class JobRunner:
         self.round_orders: list[RoundOrder] = []
         self.ckpt_steps: dict[PodName, int] = {}
         self.committed_step = -1
+        self.steps: dict[PodName, tuple[int, float]] = {}  # this round: (step, monotonic)
+        self.step_rate = 0.0  # training steps per second, smoothed
+        self.ckpt_request_seq = -1  # the RunCommand round a checkpoint was requested in
+        self.drain_deadlines: dict[PodName, tuple[float, float]] = {}  # (monotonic, seconds)
+        self._declined_seq = -1
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
@@ -158,7 +170,12 @@ class JobRunner:
         if isinstance(msg.data, m.CheckpointData):
             self._checkpoint_reported(pod, msg.data.step)
             return
+        if isinstance(msg.data, m.CheckpointDeclinedData):
+            self._checkpoint_declined(pod, msg.data.reason)
+            return
         if event is None:  # a heartbeat: its arrival, and the training step it carries
+            if isinstance(msg.data, m.HeartbeatData) and msg.data.step is not None:
+                self._step_seen(pod, msg.seq, msg.data.step)
             for on_heartbeat in self.heartbeat_listeners:
                 on_heartbeat(self, msg)
             return
@@ -176,6 +193,76 @@ class JobRunner:
             self.committed_step = committed
             self.platform_event(ev.CheckpointCommitted(committed))
 
+    # -- checkpoint on request (drains, slow nodes) --------------------------------------------
+
+    def drain(self, pods: tuple[PodName, ...], reason: str, deadline_s: float) -> None:
+        """``aegis ctl drain``: these pods leave at the next committed checkpoint (requested
+        now), or after ``deadline_s`` without one; no fault is counted."""
+        deadline = time.monotonic() + deadline_s
+        for pod in pods:
+            self.drain_deadlines[pod] = (deadline, deadline_s)
+        self.platform_event(ev.DrainRequested(pods, reason))
+
+    def _step_seen(self, pod: PodName, seq: int, step: int) -> None:
+        """A heartbeat's training step (of the current round only: a restart rewinds)."""
+        if seq != self.status.seq:
+            return
+        now = time.monotonic()
+        before = self.steps.get(pod)
+        self.steps[pod] = (step, now)
+        if before is not None and step > before[0] and now > before[1]:
+            rate = (step - before[0]) / (now - before[1])
+            self.step_rate = rate if self.step_rate == 0 else 0.7 * self.step_rate + 0.3 * rate
+
+    def target_step(self) -> int:
+        """A step every rank reaches only after the request has arrived: the furthest rank's
+        estimated step now, plus the lead time's worth of steps, plus one."""
+        now, rate = time.monotonic(), self.step_rate
+        current = [step + rate * (now - ts) for pod, (step, ts) in self.steps.items()]
+        if not current:
+            return 0  # no progress reported: save at the next call
+        return int(max(current) + rate * self.settings.checkpoint_lead_s) + 1
+
+    def _checkpoint_request(self) -> RoundOrder | None:
+        """The order asking every pod for a checkpoint, once per RunCommand round, when a pod
+        waits to leave at one (drain always; slow when so configured)."""
+        s = self.status
+        if s.phase is not Phase.RUN_COMMAND or self.ckpt_request_seq == s.seq:
+            return None
+        if s.drain_count == 0 and not (self.settings.checkpoint_on_slow and s.slow_count > 0):
+            return None
+        self.ckpt_request_seq = s.seq
+        env = {
+            CKPT_REQUEST_ENV: str(s.seq),
+            "AEGIS_CKPT_STEP": str(self.target_step()),
+            "AEGIS_CKPT_HOLD_S": f"{self.settings.checkpoint_hold_s:g}",
+        }
+        log.info("job %s: checkpoint requested at step %s", self.spec.job, env["AEGIS_CKPT_STEP"])
+        return RoundOrder(Order.CHECKPOINT, s.phase, s.seq, (), 0, env)
+
+    def _checkpoint_declined(self, pod: PodName, reason: str) -> None:
+        """A pod's script takes no requests: a drain stops waiting and uses the last periodic
+        checkpoint (a slow pod keeps waiting for that one)."""
+        s = self.status
+        draining = tuple(p for p, info in s.pod_infos.items() if info.drain)
+        if not draining or self._declined_seq == s.seq:
+            return
+        self._declined_seq = s.seq
+        last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
+        why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
+        log.warning("job %s: drain of %s: %s", self.spec.job, ", ".join(draining), why)
+        self.platform_event(ev.DrainForced(draining, why))
+
+    def _drain_deadlines_passed(self, now: float) -> None:
+        for pod in [p for p, (t, _) in self.drain_deadlines.items() if now >= t]:
+            _, seconds = self.drain_deadlines.pop(pod)
+            info = self.status.pod_infos.get(pod)
+            if info is None or not info.drain:
+                continue
+            why = f"no checkpoint committed within the drain deadline of {seconds:g} s"
+            log.warning("job %s: drain of %s: %s; evicting anyway", self.spec.job, pod, why)
+            self.platform_event(ev.DrainForced((pod,), why))
+
     def platform_event(self, event: ev.Event) -> None:
         now = self.clock()
         record: eventlog.PlatformRecord
@@ -190,6 +277,10 @@ class JobRunner:
                 record = eventlog.QuitRequestedRecord(ts=now, reason=reason)
             case ev.CheckpointCommitted(step=step):
                 record = eventlog.CheckpointCommittedRecord(step=step, ts=now)
+            case ev.DrainRequested(pods=pods, reason=reason):
+                record = eventlog.DrainRequestedRecord(list(pods), ts=now, reason=reason)
+            case ev.DrainForced(pods=pods, reason=reason):
+                record = eventlog.DrainForcedRecord(list(pods), ts=now, reason=reason)
             case _:
                 raise LocalError(f"not a platform event: {event!r}")
         self.queue.put_nowait(_Platform(event, record))
@@ -230,6 +321,12 @@ class JobRunner:
             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
                 self.last_seen[pod] = now  # grace: a full timeout from the takeover
                 self.watched.add(pod)
+        for pod, info in self.status.pod_infos.items():
+            if info.drain:  # the old leader's deadline is lost: a full one from now
+                deadline_s = self.settings.drain_deadline_s
+                self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
+        if any(o.order is Order.CHECKPOINT and o.seq == self.status.seq for o in self.round_orders):
+            self.ckpt_request_seq = self.status.seq
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
         for order in self.round_orders:
@@ -279,6 +376,10 @@ class JobRunner:
                 self._log_transition(before, self.status, item.event)
             self._materialise_orders(actions)
             done.append((item, actions))
+        request = self._checkpoint_request()
+        if request is not None:
+            self.round_orders.append(request)
+            changed = True
         if changed:
             await self._persist()
             self._chaos_after_persist()
@@ -292,6 +393,8 @@ class JobRunner:
                     on_message(self, item.msg)
             for listener in self.listeners:
                 listener(self, item.event, actions)
+        if request is not None:  # after the round's own orders (a restart resets the file)
+            await self._publish(request)
 
     def _chaos_after_persist(self) -> None:
         chaos, marker = self.settings.chaos_exit_after_persist, self.settings.chaos_marker
@@ -415,6 +518,7 @@ class JobRunner:
         while not self.done.is_set():
             await _sleep_or_done(self.done, min(0.25, timeout / 4))
             now = time.monotonic()
+            self._drain_deadlines_passed(now)
             for pod in list(self.watched):
                 if now - self.last_seen.get(pod, now) > timeout:
                     self.watched.discard(pod)

@@ -106,6 +106,9 @@ class LocalPlatform:
         log.warning("node %s blacklisted: %s", node, reason)
         self.blacklist[node] = reason
 
+    def known_nodes(self) -> frozenset[str]:
+        return frozenset((*self.settings.nodes, *self.settings.spares))
+
     async def end_job(self, job: str, phase: Phase) -> None:
         log.info("job %s %s: stopping every pod", job, phase)
 

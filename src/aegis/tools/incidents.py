@@ -112,6 +112,10 @@ def detected_by(event: ev.Event) -> str:
             return "slow mark, evicted at a committed checkpoint"
         case ev.QuitRequested():
             return "quit requested"
+        case ev.DrainRequested(reason=reason):
+            return f"drain of the node ({reason})"
+        case ev.DrainForced(reason=reason):
+            return f"drain forced: {reason}"
         case _:
             return type(event).__name__
 

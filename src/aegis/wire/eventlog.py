@@ -1,7 +1,8 @@
 """The event log (``events.jsonl``): one JSON object per line, every event the master fed the core.
 
 Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
-platform events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``), each with the ``ts``
+platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``,
+``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``), each with the ``ts``
 the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines through the same
 ``step`` and so reproduces every decision.
 """
@@ -66,12 +67,34 @@ class CheckpointCommittedRecord(
     ts: float
 
 
+class DrainRequestedRecord(
+    msgspec.Struct, tag="DrainRequested", tag_field="type", forbid_unknown_fields=True
+):
+    """``aegis ctl drain``: these pods' node is being drained."""
+
+    pods: list[str]
+    ts: float
+    reason: str = "drained"
+
+
+class DrainForcedRecord(
+    msgspec.Struct, tag="DrainForced", tag_field="type", forbid_unknown_fields=True
+):
+    """The drain stopped waiting for a checkpoint (deadline, or a script without the API)."""
+
+    pods: list[str]
+    ts: float
+    reason: str = "drain deadline passed"
+
+
 PlatformRecord = (
     JobCreated
     | PodRestartedRecord
     | HeartbeatLostRecord
     | QuitRequestedRecord
     | CheckpointCommittedRecord
+    | DrainRequestedRecord
+    | DrainForcedRecord
 )
 _PLATFORM_TYPES = {
     "JobCreated",
@@ -79,6 +102,8 @@ _PLATFORM_TYPES = {
     "HeartbeatLost",
     "QuitRequested",
     "CheckpointCommitted",
+    "DrainRequested",
+    "DrainForced",
 }
 
 
@@ -152,6 +177,10 @@ def _entries(spec: JobSpec, lines: Iterator[str]) -> Iterator[Entry]:
                 event = ev.QuitRequested(reason)
             case CheckpointCommittedRecord(ts=ts, step=step):
                 event = ev.CheckpointCommitted(step)
+            case DrainRequestedRecord(pods=pods, ts=ts, reason=reason):
+                event = ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
+            case DrainForcedRecord(pods=pods, ts=ts, reason=reason):
+                event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
             case m.Message(ts=ts):
                 try:
                     event = to_event(record, job=spec.job, namespace=spec.namespace)

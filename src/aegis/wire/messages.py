@@ -96,6 +96,19 @@ class CheckpointData(
     step: int
 
 
+class CheckpointDeclinedData(
+    msgspec.Struct,
+    tag="checkpoint_declined",
+    tag_field="kind",
+    forbid_unknown_fields=True,
+    frozen=True,
+):
+    """The pod cannot answer a checkpoint request (its script does not take requests)."""
+
+    request: str
+    reason: str
+
+
 Payload = (
     AckData
     | OrderData
@@ -105,6 +118,7 @@ Payload = (
     | HangData
     | HeartbeatData
     | CheckpointData
+    | CheckpointDeclinedData
 )
 
 # Which payload kinds each message type may carry.
@@ -115,7 +129,7 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
     MessageType.ERROR: (ErrorData,),
     MessageType.HANG: (HangData,),
     MessageType.HEARTBEAT: (HeartbeatData,),
-    MessageType.CHECKPOINT: (CheckpointData,),
+    MessageType.CHECKPOINT: (CheckpointData, CheckpointDeclinedData),
 }
 
 

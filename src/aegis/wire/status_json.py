@@ -37,6 +37,7 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
                     "updated_ts": info.updated_ts,
                     "seq": info.seq,
                     "slow": info.slow,
+                    "drain": info.drain,
                     "verdict": info.verdict.value if info.verdict else None,
                     "evict": int(info.evict) if info.evict else None,
                 }
@@ -67,6 +68,7 @@ def from_dict(record: dict[str, Any]) -> tuple[JobSpec, JobStatus]:
             verdict=Classification(p["verdict"]) if p.get("verdict") else None,
             evict=RecoveryLevel(p["evict"]) if p.get("evict") else None,
             slow=p["slow"],
+            drain=p.get("drain", False),  # absent in records of earlier versions
         )
     phase = Phase(raw["phase"])
     infos = list(pods.values())
@@ -89,5 +91,6 @@ def from_dict(record: dict[str, Any]) -> tuple[JobSpec, JobStatus]:
         outstanding=sum(1 for i in infos if not i.finished),
         away=away,
         slow_count=sum(1 for i in infos if i.slow),
+        drain_count=sum(1 for i in infos if i.drain),
     )
     return spec, status

@@ -10,7 +10,8 @@ from aegis.wire.codec import WireError
 
 
 def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
-    """The core event for ``msg``; ``None`` for a heartbeat or an order; ``WireError`` when the
+    """The core event for ``msg``; ``None`` for a heartbeat, an order or a declined checkpoint
+    request (the master's shell decides on those); ``WireError`` when the
     message belongs to another job."""
     if msg.job != job or msg.namespace != namespace:
         raise WireError("wrong_job", detail=f"{msg.namespace}/{msg.job} on {namespace}/{job}")
@@ -30,7 +31,7 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             return ev.HangReported(pod, msg.phase, msg.seq, f"hang: no progress for {idle_s:.1f} s")
         case m.CheckpointData(step=step):
             return ev.CheckpointCommitted(step)
-        case m.HeartbeatData() | m.OrderData():
+        case m.HeartbeatData() | m.OrderData() | m.CheckpointDeclinedData():
             return None
 
 

@@ -109,6 +109,7 @@ def view(status: JobStatus) -> View:
             info.verdict.value if info.verdict else "",
             int(info.evict) if info.evict else 0,
             info.slow,
+            info.drain,
         )
         for info in status.pod_infos.values()
     )
@@ -119,6 +120,7 @@ def view(status: JobStatus) -> View:
         status.outstanding,
         status.away,
         status.slow_count,
+        status.drain_count,
         tuple(pods),
     )
 

@@ -1,7 +1,7 @@
 """What the world may do to a job at any point: the environment of the model checker.
 
 Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error, report a hang,
-lose its heartbeat or restart; any message may come again (duplicate) or carry the previous or the
+lose its heartbeat or restart, or be drained (and the drain's deadline pass); any message may come again (duplicate) or carry the previous or the
 next round's seq (stale, forged); the user may quit; a checkpoint may commit. Disruptive events
 spend a bounded fault budget so that the space stays finite. Cooperative events (what a healthy
 cluster does next) are flagged: with only those, every job must reach Succeed or Failed.
@@ -40,6 +40,10 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
             yield Move(ev.PodRestarted(pod), fault=not awaiting, cooperative=awaiting)
         if faults:
             yield Move(ev.HeartbeatLost(pod), fault=True, cooperative=False)
+            if status.drain_count == 0:  # one drain at a time (bounds the space)
+                yield Move(ev.DrainRequested((pod,)), fault=True, cooperative=False)
+        if info.drain:  # the drain's deadline passes
+            yield Move(ev.DrainForced((pod,)), fault=False, cooperative=True)
         for s in seqs:
             current = s == seq and not info.finished and info.inner_phase is phase
             yield Move(

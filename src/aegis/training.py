@@ -1,0 +1,134 @@
+"""Training side of the agent channel: ``aegis.progress(step)`` (no network, well under 1 µs) and
+checkpoint requests.
+
+The agent creates a small file (in ``/dev/shm`` where it exists) and names it in the
+environment variable ``AEGIS_PROGRESS_FILE``. The first call maps it; every call writes the
+step and ``time.monotonic()`` into it with one ``struct.pack_into``. Without the variable (not
+under an agent), or when the file cannot be mapped, a call does nothing. Keep this module free of
+heavy imports: it is loaded inside training processes.
+
+The same file carries checkpoint requests the other way (the master asks for a checkpoint
+before a drain or an eviction): the agent writes a request (id, the step to save at, how long
+to hold after saving) and ``report`` answers whether one is due, with one more unpack; the
+training side (``aegis.checkpoint.save_if_requested``) marks it answered and says once that it
+takes requests at all, so the agent can tell a script that never will.
+
+Layout (64 bytes): step q @0, time d @8 (training); request id q @16, target step q @24,
+hold-until d @32 (agent, ``time.monotonic()`` clock); answered id q @40, opted-in q @48
+(training).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+ENV_VAR = "AEGIS_PROGRESS_FILE"
+LAYOUT = struct.Struct("<qd")  # step (int64), time.monotonic() of the call (float64)
+REQUEST = struct.Struct("<qqdq")  # request id, target step, hold until, answered id @16
+REQUEST_AT = 16
+REQUEST_ONLY = struct.Struct("<qqd")  # what the agent writes @16
+ANSWERED = struct.Struct("<q")
+ANSWERED_AT = 40
+OPTED_IN = struct.Struct("<q")
+OPTED_IN_AT = 48
+SIZE = 64
+
+
+class _Writer:
+    """The mapping, opened on first use; ``disabled`` once known to be unavailable."""
+
+    __slots__ = ("buffer", "disabled", "opted_in")
+
+    def __init__(self) -> None:
+        self.buffer: mmap.mmap | None = None
+        self.disabled = False
+        self.opted_in = False  # this process told the agent that it takes requests
+
+    def open(self) -> mmap.mmap | None:
+        path = os.environ.get(ENV_VAR)
+        try:
+            if not path:
+                raise FileNotFoundError(ENV_VAR)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                self.buffer = mmap.mmap(fd, SIZE)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            self.disabled = True
+        return self.buffer
+
+
+# The one piece of module state: a per-process cache of the mapping (forked children share it).
+_writer = _Writer()
+_pack_into = LAYOUT.pack_into
+_monotonic = time.monotonic
+
+
+_unpack_request = REQUEST.unpack_from
+
+
+def report(step: int) -> bool:
+    """Tell the agent that training reached ``step``; a no-op when not under an agent.
+    True when the master asked for a checkpoint that is due at this step."""
+    buffer = _writer.buffer
+    if buffer is None:
+        if _writer.disabled:
+            return False
+        buffer = _writer.open()
+        if buffer is None:
+            return False
+    _pack_into(buffer, 0, step, _monotonic())
+    request: int
+    target: int
+    answered: int
+    request, target, _, answered = _unpack_request(buffer, REQUEST_AT)
+    return request > answered and step >= target
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A checkpoint request as the training side sees it."""
+
+    id: int
+    target_step: int
+    hold_until: float  # time.monotonic(); 0.0: do not hold after saving
+
+
+def pending_request(step: int) -> Request | None:
+    """The request due at ``step`` that is not answered yet, None if none (or no agent).
+    Also tells the agent, once, that this process takes requests."""
+    buffer = _writer.buffer
+    if buffer is None and not _writer.disabled:
+        buffer = _writer.open()
+    if buffer is None:
+        return None
+    if not _writer.opted_in:
+        OPTED_IN.pack_into(buffer, OPTED_IN_AT, 1)
+        _writer.opted_in = True
+    request, target, hold_until, answered = _unpack_request(buffer, REQUEST_AT)
+    if request > answered and step >= target:
+        return Request(request, target, hold_until)
+    return None
+
+
+def answer(request: Request) -> None:
+    """Mark ``request`` answered (saved): ``report`` stops saying it is due."""
+    buffer = _writer.buffer
+    if buffer is not None:
+        ANSWERED.pack_into(buffer, ANSWERED_AT, request.id)
+
+
+def last_step() -> int | None:
+    """The step last reported into the file this process's environment names, None if none."""
+    buffer = _writer.buffer
+    if buffer is None and not _writer.disabled:
+        buffer = _writer.open()
+    if buffer is None:
+        return None
+    step, ts = LAYOUT.unpack_from(buffer, 0)
+    return None if ts == 0.0 else int(step)
