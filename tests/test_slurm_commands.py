@@ -11,6 +11,7 @@ from pathlib import Path
 from aegis.adapters.memory import MemoryStore
 from aegis.cli import slurm_cmd
 from aegis.core.model import JobSpec, initial_status
+from aegis.master import control
 from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
 from aegis.wire import status_json
@@ -122,3 +123,26 @@ async def test_requeued_attempt_starts_with_what_is_left_of_the_budget(tmp_path:
     await store.put("default.t-r1", json.dumps(status_json.to_dict(spec1, again)).encode(),
                     expected_revision=None)  # fmt: skip
     assert (await coordinator.budget_left(store, settings, 2))[0] == 0
+
+
+async def test_ctl_drain_drains_the_node_in_slurm_and_undrain_resumes_it(tmp_path: Path) -> None:
+    slurm = RecordingSlurm()
+    platform = SlurmPlatform(
+        SlurmSettings(nodes=("n1", "n2"), spares=("n3",), command=("true",), log_dir=tmp_path),
+        slurm,
+    )
+    platform.used_nodes |= {"n1", "n2"}
+
+    def ask(command: control.Command, node: str) -> control.ControlRequest:
+        return control.ControlRequest(command, "_INBOX.x", nodes=[node], reason="bios update")
+
+    reply = await control.handle(ask("drain", "n3"), lambda ns, job: None, lambda: [platform])
+    assert reply == control.ControlReply(True, "drained n3: no pod runs there, nothing to move")
+    assert slurm.calls == [commands.drain_argv("n3", "bios update")]
+    assert platform.blacklist == {"n3": "drained: bios update"} and platform._spare() is None
+    reply = await control.handle(ask("undrain", "n3"), lambda ns, job: None, lambda: [platform])
+    assert reply.ok and slurm.calls[-1] == ["scontrol", "update", "nodename=n3", "state=resume"]
+    assert platform.blacklist == {} and platform._spare() == "n3"
+    reply = await control.handle(ask("drain", "n9"), lambda ns, job: None, lambda: [platform])
+    assert reply == control.ControlReply(False, "unknown node 'n9' (known: n1, n2, n3)")
+    assert len(slurm.calls) == 2

@@ -129,6 +129,25 @@ def test_translate_maps_finish_of_checks_to_classified_report() -> None:
     assert event.verdict is Classification.HARDWARE and "gpu: Xid 79" in event.reason
 
 
+@pytest.mark.parametrize(
+    ("check", "timed_out", "verdict"),
+    [
+        ("runtime", False, Classification.RUNTIME),  # broken environment: restart the container
+        ("runtime", True, Classification.SLOW),  # ran out of time: the node is slow, move off
+        ("io", True, Classification.HARDWARE),  # a hardware check stays hardware
+    ],
+)
+def test_a_check_that_ran_out_of_time_is_classified_by_what_it_means(
+    check: str, timed_out: bool, verdict: Classification
+) -> None:
+    result = {"check_type": check, "passed": False, "result": "timeout after 10 s",
+              "duration_s": 10, "ts": 1, "timed_out": timed_out}  # fmt: skip
+    data = {"kind": "checks", "response": {"results": [result]}}
+    raw = json.dumps(_msg(type="Finish", phase="BootChecking", data=data)).encode()
+    event = to_event(codec.decode(raw), job="llama", namespace="default")
+    assert isinstance(event, ev.ChecksReported) and event.verdict is verdict
+
+
 def test_translate_heartbeat_is_not_a_core_event() -> None:
     raw = json.dumps(_msg(type="Heartbeat", data={"kind": "heartbeat", "step": 3})).encode()
     assert to_event(codec.decode(raw), job="llama", namespace="default") is None

@@ -73,15 +73,20 @@ class CheckOutcome:
 
     check_type: CheckType
     passed: bool
+    timed_out: bool = False  # failed by overrunning its budget
 
 
 def classify(outcomes: Iterable[CheckOutcome]) -> Classification:
-    """The class of one pod from its check outcomes: the most severe failing check decides."""
+    """The class of one pod from its check outcomes: the most severe failing check decides.
+    A runtime check that only ran out of time says the node is slow, not that its environment
+    is broken: restarting the container on the same node would fail the same way, forever."""
     worst = Classification.HEALTHY
     for outcome in outcomes:
         if outcome.passed:
             continue
         cls = CLASS_BY_FAILED_CHECK[outcome.check_type]
+        if outcome.timed_out and cls is Classification.RUNTIME:
+            cls = Classification.SLOW
         if SEVERITY.index(cls) > SEVERITY.index(worst):
             worst = cls
     return worst

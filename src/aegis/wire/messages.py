@@ -24,13 +24,17 @@ class MessageType(enum.StrEnum):
     CHECKPOINT = "Checkpoint"
 
 
-class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """Optional fields are left out when at their default, so a master of an earlier version
+    (which refuses unknown fields) still reads a newer agent's ordinary results."""
+
     check_type: CheckType
     passed: bool
     result: str
     duration_s: float
     ts: float
     not_applicable: bool = False
+    timed_out: bool = False  # failed by overrunning its budget
 
 
 class CheckResponse(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

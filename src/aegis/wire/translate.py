@@ -36,7 +36,7 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
 
 
 def verdict_of(response: m.CheckResponse) -> Classification:
-    return classify(CheckOutcome(r.check_type, r.passed) for r in response.results)
+    return classify(CheckOutcome(r.check_type, r.passed, r.timed_out) for r in response.results)
 
 
 def failing_checks(response: m.CheckResponse) -> str:

@@ -46,6 +46,12 @@ def drain_argv(node: str, reason: str) -> list[str]:
     return ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={text}"]
 
 
+def resume_argv(node: str) -> list[str]:
+    """``scontrol update`` that makes a drained ``node`` schedulable again (``aegis ctl
+    undrain``)."""
+    return ["scontrol", "update", f"nodename={node}", "state=resume"]
+
+
 def hostnames_argv(nodelist: str) -> list[str]:
     return ["scontrol", "show", "hostnames", nodelist]
 

@@ -27,7 +27,8 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StatusStore
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
-from aegis.master.job_runner import JobSettings, status_key
+from aegis.master import control
+from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.master.service import MasterService, MasterSettings
 from aegis.platforms.slurm import commands
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
@@ -168,6 +169,7 @@ async def _run_attempt(
         spec, nodes[: settings.nodes], platform, log_dir=log_dir
     )
     platform.attach(runner, f"{settings.advertise}:{master.grpc_port}", token)
+    control_file = await _serve_control(master, runner, platform, log_dir)
     loop = asyncio.get_running_loop()
     lost = asyncio.Event()
 
@@ -185,10 +187,31 @@ async def _run_attempt(
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         await platform.stop_all()
+        if control_file is not None:
+            control_file.unlink(missing_ok=True)
     if settings.status_file is not None and not lost.is_set():
         _write_status(settings.status_file, spec, runner.status)
     placements = [(str(p), n) for p, n in platform.placements]
     return CoordinatorResult(spec, runner.status, placements, list(platform.drained))
+
+
+async def _serve_control(
+    master: MasterService, runner: JobRunner, platform: SlurmPlatform, log_dir: Path
+) -> Path | None:
+    """``aegis ctl --log-dir <state>/attempt-N``: stop, taint, hang, drain (also drains the
+    node in Slurm, with the reason) and undrain (resumes it)."""
+    spec = runner.spec
+
+    def resolve(namespace: str, job: str) -> JobRunner | None:
+        return runner if (namespace, job) == (spec.namespace, spec.job) else None
+
+    await control.serve_control(master.bus, resolve, lambda: [platform], lambda: [runner])
+    target = control.bus_target(master.bus, spec.namespace, spec.job)
+    if target is None:
+        return None
+    path = log_dir / control.CONTROL_FILE
+    control.write_control_file(path, target)
+    return path
 
 
 def _platform(

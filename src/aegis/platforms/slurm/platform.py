@@ -92,11 +92,26 @@ class SlurmPlatform:
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s; draining it in Slurm", node, reason)
         self.blacklist[node] = reason
+        await self.drain_node(node, reason)
+
+    # -- aegis ctl drain / undrain (control.NodeDrainer, control.KnownNodes) ---------------------
+
+    def known_nodes(self) -> frozenset[str]:
+        return frozenset((*self.settings.nodes, *self.settings.spares))
+
+    async def drain_node(self, node: str, reason: str) -> None:
         result = await self.slurm(commands.drain_argv(node, reason))
         if result.returncode != 0:
             log.error("draining %s failed (%d): %s", node, result.returncode, result.stderr)
             return
         self.drained.append((node, reason))
+
+    async def undrain_node(self, node: str) -> None:
+        result = await self.slurm(commands.resume_argv(node))
+        if result.returncode != 0:
+            log.error("resuming %s failed (%d): %s", node, result.returncode, result.stderr)
+            return
+        log.warning("node %s resumed in Slurm (aegis ctl undrain)", node)
 
     async def end_job(self, job: str, phase: Phase) -> None:
         log.info("job %s %s: its steps end with their agents", job, phase)
