@@ -109,3 +109,33 @@ def test_after_saving_the_training_holds_and_keeps_reporting(
         proc.kill()
     assert proc.returncode == -signal.SIGTERM
     assert [int(line.split()[0]) for line in out.splitlines()] == [1, 2]  # step 3 never ended
+
+
+PERIODIC = """
+import torch, aegis, aegis.checkpoint
+for step in range(1, 50):
+    aegis.progress(step)
+    if step % 3 == 0:
+        aegis.checkpoint.save(step, {"w": torch.full((4,), step)})
+    print(step, flush=True)
+"""
+
+
+def test_a_periodic_save_while_a_request_is_pending_answers_it_and_holds(
+    shared: watchdog.ProgressFile, shm: Path
+) -> None:
+    shared.request_checkpoint(4, 40, time.monotonic() + 3600)  # due late; step 3 comes first
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PERIODIC],
+        env=env_for(shared, shm),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: shared.answered() == 4, 60, "the periodic save to answer")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert [int(line) for line in out.splitlines()] == [1, 2]  # held in the save of step 3
+    assert not shared.opted_in()  # a plain save does not say the script takes requests

@@ -99,19 +99,20 @@ class Request:
     hold_until: float  # time.monotonic(); 0.0: do not hold after saving
 
 
-def pending_request(step: int) -> Request | None:
-    """The request due at ``step`` that is not answered yet, None if none (or no agent).
-    Also tells the agent, once, that this process takes requests."""
+def pending_request(step: int | None, *, opt_in: bool = True) -> Request | None:
+    """The request due at ``step`` (any unanswered one for None) that is not answered yet,
+    None if none (or no agent). With ``opt_in`` also tells the agent, once, that this process
+    takes requests."""
     buffer = _writer.buffer
     if buffer is None and not _writer.disabled:
         buffer = _writer.open()
     if buffer is None:
         return None
-    if not _writer.opted_in:
+    if opt_in and not _writer.opted_in:
         OPTED_IN.pack_into(buffer, OPTED_IN_AT, 1)
         _writer.opted_in = True
     request, target, hold_until, answered = _unpack_request(buffer, REQUEST_AT)
-    if request > answered and step >= target:
+    if request > answered and (step is None or step >= target):
         return Request(request, target, hold_until)
     return None
 

@@ -48,8 +48,12 @@ def _saver(settings: SaverSettings) -> Saver:
 
 
 def save(step: int, state_dict: Any) -> None:
-    """Copy ``state_dict`` into shared memory for step ``step``; the daemon persists it."""
+    """Copy ``state_dict`` into shared memory for step ``step``; the daemon persists it. A save
+    while the master's checkpoint request is pending answers it (and holds, as below)."""
     _saver(SaverSettings.from_env()).save(step, state_dict)
+    request = training.pending_request(None, opt_in=False)
+    if request is not None:
+        _answer_and_hold(request, step)
 
 
 def load_latest(template: Any = None) -> tuple[int, Any] | None:
@@ -67,9 +71,13 @@ def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:
     if step > request.target_step:
         log.warning("checkpoint request %d for step %d seen at step %d: saved late",
                     request.id, request.target_step, step)  # fmt: skip
-    save(step, state() if callable(state) else state)
+    _saver(SaverSettings.from_env()).save(step, state() if callable(state) else state)
+    _answer_and_hold(request, step)
+    return True
+
+
+def _answer_and_hold(request: training.Request, step: int) -> None:
     training.answer(request)
     while time.monotonic() < request.hold_until:  # the move comes: do no step twice
         training.report(step)
         time.sleep(HOLD_POLL_S)
-    return True
