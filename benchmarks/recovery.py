@@ -1,7 +1,10 @@
 """Recovery time of one crashed rank in a 4-rank gloo job, side by side in one run.
 
 Usage: python benchmarks/recovery.py [--ranks 4] [--crash-at-step 12] [--steps 25] [--savers]
-(``--crash-at-step 400 --steps 420``: a crash in steady state, after the zygotes are ready)
+[--baseline-src DIR] [--aegis-only]
+(``--crash-at-step 400 --steps 420``: a crash in steady state, after the zygotes are ready;
+``--baseline-src DIR``: also aegis warm with the agents importing ``aegis`` from DIR, e.g. the
+``src`` of an older checkout, side by side; ``--aegis-only``: no torchrun and relaunch runs)
 
 Four ways to recover, plus the floor:
 - aegis warm: ``aegis run`` (restart in place of every rank from the agents' zygotes, issue 9);
@@ -15,7 +18,9 @@ Recovery = from the crash line of the killed rank to the moment every rank has l
 the next incarnation. Each figure is printed with its ratio to the floor measured in this run.
 For Aegis the recovery is split (agent logs at INFO, ``events.jsonl``): detection (crash to the
 master's Error event: the crashed process's exit and the report), the troubleshoot round (Error to
-the restart order: the checks) and the restart proper (order to every rank's next step).
+the restart order: the checks) and the restart proper (order to every rank's next step); the
+troubleshoot round's checks are listed with their durations (the slowest pod's, from the pods'
+answers in ``events.jsonl``).
 """
 
 from __future__ import annotations
@@ -137,7 +142,14 @@ def phases(logs: Path, lines: list[tuple[float, int, str]]) -> dict[str, float] 
     for ts, rank, msg in lines:
         if ts > min(orders) and msg.startswith("step ") and rank not in first_steps:
             first_steps[rank] = ts
+    checks: dict[str, float] = {}
+    for event in events:
+        if event.get("type") == "Finish" and event.get("phase") == "Troubleshooting":
+            for result in event.get("data", {}).get("response", {}).get("results", ()):
+                name = str(result["check_type"])
+                checks[name] = max(checks.get(name, 0.0), float(result["duration_s"]))
     return {
+        **{f"check {name}": value for name, value in checks.items()},
         "detect": errors[0] - crash[0],
         "troubleshoot": min(orders) - errors[0],
         "restart": max(first_steps.values()) - min(orders),
@@ -159,9 +171,16 @@ def start_savers(ranks: int, logs: Path) -> list[subprocess.Popen[bytes]]:
 
 
 def run_aegis(
-    ranks: int, work: Path, crash_at: int, steps: int, *, prewarm: str, savers: bool
+    ranks: int,
+    work: Path,
+    crash_at: int,
+    steps: int,
+    *,
+    prewarm: str,
+    savers: bool,
+    pythonpath: str | None = None,
 ) -> tuple[float | None, dict[str, float] | None]:
-    name = f"aegis-{prewarm}"
+    name = f"aegis-{prewarm}" + ("-baseline" if pythonpath else "")
     daemons = start_savers(ranks, work / f"{name}-logs") if savers else []
     settings = local_run.RunSettings(
         command=(sys.executable, *train_args(work / name, crash_at, steps)),
@@ -171,8 +190,12 @@ def run_aegis(
         job="bench",
         log_dir=work / f"{name}-logs",
     )
-    saved = {key: os.environ.get(key) for key in ("AEGIS_PREWARM", "AEGIS_LOG_LEVEL")}
+    saved = {key: os.environ.get(key) for key in ("AEGIS_PREWARM", "AEGIS_LOG_LEVEL", "PYTHONPATH")}
     os.environ.update(AEGIS_PREWARM=prewarm, AEGIS_LOG_LEVEL="INFO")  # inherited by the agents
+    if pythonpath:  # the agents import aegis from there
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (pythonpath, saved["PYTHONPATH"]) if p
+        )
     try:
         result = asyncio.run(local_run.run_local(settings))
     finally:
@@ -239,6 +262,8 @@ def main() -> None:
     parser.add_argument(
         "--savers", action="store_true", help="start the saver daemons here (old agents only)"
     )
+    parser.add_argument("--baseline-src", help="also run aegis warm with agents from this src")
+    parser.add_argument("--aegis-only", action="store_true", help="no torchrun/relaunch runs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="aegis-bench-recovery-"))
     print(
@@ -255,14 +280,20 @@ def main() -> None:
         cold, cold_phases = run_aegis(
             args.ranks, work, crash, steps, prewarm="0", savers=args.savers
         )
-        results = {
-            "aegis warm": warm,
-            "aegis cold (AEGIS_PREWARM=0)": cold,
-            "torchrun --max-restarts 3": run_torchrun(
+        splits = {"aegis warm": warm_phases, "aegis cold": cold_phases}
+        results = {"aegis warm": warm, "aegis cold (AEGIS_PREWARM=0)": cold}
+        if args.baseline_src:
+            base, base_phases = run_aegis(
+                args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
+                pythonpath=str(Path(args.baseline_src).resolve()),
+            )  # fmt: skip
+            results["aegis warm, baseline agents"] = base
+            splits["aegis warm, baseline agents"] = base_phases
+        if not args.aegis_only:
+            results["torchrun --max-restarts 3"] = run_torchrun(
                 args.ranks, work, crash, steps, args.timeout_s
-            ),
-            "coarse relaunch": run_relaunch(args.ranks, work, crash, steps),
-        }
+            )
+            results["coarse relaunch"] = run_relaunch(args.ranks, work, crash, steps)
         for name, value in results.items():
             if value is None:
                 print(f"{name}: never recovered")
@@ -271,7 +302,7 @@ def main() -> None:
                     f"{name}: {value:.2f} s from the crash to every rank's next step "
                     f"({value / floor:.2f}x floor)"
                 )
-        for name, split in (("aegis warm", warm_phases), ("aegis cold", cold_phases)):
+        for name, split in splits.items():
             if split is not None:
                 print(
                     f"{name} split: detection {split['detect']:.2f} s, troubleshoot round "
@@ -279,6 +310,12 @@ def main() -> None:
                     f"{split['restart']:.2f} s ({split['restart'] / floor:.2f}x floor; "
                     f"{split['warm_starts']:.0f} warm starts)"
                 )
+                checks = ", ".join(
+                    f"{key.removeprefix('check ')} {value:.2f}"
+                    for key, value in split.items()
+                    if key.startswith("check ")
+                )
+                print(f"{name} troubleshoot checks (slowest pod, s): {checks}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

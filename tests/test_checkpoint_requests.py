@@ -112,11 +112,14 @@ def test_after_saving_the_training_holds_and_keeps_reporting(
 
 
 PERIODIC = """
-import torch, aegis, aegis.checkpoint
+import sys, torch, aegis, aegis.checkpoint
 for step in range(1, 50):
     aegis.progress(step)
-    if step % 3 == 0:
-        aegis.checkpoint.save(step, {"w": torch.full((4,), step)})
+    state = {"w": torch.full((4,), step)}
+    if step % int(sys.argv[2]) == 0:  # one save only: no saver daemon runs here
+        aegis.checkpoint.save(step, state)
+    elif sys.argv[1] == "api":
+        aegis.checkpoint.save_if_requested(step, state)
     print(step, flush=True)
 """
 
@@ -126,7 +129,7 @@ def test_a_periodic_save_while_a_request_is_pending_answers_it_and_holds(
 ) -> None:
     shared.request_checkpoint(4, 40, time.monotonic() + 3600)  # due late; step 3 comes first
     proc = subprocess.Popen(
-        [sys.executable, "-c", PERIODIC],
+        [sys.executable, "-c", PERIODIC, "api", "3"],
         env=env_for(shared, shm),
         stdout=subprocess.PIPE,
         text=True,
@@ -138,4 +141,12 @@ def test_a_periodic_save_while_a_request_is_pending_answers_it_and_holds(
     finally:
         proc.kill()
     assert [int(line) for line in out.splitlines()] == [1, 2]  # held in the save of step 3
-    assert not shared.opted_in()  # a plain save does not say the script takes requests
+
+
+def test_a_script_without_the_api_never_answers_or_holds(
+    shared: watchdog.ProgressFile, shm: Path
+) -> None:
+    shared.request_checkpoint(5, 40, time.monotonic() + 3600)
+    lines = run(PERIODIC, env_for(shared, shm), "plain", "30")
+    assert len(lines) == 49  # ran to the end: its periodic saves neither answered nor held
+    assert shared.answered() == 0 and not shared.opted_in()

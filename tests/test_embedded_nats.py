@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 
 import psutil
 import pytest
 
+from aegis.adapters.nats_server import EmbeddedNats
 from tests.agent_waits import wait_until
 
 STARTER = """
@@ -34,3 +38,24 @@ def test_server_dies_with_a_crashed_parent() -> None:
     parent.send_signal(signal.SIGKILL)  # aegis run crashing: no cleanup code runs
     parent.wait()
     wait_until(lambda: not server.is_running() or server.status() == "zombie", what="server gone")
+
+
+def _varz(server: EmbeddedNats) -> dict[str, object]:
+    url = f"http://127.0.0.1:{server.monitor_port}/varz"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: dict[str, object] = json.loads(response.read())
+    return body
+
+
+def test_server_listens_on_loopback_by_default() -> None:
+    with EmbeddedNats() as server:
+        assert server.url == f"nats://127.0.0.1:{server.port}"
+        assert _varz(server)["host"] == "127.0.0.1"
+
+
+def test_listen_host_is_configurable_for_a_master_in_a_pod() -> None:
+    with EmbeddedNats(host="0.0.0.0") as server:
+        assert _varz(server)["host"] == "0.0.0.0"  # every address of the pod
+        assert server.url == f"nats://127.0.0.1:{server.port}"  # and reachable on loopback
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            assert sock.recv(4).startswith(b"INFO")

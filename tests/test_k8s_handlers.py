@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
+
+import pytest
 
 from aegis.platforms.kubernetes import handlers, manifests
 
@@ -19,6 +22,7 @@ class FakeCluster:
         self.secrets: dict[tuple[str, str], Body] = {}
         self.services: dict[tuple[str, str], Body] = {}
         self.deleted: list[str] = []
+        self.created: list[str] = []
 
     async def list_pods(self, namespace: str, job: str) -> list[Body]:
         return [
@@ -26,10 +30,13 @@ class FakeCluster:
             if ns == namespace and p["metadata"]["labels"][manifests.LABEL_JOB] == job
         ]  # fmt: skip
 
-    async def create_pod(self, namespace: str, body: Body) -> None:
+    async def create_pod(self, namespace: str, body: Body) -> bool:
         key = (namespace, body["metadata"]["name"])
-        assert key not in self.pods, f"{key} exists"
+        if key in self.pods:
+            return False  # AlreadyExists
         self.pods[key] = copy.deepcopy(body)
+        self.created.append(body["metadata"]["name"])
+        return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         if self.pods.pop((namespace, name), None) is not None:
@@ -162,3 +169,105 @@ async def test_should_quit_deletes_every_pod_when_the_job_is_stopped() -> None:
     assert len(deleted) == 3
     cluster.jobs[("ml", "train")] = job_body(should_quit=True)
     assert await handlers.job_created(job_body(), cluster) == []
+
+
+def _avoided(pod: Body) -> list[str]:
+    affinity = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    terms = affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    values: list[str] = terms.get("nodeSelectorTerms", [{}])[0]["matchExpressions"][0]["values"]
+    return values
+
+
+class PausingCluster(FakeCluster):
+    """Its next ``list_pods`` waits for ``go``: a handler run caught between two API calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pause = False
+        self.listing, self.go = asyncio.Event(), asyncio.Event()
+
+    async def list_pods(self, namespace: str, job: str) -> list[Body]:
+        if self.pause:
+            self.pause = False
+            self.listing.set()
+            await self.go.wait()
+        return await super().list_pods(namespace, job)
+
+
+async def test_late_creation_run_places_the_replacement_off_the_error_nodes_when_it_races_a_fault(
+) -> None:  # fmt: skip
+    """kopf ran the creation handler a second time; that run was between reading the job and
+    listing its pods when the master wrote ErrorNodes and the pod exited and was deleted. The
+    old handler placed the replacement with the job as read before the fault (no affinity): the
+    end-to-end test's flake."""
+    cluster = PausingCluster()
+    cluster.jobs[("ml", "train")] = job_body()
+    locks = handlers.JobLocks()
+    await handlers.job_created(job_body(), cluster, locks=locks)
+    cluster.pause = True
+    late = asyncio.create_task(handlers.job_created(job_body(), cluster, locks=locks))
+    await cluster.listing.wait()
+    cluster.jobs[("ml", "train")] = job_body(
+        phase="Restarting", error_nodes=[{"node": "node-b", "reason": "gpu"}]
+    )
+    pod = exited(cluster.pods[("ml", "train-1")], 1)
+    assert await handlers.pod_changed("MODIFIED", pod, cluster, locks=locks) == "deleted train-1"
+    gone = asyncio.create_task(handlers.pod_changed("DELETED", pod, cluster, locks=locks))
+    cluster.go.set()
+    results = [await late, await gone]
+    assert results in ([["train-1"], None], [[], "created train-1"])
+    assert _avoided(cluster.pods[("ml", "train-1")]) == ["node-b"]
+    assert cluster.created.count("train-1") == 2  # the first pod and exactly one replacement
+
+
+async def test_deleted_pod_brings_back_only_its_rank_when_another_rank_is_missing_too() -> None:
+    cluster = new_cluster(phase="RunCommand")
+    await handlers.job_created(job_body(), cluster)
+    del cluster.pods[("ml", "train-2")]  # its own DELETED event will bring it back
+    pod = exited(cluster.pods.pop(("ml", "train-0")), 1)
+    assert await handlers.pod_changed("DELETED", pod, cluster) == "created train-0"
+    assert ("ml", "train-2") not in cluster.pods
+
+
+async def test_deleted_pod_is_not_created_twice_when_it_is_already_back() -> None:
+    cluster = new_cluster(phase="RunCommand")
+    await handlers.job_created(job_body(), cluster)
+    pod = exited(cluster.pods[("ml", "train-0")], 1)
+    assert await handlers.pod_changed("DELETED", pod, cluster) is None  # AlreadyExists
+    assert cluster.created == ["train-0", "train-1", "train-2"]
+
+
+class FlakyCluster(FakeCluster):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def create_pod(self, namespace: str, body: Body) -> bool:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionResetError("apiserver hiccup")
+        return await super().create_pod(namespace, body)
+
+
+async def test_replacement_is_retried_when_the_api_call_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(handlers, "CREATE_BACKOFF_S", 0.0)
+    cluster = FlakyCluster(failures=2)
+    cluster.jobs[("ml", "train")] = job_body(phase="RunCommand")
+    assert await handlers.replace_rank("ml", "train", 1, cluster)
+    assert cluster.created == ["train-1"]
+
+
+async def test_lost_pod_is_deleted_when_the_master_lists_it_for_replacement() -> None:
+    cluster = new_cluster(phase="Restarting")
+    await handlers.job_created(job_body(), cluster)
+    cluster.pods[("ml", "train-1")]["metadata"]["uid"] = "u1"
+    cluster.pods[("ml", "train-2")]["metadata"]["uid"] = "u2"
+    body = job_body(phase="Restarting", replacing={"train-1": "u1"})
+    assert await handlers.job_status_changed(body, cluster) == ["train-1"]
+    # The replacement (another uid) is never deleted for the same entry.
+    await handlers.replace_rank("ml", "train", 1, cluster)
+    cluster.pods[("ml", "train-1")]["metadata"]["uid"] = "u1b"
+    assert await handlers.job_status_changed(body, cluster) == []
+    assert sorted(n for _, n in cluster.pods) == ["train-0", "train-1", "train-2"]

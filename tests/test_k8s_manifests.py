@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from aegis.platforms.kubernetes import handlers, manifests
+from aegis.platforms.kubernetes import crd_status, handlers, manifests
 from tests import k8s_schema
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
@@ -81,3 +81,34 @@ def test_operator_pods_fit_the_pod_schema_in_both_agent_modes(mode: str) -> None
         assert k8s_schema.check_builtin(manifests.pod_manifest(job, rank)) == []
     assert k8s_schema.check_builtin(handlers.token_secret(job)) == []
     assert k8s_schema.check_builtin(handlers.headless_service(job)) == []
+
+
+def test_the_status_the_master_writes_fits_the_crd() -> None:
+    from tests.test_k8s_status import record_of, started
+
+    record = record_of(started(), hardware_rescheduled=1)
+    record["status"].update(phase="Failed", recover_count=3, should_quit=False)
+    record["status"]["error_nodes"] = [{"node": "b", "reason": "gpu", "ts": 1.0}]
+    doc = _example()
+    doc["status"] = crd_status.cr_status(record, now="2026-01-01T00:00:00Z",
+                                         replacing={"train-1": "uid-1"})  # fmt: skip
+    k8s_schema.check_custom(doc, _crd())
+    doc["status"]["conditions"][0]["status"] = "Maybe"
+    with pytest.raises(jsonschema.ValidationError):
+        k8s_schema.check_custom(doc, _crd())
+
+
+def test_the_master_deployment_learns_jobs_from_kubernetes_and_listens_on_the_pod_ip() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_schema.render_kustomization(DEPLOY)}
+    master = docs[("Deployment", "aegis-master")]["spec"]["template"]["spec"]["containers"][0]
+    argv = master["command"]
+    assert "--kubernetes" in argv
+    assert (
+        argv[argv.index("--grpc-host") + 1] == argv[argv.index("--metrics-host") + 1] == ("0.0.0.0")
+    )
+    rules = docs[("ClusterRole", "aegis-master")]["rules"]
+    allowed = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
+    # What platforms.kubernetes.master_side calls, and nothing that creates or deletes.
+    assert {("aegisjobs", "list"), ("aegisjobs/status", "patch"), ("secrets", "get"),
+            ("pods", "list")} <= allowed  # fmt: skip
+    assert not {verb for _, verb in allowed} & {"create", "delete"}

@@ -16,43 +16,21 @@ import kopf
 import pytest
 
 from aegis.platforms.kubernetes import controller, manifests
+from tests import k8s_emulator
 from tests.agent_waits import async_wait_until
 from tests.test_k8s_handlers import exited, job_body
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 
-JOBS = f"/apis/{manifests.GROUP}/{manifests.VERSION}/namespaces/ml/{manifests.PLURAL}"
-PODS = "/api/v1/namespaces/ml/pods"
-
-
-def _declare(emulator: kmock.KubernetesEmulator) -> None:
-    verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
-    emulator.resources["v1/namespaces"] = {"kind": "Namespace", "singular": "namespace",
-                                           "namespaced": False, "verbs": verbs}  # fmt: skip
-    for plural, kind in (("pods", "Pod"), ("secrets", "Secret"), ("services", "Service"),
-                         ("events", "Event")):  # fmt: skip
-        emulator.resources[f"v1/{plural}"] = {"kind": kind, "singular": kind.lower(),
-                                              "namespaced": True, "verbs": verbs}  # fmt: skip
-    emulator.resources[f"{manifests.GROUP}/{manifests.VERSION}/{manifests.PLURAL}"] = {
-        "kind": manifests.KIND, "singular": "aegisjob", "namespaced": True, "verbs": verbs,
-        "subresources": {"status"},
-    }  # fmt: skip
-    emulator.objects["v1/namespaces", None, "ml"] = {"metadata": {"name": "ml"}}
+JOBS, PODS = k8s_emulator.JOBS, k8s_emulator.PODS
 
 
 @pytest.fixture
 async def operator(
     kmock: kmock.KubernetesEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[kmock.KubernetesEmulator]:
-    config = tmp_path / "kubeconfig"
-    config.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: self\n"
-        f"clusters: [{{name: self, cluster: {{server: '{kmock.url!s}'}}}}]\n"
-        "contexts: [{name: self, context: {cluster: self, user: self}}]\n"
-        "users: [{name: self, user: {token: test}}]\n"
-    )
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    _declare(kmock)
+    k8s_emulator.use_kubeconfig(kmock, tmp_path, monkeypatch)
+    k8s_emulator.declare(kmock)
     settings = kopf.OperatorSettings()
     settings.posting.enabled = False
     settings.watching.server_timeout = 10
@@ -89,10 +67,6 @@ def _live(emulator: kmock.KubernetesEmulator) -> set[str]:
     return {n for n in ("train-0", "train-1", "train-2") if _pod(emulator, n) is not None}
 
 
-@pytest.mark.skip(
-    reason="flaky against kmock 0.8 (about 1 run in 4-6): the replacement pod is sometimes "
-    "never created after the DELETED event; kept open in issue 8"
-)
 async def test_operator_runs_an_aegisjob_end_to_end_when_pods_and_job_fail(
     operator: kmock.KubernetesEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -117,6 +117,11 @@ def pending_request(step: int | None, *, opt_in: bool = True) -> Request | None:
     return None
 
 
+def takes_requests() -> bool:
+    """Whether this process has said it takes checkpoint requests."""
+    return _writer.opted_in
+
+
 def answer(request: Request) -> None:
     """Mark ``request`` answered (saved): ``report`` stops saying it is due."""
     buffer = _writer.buffer

@@ -1,19 +1,51 @@
-"""The real ``Bus`` and ``StatusStore``: nats-py on a NATS server, JetStream KV for status."""
+"""The real ``Bus`` and ``StatusStore``: nats-py on a NATS server, JetStream KV for status.
+
+A URL may list several servers of one cluster, comma-separated: the client is given them all and
+reconnects to a survivor when its server dies. On a cluster the KV buckets are replicated
+(``replicas``); while a bucket elects a new leader after a server died (seconds), a write times out
+or finds no responder: ``KvStore.put`` tries again until ``retry_s``, and a retried write that
+finds its own bytes already stored (the first try landed, its ack was lost) counts as done.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.errors import ConnectionReconnectingError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import (
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Handler, StoreConflict
 
 log = logging.getLogger(__name__)
+
+# What a JetStream request raises while its stream (or the cluster) elects a new leader.
+TRANSIENT = (
+    NatsTimeoutError,
+    TimeoutError,
+    NoRespondersError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+    ConnectionReconnectingError,
+)
+
+
+def server_list(url: str) -> list[str]:
+    """``nats://a:1,nats://b:2`` -> both URLs (one server: a list of one)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
 
 
 class NatsSubscription:
@@ -49,7 +81,7 @@ class NatsBus:
                 on_error(exc)
 
         options: dict[str, object] = {
-            "servers": [url],
+            "servers": server_list(url),
             "name": name,
             "connect_timeout": connect_timeout_s,
             "reconnect_time_wait": 0.25,
@@ -82,21 +114,33 @@ class NatsBus:
 
 
 class KvStore:
-    """A JetStream KV bucket; revision-checked writes."""
+    """A JetStream KV bucket; revision-checked writes, retried through a cluster failover."""
 
-    def __init__(self, kv: object) -> None:
+    def __init__(self, kv: object, *, retry_s: float = 30.0) -> None:
         self._kv = kv
+        self.retry_s = retry_s
 
     @classmethod
-    async def open(cls, bus: NatsBus, bucket: str, *, replicas: int = 1) -> KvStore:
-        js = bus.client.jetstream()
+    async def open(
+        cls,
+        bus: NatsBus,
+        bucket: str,
+        *,
+        replicas: int = 1,
+        retry_s: float = 30.0,
+        request_timeout_s: float = 2.0,
+    ) -> KvStore:
+        js = bus.client.jetstream(timeout=request_timeout_s)
         try:
             kv = await js.key_value(bucket)
         except (NotFoundError, Exception):  # bucket missing: create it
             kv = await js.create_key_value(bucket=bucket, history=1, replicas=replicas)
-        return cls(kv)
+        return cls(kv, retry_s=retry_s)
 
     async def get(self, key: str) -> tuple[bytes, int] | None:
+        return await self._get_retrying(key, time.monotonic() + self.retry_s)
+
+    async def _get_once(self, key: str) -> tuple[bytes, int] | None:
         try:
             entry = await self._kv.get(key)  # type: ignore[attr-defined]
         except KeyNotFoundError:
@@ -104,12 +148,34 @@ class KvStore:
         return bytes(entry.value or b""), int(entry.revision)
 
     async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
-        try:
-            if expected_revision is None:
-                return int(await self._kv.create(key, value))  # type: ignore[attr-defined]
-            return int(await self._kv.update(key, value, last=expected_revision))  # type: ignore[attr-defined]
-        except KeyWrongLastSequenceError as exc:
-            raise StoreConflict("conflict", detail=f"{key}: {exc}") from None
+        deadline = time.monotonic() + self.retry_s
+        retried = False
+        while True:
+            try:
+                if expected_revision is None:
+                    return int(await self._kv.create(key, value))  # type: ignore[attr-defined]
+                return int(await self._kv.update(key, value, last=expected_revision))  # type: ignore[attr-defined]
+            except KeyWrongLastSequenceError as exc:
+                if retried:  # did the try whose ack was lost land? then it is done
+                    stored = await self._get_retrying(key, deadline)
+                    if stored is not None and stored[0] == value:
+                        return stored[1]
+                raise StoreConflict("conflict", detail=f"{key}: {exc}") from None
+            except TRANSIENT as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("kv %s: write failed (%s), trying again", key, type(exc).__name__)
+                retried = True
+                await asyncio.sleep(0.2)
+
+    async def _get_retrying(self, key: str, deadline: float) -> tuple[bytes, int] | None:
+        while True:
+            try:
+                return await self._get_once(key)
+            except TRANSIENT:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def keys(self) -> list[str]:
         try:

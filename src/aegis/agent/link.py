@@ -22,6 +22,7 @@ from pathlib import Path
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import NatsBus
 from aegis.agent import ports, supervisor
+from aegis.checks import host as check_host
 from aegis.checks import suites
 from aegis.checks.base import CheckSettings, GroupInfo
 from aegis.core.phases import Order, Phase
@@ -71,6 +72,7 @@ class MasterLink:
         self.hung = False
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
+        self.check_host: check_host.CheckHost | None = None  # warm collective checks (issue 9)
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- connection ----------------------------------------------------------------------------
@@ -350,6 +352,7 @@ class MasterLink:
             inject=self.settings.inject,
             group=group,
             hung=self.hung,
+            host=self.check_host,
         )
         if order.order is Order.BOOTCHECK:
             return await suites.bootcheck(settings)

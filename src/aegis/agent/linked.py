@@ -21,6 +21,7 @@ from pathlib import Path
 from aegis.adapters.grpc.creds import CredsRefused
 from aegis.agent import link, reaper, supervisor
 from aegis.checkpoint import process
+from aegis.checks import host as check_host
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ async def run_linked(
     loop = asyncio.get_running_loop()
     async with (
         reaper.Reaper() as the_reaper,
+        check_host.CheckHost(the_reaper) as the_link.check_host,
         supervisor.Supervisor(argv, sup_settings, the_reaper, the_link, env=env) as sup,
     ):
         stop_code: list[int] = []

@@ -48,9 +48,12 @@ def _saver(settings: SaverSettings) -> Saver:
 
 
 def save(step: int, state_dict: Any) -> None:
-    """Copy ``state_dict`` into shared memory for step ``step``; the daemon persists it. A save
-    while the master's checkpoint request is pending answers it (and holds, as below)."""
+    """Copy ``state_dict`` into shared memory for step ``step``; the daemon persists it. In a
+    script that takes requests (it calls ``save_if_requested``), a save while the master's
+    request is pending answers it (and holds, as below)."""
     _saver(SaverSettings.from_env()).save(step, state_dict)
+    if not training.takes_requests():
+        return
     request = training.pending_request(None, opt_in=False)
     if request is not None:
         _answer_and_hold(request, step)

@@ -49,11 +49,14 @@ class SaverSettings:
     policy: BusyPolicy = BusyPolicy.WAIT
     wait_timeout_s: float = 600.0
     poll_s: float = 0.005
+    resume_step: int | None = None  # the job's committed step: never resume past it
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> SaverSettings:
         """``AEGIS_CKPT_SHM`` (default ``/dev/shm/aegis-<AEGIS_JOB>-<AEGIS_POD>``),
-        ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`` (wait|raise), ``AEGIS_CKPT_WAIT_S``."""
+        ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`` (wait|raise), ``AEGIS_CKPT_WAIT_S``,
+        ``AEGIS_RESUME_STEP`` (set by the master on a restart: the newest step every pod
+        committed, so that all ranks resume from the same one)."""
         env = dict(os.environ if environ is None else environ)
         shm = env.get("AEGIS_CKPT_SHM") or default_shm_dir(env)
         ckpt = env.get("AEGIS_CKPT_DIR")
@@ -62,6 +65,7 @@ class SaverSettings:
             ckpt_dir=Path(ckpt) if ckpt else None,
             policy=BusyPolicy(env.get("AEGIS_CKPT_POLICY", BusyPolicy.WAIT.value)),
             wait_timeout_s=float(env.get("AEGIS_CKPT_WAIT_S", "600")),
+            resume_step=int(env["AEGIS_RESUME_STEP"]) if env.get("AEGIS_RESUME_STEP") else None,
         )
 
 
@@ -177,7 +181,7 @@ class Saver:
         """The newest committed state: from shared memory if there is one, else from disk."""
         import torch
 
-        committed = self.committed_steps()
+        committed = self._at_most_resume(self.committed_steps())
         if committed:
             step = committed[-1]
             shm = self.settings.shm_dir
@@ -195,7 +199,7 @@ class Saver:
         ckpt = self.settings.ckpt_dir
         if ckpt is None:
             return None
-        for step in reversed(lay.disk_steps(ckpt)):
+        for step in reversed(self._at_most_resume(lay.disk_steps(ckpt))):
             try:
                 copy = store.read_committed(ckpt, step)
             except store.CorruptCheckpointError as exc:
@@ -205,6 +209,11 @@ class Saver:
             log.info("checkpoint step %s loaded from %s", step, ckpt)
             return step, _apply(_build(copy.layout, copy.skeleton, data, torch), template, torch)
         return None
+
+    def _at_most_resume(self, steps: list[int]) -> list[int]:
+        """A rank may have committed a step its peers have not: it resumes with them."""
+        limit = self.settings.resume_step
+        return steps if limit is None else [s for s in steps if s <= limit]
 
 
 def _dumps(layout: lay.Layout) -> bytes:

@@ -10,13 +10,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aegis.checks import host as check_host
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
 
 DEFAULT_BUDGETS_S: Mapping[CheckType, float] = {
     CheckType.IO: 30.0,
     CheckType.GPU: 66.0,
-    CheckType.RUNTIME: 10.0,
+    CheckType.RUNTIME: 30.0,  # the first import of torch, on a loaded node (then cached)
     CheckType.RDMA: 25.0,
     CheckType.ALLREDUCE_CONNECT: 122.0,
     CheckType.ALLREDUCE_PERF: 182.0,
@@ -36,8 +37,8 @@ class GroupInfo:
     master_port: int
 
     def port_for(self, check: CheckType) -> int:
-        """allreduce_connect meets on master_port, allreduce_perf on master_port + 1 (a round's
-        two groups never share a rendezvous store)."""
+        """A round's collective child (allreduce_connect, or both checks in one group) meets on
+        master_port; a child running allreduce_perf alone on master_port + 1."""
         return self.master_port + (1 if check is CheckType.ALLREDUCE_PERF else 0)
 
 
@@ -45,12 +46,12 @@ class GroupInfo:
 class PerfSettings:
     """allreduce_perf: a fixed local matmul benchmark plus pairwise and world collective rounds."""
 
-    compute_s: float = 1.0  # wall time of the local matmul benchmark ...
-    window_s: float = 0.2  # ... judged by its best window of this length
+    compute_s: float = 0.5  # wall time of the local matmul benchmark ...
+    window_s: float = 0.1  # ... judged by its best window of this length (5 windows)
     matrix: int = 128  # side of the float32 matrices multiplied
     pair_mb: float = 1.0  # payload of each pairwise ping-pong
     pair_iterations: int = 4
-    pair_repeats: int = 5  # measurements per pair, the best one counts
+    pair_repeats: int = 3  # measurements per pair, the best one counts
     max_pair_rounds: int = 3
     allreduce_mb: float = 1.0
     slow_factor: float = 0.6  # compute below this fraction of the peers' median: slow
@@ -72,6 +73,7 @@ class CheckSettings:
     rdma_root: Path = Path("/sys/class/infiniband")
     expect_cuda: bool | None = None  # runtime: CUDA must (True) / must not (False) be usable
     perf: PerfSettings = field(default_factory=PerfSettings)
+    host: check_host.CheckHost | None = None  # the agent's warm check interpreter (None: cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ CheckFn = Callable[[CheckSettings], Awaitable[Outcome]]
 
 async def run_one(check_type: CheckType, fn: CheckFn, settings: CheckSettings) -> CheckResult:
     started = time.monotonic()
+    timed_out = False
     if check_type.value in settings.inject:
         outcome = Outcome(False, INJECTED)
     else:
@@ -94,7 +97,7 @@ async def run_one(check_type: CheckType, fn: CheckFn, settings: CheckSettings) -
             async with asyncio.timeout(budget):
                 outcome = await fn(settings)
         except TimeoutError:
-            outcome = Outcome(False, f"timeout after {budget:g} s")
+            outcome, timed_out = Outcome(False, f"timeout after {budget:g} s"), True
         except Exception as exc:  # a check that crashes is a failed check, with its reason
             outcome = Outcome(False, f"{type(exc).__name__}: {exc}")
     return CheckResult(
@@ -104,6 +107,7 @@ async def run_one(check_type: CheckType, fn: CheckFn, settings: CheckSettings) -
         duration_s=round(time.monotonic() - started, 4),
         ts=time.time(),
         not_applicable=outcome.not_applicable,
+        timed_out=timed_out,
     )
 
 

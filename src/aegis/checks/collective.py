@@ -1,10 +1,13 @@
 """The collective part of allreduce_connect / allreduce_perf, run as a child process.
 
-``python -m aegis.checks.collective connect|perf --rank R --world-size W --master-addr A
---master-port P [...]`` joins a process group (TCP rendezvous on A:P; NCCL when CUDA is
-available, else gloo), runs the round, and prints one JSON object ``{"passed", "result", ...}``
-on stdout. The agent never holds a process group itself, and a hung collective dies with this
-process when the check's budget runs out.
+``python -m aegis.checks.collective MODES --rank R --world-size W --master-addr A
+--master-port P [...]`` (MODES: ``connect``, ``perf`` or ``connect,perf``) joins one process
+group (TCP rendezvous on A:P; NCCL when CUDA is available, else gloo), runs each round in turn on
+it, and prints one JSON object ``{"mode", "passed", "result", "pid", ...}`` per round on stdout as
+soon as that round is done; after a failed ``connect`` it stops. The agent never holds a process
+group itself, and a hung collective dies with this process when the check's budget runs out.
+The same :func:`main` runs in a child forked from the agent's warm check interpreter
+(:mod:`aegis.checks.forkserver`), which has imported torch already.
 """
 
 from __future__ import annotations
@@ -19,18 +22,27 @@ from typing import Any
 
 from aegis.checks import perf
 
+MODES = ("connect", "perf")
+
+
+def _modes(text: str) -> list[str]:
+    modes = text.split(",")
+    if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"modes must be among {','.join(MODES)}: {text!r}")
+    return modes
+
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m aegis.checks.collective")
-    parser.add_argument("mode", choices=("connect", "perf"))
+    parser.add_argument("mode", type=_modes, help="connect, perf or connect,perf")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--timeout-s", type=float, default=120.0)
-    parser.add_argument("--compute-s", type=float, default=1.0)
-    parser.add_argument("--window-s", type=float, default=0.2)
-    parser.add_argument("--pair-repeats", type=int, default=5)
+    parser.add_argument("--compute-s", type=float, default=0.5)
+    parser.add_argument("--window-s", type=float, default=0.1)
+    parser.add_argument("--pair-repeats", type=int, default=3)
     parser.add_argument("--matrix", type=int, default=128)
     parser.add_argument("--pair-mb", type=float, default=1.0)
     parser.add_argument("--pair-iterations", type=int, default=4)
@@ -80,16 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     joined_s = time.monotonic() - started
     try:
-        if args.mode == "connect":
-            out = _connect_round(torch, dist, args.rank, args.world_size, device)
-        else:
-            out = perf.run_round(torch, dist, args, device)
-        out["backend"] = backend
-        out["join_s"] = round(joined_s, 3)
+        for mode in args.mode:
+            round_started = time.monotonic()
+            if mode == "connect":
+                out = _connect_round(torch, dist, args.rank, args.world_size, device)
+            else:
+                out = perf.run_round(torch, dist, args, device)
+            out.update(mode=mode, backend=backend, join_s=round(joined_s, 3), pid=os.getpid(),
+                       round_s=round(time.monotonic() - round_started, 3))  # fmt: skip
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()  # each verdict as soon as its round is done
+            if not out["passed"] and mode == "connect":
+                break  # no perf round on a group that does not compute right
     finally:
         dist.destroy_process_group()
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
     return 0
 
 

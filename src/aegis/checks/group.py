@@ -1,15 +1,21 @@
-"""allreduce_connect and allreduce_perf: the collective round runs in a child process.
+"""allreduce_connect and allreduce_perf: the collective rounds run in one child process per round.
 
-The agent never holds a process group: each check starts ``python -m aegis.checks.collective``
-and reads its one-line JSON verdict. When the check's budget runs out, :func:`base.run_one`
-cancels the wait and the child is killed (SIGKILL), so a hung collective cannot outlive it.
-The child's exit status is not waited for here (the agent's reaper owns ``waitpid``); the verdict
-is the JSON line, and a child that dies without one fails the check with its stderr's last line.
+The agent never holds a process group. A :class:`CollectiveRound` starts one child for all the
+collective checks of a check round (``python -m aegis.checks.collective connect,perf``: one
+torch import, one rendezvous, one process group) and hands each check the JSON verdict line the
+child prints for it; each check keeps its own budget and duration (:func:`base.run_one`). The
+child is forked from the agent's warm check interpreter (``settings.host``, see
+:mod:`aegis.checks.host`) when one is ready, else started cold. When a check's budget runs out,
+the wait is cancelled and the child is killed (SIGKILL), so a hung collective cannot outlive it.
+A child that dies without a verdict fails the check with its stderr's last line. A cold child's
+exit status is not waited for here beyond letting its pipes close; a warm one is the
+forkserver's child, reaped there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -18,11 +24,21 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from aegis.checks import host as check_host
 from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo, Outcome
 from aegis.core.recovery import CheckType
 
 log = logging.getLogger(__name__)
+
+MODES: dict[CheckType, str] = {
+    CheckType.ALLREDUCE_CONNECT: "connect",
+    CheckType.ALLREDUCE_PERF: "perf",
+}
+EXIT_GRACE_S = 2.0  # a child that gave every verdict gets this long to leave on its own
+STDERR_LINES = 20
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,60 +52,224 @@ def solo_group() -> GroupInfo:
     return GroupInfo(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
 
 
-def collective_argv(mode: str, check: CheckType, settings: CheckSettings) -> list[str]:
+def collective_args(checks: Sequence[CheckType], settings: CheckSettings) -> list[str]:
+    """The arguments of ``python -m aegis.checks.collective`` running ``checks`` in order."""
     group = settings.group
-    assert group is not None
-    budget = settings.budgets_s.get(check, DEFAULT_BUDGETS_S[check])
+    assert group is not None and checks
+    budget = max(settings.budgets_s.get(c, DEFAULT_BUDGETS_S[c]) for c in checks)
     p = settings.perf
-    argv = [
-        sys.executable, "-m", "aegis.checks.collective", mode,
+    args = [
+        ",".join(MODES[c] for c in checks),
         "--rank", str(group.rank), "--world-size", str(group.world_size),
-        "--master-addr", group.master_addr, "--master-port", str(group.port_for(check)),
+        "--master-addr", group.master_addr, "--master-port", str(group.port_for(checks[0])),
         "--timeout-s", str(budget),
     ]  # fmt: skip
-    if mode == "perf":
-        argv += [
+    if CheckType.ALLREDUCE_PERF in checks:
+        args += [
             "--compute-s", str(p.compute_s), "--window-s", str(p.window_s),
             "--matrix", str(p.matrix), "--pair-mb", str(p.pair_mb),
             "--pair-iterations", str(p.pair_iterations), "--pair-repeats", str(p.pair_repeats),
             "--max-pair-rounds", str(p.max_pair_rounds), "--allreduce-mb", str(p.allreduce_mb),
             "--slow-factor", str(p.slow_factor), "--pair-slow-factor", str(p.pair_slow_factor),
         ]  # fmt: skip
-    return argv
+    return args
 
 
-async def run_child(argv: Sequence[str]) -> Outcome:
+def collective_argv(mode: str, check: CheckType, settings: CheckSettings) -> list[str]:
+    """The cold command line of one check's child (``mode``: ``connect`` or ``perf``)."""
+    assert MODES[check] == mode
+    return [sys.executable, "-m", "aegis.checks.collective", *collective_args([check], settings)]
+
+
+@dataclass(slots=True, eq=False)
+class _Child:
+    """A running collective child, warm or cold: its verdict lines, its stderr, its end."""
+
+    pid: int
+    warm: bool
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    gone: asyncio.Future[Any]  # done once it has ended (and been reaped)
+    transports: list[asyncio.BaseTransport] = field(default_factory=list)
+    err_lines: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=STDERR_LINES)
+    )
+    err_task: asyncio.Task[None] | None = None
+
+    def kill(self) -> None:
+        if self.gone.done():
+            return  # reaped already: the pid may be another process's now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    async def drain_stderr(self) -> None:
+        pending = b""
+        while chunk := await self.stderr.read(65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            self.err_lines.extend(t for x in lines if (t := x.decode(errors="replace").strip()))
+            pending = pending[-4096:]
+        if text := pending.decode(errors="replace").strip():
+            self.err_lines.append(text)
+
+
+class CollectiveRound:
+    """The collective checks of one check round, answered by one child (see the module doc)."""
+
+    def __init__(self, settings: CheckSettings, checks: Sequence[CheckType]) -> None:
+        self.settings = settings
+        self.checks = tuple(checks)
+        self.answers: dict[str, dict[str, Any]] = {}  # mode -> its verdict line
+        self.child: _Child | None = None
+        self._start: asyncio.Task[_Child] | None = None
+        self._killed = False
+
+    def start(self) -> None:
+        """Start the child (in the background) unless it is started."""
+        if self._start is None and self.checks:
+            self._start = asyncio.create_task(self._spawn(), name="collective-child")
+
+    def start_if_warm(self) -> None:
+        """Start the child now if a warm one can be forked at once (it then joins its group
+        while the local checks run); a cold start waits for the first collective check, so that
+        its ``import torch`` does not compete with the local checks."""
+        host = self.settings.host
+        if host is not None and host.ready_now:
+            self.start()
+
+    async def verdict(self, check: CheckType) -> Outcome:
+        """``check``'s outcome from the child's verdict line; cancelled: the child is killed."""
+        mode = MODES[check]
+        assert check in self.checks, (check, self.checks)
+        self.start()
+        assert self._start is not None
+        try:
+            child = await asyncio.shield(self._start)
+            while mode not in self.answers:
+                line = await child.stdout.readline()
+                if not line:
+                    break
+                with contextlib.suppress(ValueError):
+                    data = json.loads(line)
+                    if isinstance(data, dict) and "passed" in data:
+                        self.answers[str(data.get("mode", mode))] = data
+        except BaseException:  # the budget ran out (cancelled) or we are shutting down
+            self.kill()
+            raise
+        data = self.answers.get(mode)
+        if data is not None:
+            return Outcome(bool(data["passed"]), str(data.get("result", "")))
+        if child.err_task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(child.err_task), EXIT_GRACE_S)
+        last = child.err_lines[-1] if child.err_lines else ""
+        return Outcome(False, f"collective child died without a verdict: {last}")
+
+    def kill(self) -> None:
+        self._killed = True
+        if self.child is not None:
+            self.child.kill()
+
+    async def close(self) -> None:
+        """Let a child that gave every verdict leave, kill any other; wait (bounded) until gone."""
+        if self._start is None:
+            return
+        try:
+            child = await self._start
+        except Exception as exc:
+            log.warning("collective child did not start: %r", exc)
+            return
+        done = all(MODES[c] in self.answers for c in self.checks)
+        if not done or self._killed:
+            child.kill()
+        try:
+            async with asyncio.timeout(EXIT_GRACE_S):
+                await asyncio.shield(child.gone)
+        except TimeoutError:
+            child.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(child.gone), EXIT_GRACE_S)
+        if child.err_task is not None:
+            child.err_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await child.err_task
+        for transport in child.transports:
+            transport.close()
+
+    async def _spawn(self) -> _Child:
+        args = collective_args(self.checks, self.settings)
+        host = self.settings.host
+        child = await _fork_warm(host, args) if host is not None else None
+        if child is None:
+            if host is not None:
+                host.note_cold("the check forkserver is not usable")
+            child = await _start_cold(args)
+        child.err_task = asyncio.create_task(child.drain_stderr(), name=f"stderr-{child.pid}")
+        self.child = child
+        if self._killed:  # the budget ran out while it was starting
+            child.kill()
+        return child
+
+
+async def _start_cold(args: Sequence[str]) -> _Child:
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        sys.executable, "-m", "aegis.checks.collective", *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    return _Child(proc.pid, False, proc.stdout, proc.stderr, asyncio.ensure_future(proc.wait()))
+
+
+async def _fork_warm(host: check_host.CheckHost, args: Sequence[str]) -> _Child | None:
+    """Fork the child from the warm check interpreter; None when it cannot (start cold)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        out, err = await proc.communicate()
-    except BaseException:  # the budget ran out (cancelled) or we are shutting down
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(BaseException):  # let the pipes close; never block long
-            await asyncio.wait_for(asyncio.shield(proc.wait()), 2.0)
+        warm = await host.fork(args, out_w, err_w)
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
         raise
-    for line in reversed(out.decode(errors="replace").splitlines()):
-        with contextlib.suppress(ValueError):
-            data = json.loads(line)
-            if isinstance(data, dict) and "passed" in data:
-                return Outcome(bool(data["passed"]), str(data.get("result", "")))
-    lines = [x for x in err.decode(errors="replace").splitlines() if x.strip()]
-    return Outcome(False, f"collective child died without a verdict: {lines[-1] if lines else ''}")
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    if warm is None:
+        os.close(out_r)
+        os.close(err_r)
+        return None
+    readers: list[asyncio.StreamReader] = []
+    transports: list[asyncio.BaseTransport] = []
+    for fd in (out_r, err_r):
+        reader, transport = await _pipe_reader(fd)
+        readers.append(reader)
+        transports.append(transport)
+    return _Child(warm.pid, True, readers[0], readers[1], warm.exited, transports)
+
+
+async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: protocol, os.fdopen(fd, "rb", 0))
+    return reader, transport
+
+
+async def run_checks_alone(check: CheckType, settings: CheckSettings) -> Outcome:
+    """One collective check with a child of its own (``aegis check allreduce_*``)."""
+    if settings.group is None:
+        return Outcome(True, "not_applicable: no group given", not_applicable=True)
+    round_ = CollectiveRound(settings, [check])
+    try:
+        return await round_.verdict(check)
+    finally:
+        await round_.close()
 
 
 async def allreduce_connect_check(settings: CheckSettings) -> Outcome:
-    if settings.group is None:
-        return Outcome(True, "not_applicable: no group given", not_applicable=True)
-    return await run_child(collective_argv("connect", CheckType.ALLREDUCE_CONNECT, settings))
+    return await run_checks_alone(CheckType.ALLREDUCE_CONNECT, settings)
 
 
 async def allreduce_perf_check(settings: CheckSettings) -> Outcome:
-    if settings.group is None:
-        return Outcome(True, "not_applicable: no group given", not_applicable=True)
-    return await run_child(collective_argv("perf", CheckType.ALLREDUCE_PERF, settings))
+    return await run_checks_alone(CheckType.ALLREDUCE_PERF, settings)

@@ -2,14 +2,17 @@
 
 Bootcheck = the environment report (the runtime check's result line, see
 :mod:`aegis.checks.env`) + allreduce_connect; troubleshoot = every check. The collective checks
-run only when ``settings.group`` says where the pods meet (allreduce_connect on its
-``master_port``, allreduce_perf on ``master_port + 1``).
+run only when ``settings.group`` says where the pods meet. Within a round they are answered by
+one child (:class:`aegis.checks.group.CollectiveRound`: one torch import, or none when the
+agent's warm check interpreter forks it, and one process group on ``master_port``); a warm one
+is forked at the beginning of the round so that its rendezvous overlaps the local checks. Each
+check keeps its own result, duration and budget.
 """
 
 from __future__ import annotations
 
 from aegis.checks import gpu, group, local, rdma
-from aegis.checks.base import CheckFn, CheckSettings, Outcome, run_all, run_one
+from aegis.checks.base import CheckFn, CheckSettings, Outcome, run_one
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
 
@@ -45,20 +48,54 @@ def plan(round_: tuple[CheckType, ...], settings: CheckSettings) -> list[tuple[C
 
 
 async def bootcheck(settings: CheckSettings) -> list[CheckResult]:
-    return await run_all(plan(BOOTCHECK, settings), settings)
+    return await _run_round(BOOTCHECK, settings)
 
 
 async def troubleshoot(settings: CheckSettings) -> list[CheckResult]:
     """Every check in turn; allreduce_perf is skipped (not applicable) when allreduce_connect
     failed, so a missing pod costs one collective budget, not two."""
+    return await _run_round(TROUBLESHOOT, settings)
+
+
+def collective_round(
+    round_: tuple[CheckType, ...], settings: CheckSettings
+) -> group.CollectiveRound:
+    """The child of a round runs the collective checks that will run here (not injected ones)."""
+    wanted = [t for t, _ in plan(round_, settings) if t in COLLECTIVE]
+    if CheckType.ALLREDUCE_CONNECT.value in settings.inject:
+        wanted = []  # allreduce_perf is skipped after a failed allreduce_connect
+    return group.CollectiveRound(settings, [t for t in wanted if t.value not in settings.inject])
+
+
+async def _run_round(round_: tuple[CheckType, ...], settings: CheckSettings) -> list[CheckResult]:
+    collective = collective_round(round_, settings)
+    collective.start_if_warm()
     results: list[CheckResult] = []
-    for check_type, fn in plan(TROUBLESHOOT, settings):
-        connect = next((r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None)
-        if check_type is CheckType.ALLREDUCE_PERF and connect is not None and not connect.passed:
-            results.append(await run_one(check_type, _skipped, settings))
-        else:
+    try:
+        for check_type, planned in plan(round_, settings):
+            fn = planned
+            connect = next(
+                (r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None
+            )
+            if (
+                check_type is CheckType.ALLREDUCE_PERF
+                and connect is not None
+                and not connect.passed
+            ):
+                fn = _skipped
+            elif check_type in collective.checks:
+                fn = _verdict_of(collective, check_type)
             results.append(await run_one(check_type, fn, settings))
+    finally:
+        await collective.close()
     return results
+
+
+def _verdict_of(collective: group.CollectiveRound, check_type: CheckType) -> CheckFn:
+    async def verdict(settings: CheckSettings) -> Outcome:
+        return await collective.verdict(check_type)
+
+    return verdict
 
 
 async def _skipped(settings: CheckSettings) -> Outcome:

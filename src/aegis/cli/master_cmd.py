@@ -1,4 +1,7 @@
-"""``aegis master``: one master replica (leader election among replicas on the NATS KV)."""
+"""``aegis master``: one master replica (leader election among replicas on the NATS KV).
+
+``--kubernetes``: jobs come from AegisJob resources and their status goes back to them
+(``platforms.kubernetes.master_side``), next to the replica and only while it leads."""
 
 from __future__ import annotations
 
@@ -15,10 +18,12 @@ import typer
 
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.master import metrics
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
+from aegis.master.service import STATUS_BUCKET
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +31,9 @@ def register(app: typer.Typer) -> None:
 
 
 def master(
-    nats: Annotated[str, typer.Option(help="The NATS server (or cluster) URL.")],
+    nats: Annotated[
+        str, typer.Option(help="The NATS server URL (a cluster: every server, comma-separated).")
+    ],
     auth_file: Annotated[
         Path | None,
         typer.Option(help="The operator/account keys shared by all replicas (0600)."),
@@ -36,13 +43,26 @@ def master(
         "127.0.0.1"
     ),
     replica_id: Annotated[str | None, typer.Option(help="Default: host:pid.")] = None,
-    lease_s: Annotated[float, typer.Option(min=0.5, help="Leader lease.")] = 2.0,
+    lease_s: Annotated[
+        float | None,
+        typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
+    ] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     log_dir: Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")] = None,
     replicas: Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")] = 1,
     metrics_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (0: off).")
     ] = 0,
+    metrics_host: Annotated[
+        str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
+    ] = "127.0.0.1",
+    kubernetes: Annotated[
+        bool, typer.Option(help="Learn jobs from AegisJobs; write their status back.")
+    ] = False,
+    k8s_namespace: Annotated[
+        list[str] | None,
+        typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
+    ] = None,
 ) -> None:
     """Run a master replica: standby until it holds the lease, then leader of every job."""
     if auth_file is not None and not auth_file.is_file():
@@ -50,7 +70,7 @@ def master(
     authority = Authority.load(auth_file) if auth_file else None
     settings = ReplicaSettings(
         replica_id=replica_id or f"{socket.gethostname()}:{os.getpid()}",
-        lease=LeaseSettings(lease_s=lease_s, replicas=replicas),
+        lease=LeaseSettings.for_replicas(replicas, lease_s),
         job=JobSettings(
             heartbeat_timeout_s=heartbeat_timeout_s,
             chaos_exit_after_persist=os.environ.get("AEGIS_CHAOS_EXIT_AFTER_PERSIST", ""),
@@ -69,12 +89,21 @@ def master(
     replica = Replica(authority, nats, settings)
     if metrics_port:
         replica.metrics = metrics.MasterMetrics()
-        replica.metrics.serve(metrics_port)
-    asyncio.run(_serve(replica))
+        replica.metrics.serve(metrics_port, metrics_host)
+    side = None
+    if kubernetes:
+        try:
+            from aegis.platforms.kubernetes import master_side
+        except ImportError as exc:
+            print(f"aegis: error: --kubernetes needs the kubernetes client ({exc})",
+                  file=sys.stderr)  # fmt: skip
+            raise typer.Exit(2) from exc
+        side = master_side.KubernetesSettings(namespaces=tuple(k8s_namespace or ()))
+    asyncio.run(_serve(replica, side))
 
 
-async def _serve(replica: Replica) -> None:
-    task = asyncio.create_task(replica.run(), name="replica")
+async def _serve(replica: Replica, kubernetes: object | None = None) -> None:
+    task = asyncio.create_task(_run(replica, kubernetes), name="replica")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -82,3 +111,24 @@ async def _serve(replica: Replica) -> None:
         await task
     except asyncio.CancelledError:
         return
+
+
+async def _run(replica: Replica, kubernetes: object | None) -> None:
+    if kubernetes is None:
+        await replica.run()
+        return
+    from aegis.platforms.kubernetes import cluster, master_side
+
+    assert isinstance(kubernetes, master_side.KubernetesSettings)
+    creds = replica.authority.master_creds() if replica.authority else None
+    bus = await NatsBus.connect(replica.nats_url, creds, name=f"{replica.settings.replica_id}-k8s")
+    try:
+        store = await KvStore.open(bus, STATUS_BUCKET, replicas=replica.settings.lease.replicas)
+        api = cluster.KubernetesCluster(cluster.load_config())
+        side = master_side.KubernetesSide(api, bus, store, kubernetes,
+                                          leading=replica.leading.is_set)  # fmt: skip
+        async with asyncio.TaskGroup() as group:
+            group.create_task(replica.run(), name="replica")
+            group.create_task(side.run(), name="kubernetes")
+    finally:
+        await bus.close()

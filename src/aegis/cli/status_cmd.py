@@ -1,11 +1,16 @@
-"""``aegis status JOB [--log-dir D] [--json]``: the user-facing summary and the per-pod table.
+"""``aegis status JOB [--log-dir D | --nats URL [--auth-file F] | --ctl-file F] [--json]``: the
+user-facing summary and the per-pod table.
 
 Read from the job's log directory (``events.jsonl`` replayed through the core: a finished run,
-or a running ``aegis run``, whose event log is flushed per line).
+or a running ``aegis run``, whose event log is flushed per line), or from a running master's
+store (``--nats``: the job's record in the JetStream KV status bucket, connected as
+``aegis master`` connects; ``--ctl-file``: the control file of an ``aegis run``, as
+``aegis ctl`` connects).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -14,7 +19,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from aegis.cli import render
+from aegis.adapters.nats_auth import Authority
+from aegis.cli import render, status_store
+from aegis.master import control
 from aegis.tools import joblog, status_summary
 from aegis.wire import eventlog
 
@@ -23,6 +30,18 @@ LogDirOption = Annotated[
     typer.Option(help="The job's log directory (default: $AEGIS_LOG_DIR, else the newest "
                  "aegis run directory of JOB in the temporary directory)."),
 ]  # fmt: skip
+
+
+NatsOption = Annotated[
+    str | None,
+    typer.Option(help="Read the job from a running master's store on this NATS server."),
+]
+AuthFileOption = Annotated[
+    Path | None, typer.Option(help="With --nats: the keys file the master replicas load.")
+]
+CtlFileOption = Annotated[
+    Path | None, typer.Option(help="Read the store of a running aegis run (its control file).")
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -50,14 +69,75 @@ def pod_table(summary: status_summary.Summary) -> Table:
     return table
 
 
+def _store_target(
+    nats: str | None, auth_file: Path | None, ctl_file: Path | None, namespace: str | None
+) -> status_store.StoreTarget:
+    if ctl_file is not None:
+        try:
+            target = control.read_control_file(ctl_file)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"aegis: error: cannot read control file {ctl_file}: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        return status_store.StoreTarget(target.nats_url, target.creds,
+                                        namespace or target.namespace)  # fmt: skip
+    assert nats is not None
+    creds = None
+    if auth_file is not None:
+        try:
+            creds = Authority.load(auth_file).master_creds()
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"aegis: error: cannot read keys file {auth_file}: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+    return status_store.StoreTarget(nats, creds, namespace or "default")
+
+
+def from_store_or_exit(
+    job: str, target: status_store.StoreTarget, timeout_s: float
+) -> status_summary.Summary:
+    where = f"{target.nats_url} (namespace {target.namespace})"
+    try:
+        record = asyncio.run(status_store.read_record(target, job, timeout_s))
+    except status_store.StoreReadError as exc:
+        print(f"aegis: error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    if record is None:
+        print(f"aegis: error: no job {job!r} in the store at {where}", file=sys.stderr)
+        raise typer.Exit(1)
+    try:
+        return status_summary.from_record(record)
+    except (KeyError, ValueError, TypeError) as exc:
+        print(f"aegis: error: the record of {job!r} at {where} is not a job status: {exc!r}",
+              file=sys.stderr)  # fmt: skip
+        raise typer.Exit(1) from None
+
+
 def status(
     job: Annotated[str, typer.Argument(help="Job name.")],
     log_dir: LogDirOption = None,
+    nats: NatsOption = None,
+    auth_file: AuthFileOption = None,
+    ctl_file: CtlFileOption = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="The job's namespace in the store (default: default).")
+    ] = None,
+    timeout_s: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for NATS.")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Print the job's phase, the user-facing restart line and the per-pod table."""
-    log = load_or_exit(job, log_dir)
-    summary = status_summary.from_log(log)
+    if sum(x is not None for x in (log_dir, nats, ctl_file)) > 1:
+        print("aegis: error: pass one of --log-dir, --nats, --ctl-file", file=sys.stderr)
+        raise typer.Exit(2)
+    if auth_file is not None and nats is None:
+        print("aegis: error: --auth-file goes with --nats", file=sys.stderr)
+        raise typer.Exit(2)
+    if nats is not None or ctl_file is not None:
+        target = _store_target(nats, auth_file, ctl_file, namespace)
+        summary = from_store_or_exit(job, target, timeout_s)
+        source = f"store: {target.nats_url}"
+    else:
+        log = load_or_exit(job, log_dir)
+        summary = status_summary.from_log(log)
+        source = f"logs: {log.log_dir}"
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
         raise typer.Exit(0)
@@ -68,5 +148,5 @@ def status(
     if summary.error_nodes:
         out.print(f"error nodes: {', '.join(summary.error_nodes)}")
     out.print(pod_table(summary))
-    out.print(f"logs: {log.log_dir}")
+    out.print(source)
     raise typer.Exit(0)

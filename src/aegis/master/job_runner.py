@@ -37,6 +37,7 @@ from aegis.core import machine
 from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
+from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.ports import Platform
@@ -191,6 +192,7 @@ class JobRunner:
         committed = min(self.ckpt_steps.get(p, -1) for p in self.status.pod_infos)
         if committed > self.committed_step:
             self.committed_step = committed
+            self.extra["committed_step"] = committed  # stored with the next status write
             self.platform_event(ev.CheckpointCommitted(committed))
 
     # -- checkpoint on request (drains, slow nodes) --------------------------------------------
@@ -375,6 +377,7 @@ class JobRunner:
                 changed = True
                 self._log_transition(before, self.status, item.event)
             self._materialise_orders(actions)
+            self._count_reschedules(actions)
             done.append((item, actions))
         request = self._checkpoint_request()
         if request is not None:
@@ -395,6 +398,16 @@ class JobRunner:
                 listener(self, item.event, actions)
         if request is not None:  # after the round's own orders (a restart resets the file)
             await self._publish(request)
+
+    def _count_reschedules(self, actions: tuple[act.Action, ...]) -> None:
+        """Level-3 evictions (a pod moved off a bad node), stored with the record for
+        ``aegis status --nats`` (the K of the user-facing line); written with the status."""
+        moved = sum(
+            1 for a in actions if isinstance(a, act.EvictPod) and a.level is RecoveryLevel.NODE
+        )
+        if moved:
+            count = int(self.extra.get("hardware_rescheduled", 0)) + moved
+            self.extra["hardware_rescheduled"] = count
 
     def _chaos_after_persist(self) -> None:
         chaos, marker = self.settings.chaos_exit_after_persist, self.settings.chaos_marker
@@ -418,6 +431,10 @@ class JobRunner:
                     else ("CHECK_MASTER_PORT")
                 )
                 env = {"MASTER_ADDR": self.settings.master_addr, key: str(free_port())}
+                if key == "MASTER_PORT" and self.committed_step >= 0:
+                    # every rank resumes from the step all pods committed, never a newer one
+                    # only some of them have
+                    env["AEGIS_RESUME_STEP"] = str(self.committed_step)
             order = RoundOrder(
                 action.order, action.phase, action.seq, action.pods, action.exit_code, env
             )
@@ -554,7 +571,9 @@ def runner_from_record(record: dict[str, Any], revision: int, **kwargs: Any) -> 
         )
         for o in record.get("orders", [])
     ]
-    runner.extra = {k: record[k] for k in ("token", "nodes") if k in record}
+    kept = ("token", "nodes", "hardware_rescheduled", "committed_step")
+    runner.extra = {k: record[k] for k in kept if k in record}
+    runner.committed_step = int(record.get("committed_step", -1))
     return runner
 
 

@@ -10,6 +10,13 @@
 The revision at acquisition is the leader's *epoch*. The lease is held while a renewal
 succeeded within ``lease_s - margin_s`` by this process's monotonic clock: a leader that was
 stopped (SIGSTOP) past its lease finds it expired on its own clock before doing anything.
+
+Lease length: 2 s on a single server. On a JetStream cluster (R3 buckets) a server's death makes
+the lease bucket elect a new stream leader, during which no renewal can succeed: 4.4-6.7 s
+measured on a loopback R3 cluster (raft election timeouts of 4-9 s), so the clustered default is
+12 s (the longest election, one renewal period and the margin fit in it). A renewal is attempted
+every ``renew_s`` (at most 1 s), and again every 0.2 s after a failure, so the first write the
+new stream leader accepts renews the lease.
 """
 
 from __future__ import annotations
@@ -28,13 +35,33 @@ from nats.js.kv import KeyValue
 log = logging.getLogger(__name__)
 
 
+SINGLE_SERVER_LEASE_S = 2.0
+CLUSTER_LEASE_S = 12.0
+RETRY_AFTER_FAILURE_S = 0.2
+
+
+def default_lease_s(replicas: int) -> float:
+    """The default lease for buckets of ``replicas`` copies: longer than a cluster failover."""
+    return CLUSTER_LEASE_S if replicas > 1 else SINGLE_SERVER_LEASE_S
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseSettings:
-    lease_s: float = 2.0
+    lease_s: float = SINGLE_SERVER_LEASE_S
     bucket: str = "aegis-leader"
     key: str = "leader"
     margin_s: float = 0.3
     replicas: int = 1
+    renew_s: float | None = None  # None: a third of the lease, at most 1 s
+
+    @classmethod
+    def for_replicas(cls, replicas: int, lease_s: float | None = None) -> LeaseSettings:
+        """Settings for buckets of ``replicas`` copies; ``lease_s`` None: the default for it."""
+        return cls(lease_s=lease_s or default_lease_s(replicas), replicas=replicas)
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.renew_s if self.renew_s is not None else min(self.lease_s / 3, 1.0)
 
 
 class _Occupied(Exception):
@@ -48,6 +75,7 @@ class Lease:
         self.epoch: int | None = None
         self._revision = 0
         self._valid_until = 0.0
+        self.renew_failures = 0  # consecutive failed renewals (a cluster failover)
 
     async def open(self) -> None:
         js = self.client.jetstream()
@@ -91,10 +119,15 @@ class Lease:
         try:
             self._revision = await self._publish(expected=self._revision)
         except Exception as exc:
-            log.warning("lease: renewal failed: %s", exc)
+            self.renew_failures += 1
+            level = logging.WARNING if self.renew_failures == 1 else logging.DEBUG
+            log.log(level, "lease: renewal failed: %s", type(exc).__name__)
             if not self.held:
                 self.epoch = None
             return self.held
+        if self.renew_failures:
+            log.info("lease: renewed after %d failed tries", self.renew_failures)
+            self.renew_failures = 0
         self._valid_until = started + self.settings.lease_s - self.settings.margin_s
         return True
 
@@ -106,7 +139,7 @@ class Lease:
             self.holder.encode(),
             headers=headers,
             msg_ttl=self.settings.lease_s,
-            timeout=max(0.2, self.settings.lease_s / 3),
+            timeout=max(0.2, self.settings.renew_every_s),
         )
         return int(ack.seq)
 
@@ -129,9 +162,10 @@ class Lease:
         raise _Occupied
 
     async def keep(self) -> None:
-        """Renew every third of the lease until it is lost; then return."""
+        """Renew until the lease is lost (soon again after a failure); then return."""
         while True:
-            await asyncio.sleep(self.settings.lease_s / 3)
+            failing = self.renew_failures > 0
+            await asyncio.sleep(RETRY_AFTER_FAILURE_S if failing else self.settings.renew_every_s)
             if not await self.renew():
                 log.warning("lease: %s lost the lead (epoch %s)", self.holder, self.epoch)
                 self.epoch = None
@@ -141,13 +175,18 @@ class Lease:
         """Until this replica holds the lease; returns the epoch."""
         assert self.kv is not None
         while not await self.try_acquire():
-            await self._wait_vacancy(self.settings.lease_s / 2)
+            await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
         assert self.epoch is not None
         return self.epoch
 
     async def _wait_vacancy(self, timeout_s: float) -> None:
         assert self.kv is not None
-        watcher = await self.kv.watch(self.settings.key, include_history=False)
+        try:
+            watcher = await self.kv.watch(self.settings.key, include_history=False)
+        except Exception as exc:  # the bucket is electing a leader (a cluster failover)
+            log.debug("lease: cannot watch yet: %s", exc)
+            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+            return
         try:
             async with asyncio.timeout(timeout_s):
                 async for entry in watcher:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CHECK_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 300)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+HEARTBEAT_LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5,
+                           5, 10)  # fmt: skip
 ROUND_NAMES = {Phase.BOOT_CHECKING: "bootcheck", Phase.TROUBLESHOOTING: "troubleshoot"}
 JOB_LABELS = ("gpu_type", "worker_num")
 
@@ -138,6 +140,11 @@ class MasterMetrics:
             "aegis_recovery_duration_seconds", "From detection until back in RunCommand",
             ["level"], buckets=LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip
+        self.heartbeat_lag = Histogram(
+            "aegis_heartbeat_lag_seconds",
+            "From an agent sending a heartbeat (its timestamp) to the master handling it",
+            buckets=HEARTBEAT_LAG_BUCKETS_S, registry=r,
+        )  # fmt: skip
         for level in LEVEL_NAMES.values():
             self.recoveries.labels(level)
         self.jobs: list[_Job] = []
@@ -154,11 +161,15 @@ class MasterMetrics:
         self.jobs_succeeded.labels(*labels)  # present (at 0) from the start, for rates
         self.jobs_failed.labels(*labels)
         runner.message_listeners.append(lambda r, msg: self._on_message(job, msg))
+        runner.heartbeat_listeners.append(self._on_heartbeat)
         runner.listeners.append(lambda r, event, actions: self._on_event(job, event, actions))
 
     def detach(self, runner: JobRunner) -> None:
         """Forget a finished job's live values (its counters stay)."""
         self.jobs[:] = [job for job in self.jobs if job.runner is not runner]
+
+    def _on_heartbeat(self, runner: JobRunner, msg: m.Message) -> None:
+        self.heartbeat_lag.observe(max(0.0, runner.clock() - msg.ts))
 
     def _on_message(self, job: _Job, msg: m.Message) -> None:
         now = job.runner.clock()

@@ -5,6 +5,12 @@ only by the leader). The leader loads every non-terminal job (``JobRunner.takeov
 polling the bucket for new ones; when the lease is lost it stops every runner at once (their
 ``fence`` already refuses to write or publish) and goes back to standby. Every replica serves
 the credentials handshake, so an agent may bootstrap from any of them.
+
+On a JetStream cluster the status bucket has as many copies as the lease bucket
+(``LeaseSettings.replicas``). A store read that fails while a bucket elects a new leader is tried
+again on the next poll; a job loop that died of a store error (not of a lost lease) is dropped
+and adopted again from its stored record, as a new leader would (agents re-send the reports it
+had not answered yet; each is counted once).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
-from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import TERMINAL_PHASES
@@ -64,11 +70,14 @@ class Replica:
         self.metrics: metrics.MasterMetrics | None = None  # set to serve /metrics
         self.grpc_port = 0
         self.leading = asyncio.Event()
+        self._platform_subs: dict[str, NatsSubscription] = {}
 
     async def run(self) -> None:
         creds = self.authority.master_creds() if self.authority else None
         self.bus = await NatsBus.connect(self.nats_url, creds, name=self.settings.replica_id)
-        self.store = await KvStore.open(self.bus, STATUS_BUCKET)
+        self.store = await KvStore.open(
+            self.bus, STATUS_BUCKET, replicas=self.settings.lease.replicas
+        )
         self.lease = Lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
         server, self.grpc_port = await grpc_creds.serve(
@@ -111,10 +120,33 @@ class Replica:
 
     async def _poll_jobs(self, epoch: int) -> None:
         while True:
-            for key in await self.store.keys():
-                if key not in self.runners and key not in self.finished:
-                    await self._adopt(key, epoch)
+            await self._drop_failed_runners()
+            try:
+                for key in await self.store.keys():
+                    if key not in self.runners and key not in self.finished:
+                        await self._adopt(key, epoch)
+            except LeadershipLost:
+                raise
+            except Exception as exc:  # a bucket electing a leader: try again on the next poll
+                log.warning("replica %s: polling jobs failed: %r", self.settings.replica_id, exc)
             await asyncio.sleep(self.settings.poll_s)
+
+    async def _drop_failed_runners(self) -> None:
+        """A job loop that died of an error (a store timeout through a failover), not of a
+        lost lease: forget it, so the next poll adopts the job again from its record."""
+        for key, runner in list(self.runners.items()):
+            task = runner.task
+            if task is None or not task.done() or task.cancelled():
+                continue
+            error = task.exception()
+            if error is None or isinstance(error, LeadershipLost):
+                continue
+            if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLost):
+                continue
+            log.error("replica %s: job %s loop died (%r): adopting it again",
+                      self.settings.replica_id, key, error)  # fmt: skip
+            del self.runners[key]
+            await self._unsubscribe(runner, key)
 
     async def _adopt(self, key: str, epoch: int) -> None:
         got = await self.store.get(key)
@@ -145,7 +177,12 @@ class Replica:
         if self.metrics is not None:
             self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
         await self._subscribe_platform_events(runner)
-        await runner.takeover()
+        try:
+            await runner.takeover()
+        except BaseException:
+            del self.runners[key]
+            await self._unsubscribe(runner, key)
+            raise
         runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")
         log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
 
@@ -167,26 +204,46 @@ class Replica:
                 runner.platform_event(ev.QuitRequested(event.reason))
 
         spec = runner.spec
-        await self.bus.subscribe(pm.subject(spec.namespace, spec.job, "events"), on_event)
+        key = job_key(spec)
+        self._platform_subs[key] = await self.bus.subscribe(
+            pm.subject(spec.namespace, spec.job, "events"), on_event
+        )
+
+    async def _unsubscribe(self, runner: JobRunner, key: str) -> None:
+        """Detach a stopped runner from NATS (its own loop unsubscribes only when it ends)."""
+        if self.metrics is not None and runner.task is not None and not runner.done.is_set():
+            self.metrics.detach(runner)  # a loop that died: its replacement reports instead
+        subs = [self._platform_subs.pop(key, None), runner._subscription]
+        runner._subscription = None
+        for sub in subs:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _stop_runners(self) -> None:
-        runners, self.runners = list(self.runners.values()), {}
-        for runner in runners:
+        runners, self.runners = dict(self.runners), {}
+        for runner in runners.values():
             if runner.task is not None:
                 runner.task.cancel()
-        for runner in runners:
+        for key, runner in runners.items():
             if runner.task is not None:
                 with contextlib.suppress(BaseException):
                     await runner.task
+            await self._unsubscribe(runner, key)
 
     async def _refresh_records(self) -> None:
         """Every replica knows every job's pods and token (for the credentials handshake)."""
         while True:
-            for key in await self.store.keys():
-                if key not in self.records:
-                    got = await self.store.get(key)
-                    if got is not None:
-                        self.records[key] = json.loads(got[0])
+            try:
+                for key in await self.store.keys():
+                    if key not in self.records:
+                        got = await self.store.get(key)
+                        if got is not None:
+                            self.records[key] = json.loads(got[0])
+            except Exception as exc:  # a bucket electing a leader: try again on the next poll
+                log.debug(
+                    "replica %s: refreshing records failed: %r", self.settings.replica_id, exc
+                )
             await asyncio.sleep(self.settings.poll_s)
 
     async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:

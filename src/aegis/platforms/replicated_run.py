@@ -3,6 +3,10 @@
 The job is submitted to the status bucket; each replica runs ``aegis master`` (leader election on
 the KV); the local platform is served to the leader over NATS (``PlatformServer``), so any
 replica can drive it. Killing the leader exercises the takeover path on one machine.
+
+``nats_servers=3`` runs a JetStream cluster of three loopback servers instead of one: the buckets
+get three copies, the lease the clustered default (longer than a cluster failover), and every
+client (this process, the masters, the agents through their credentials) all three URLs.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ from pathlib import Path
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
 from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
 from aegis.core.phases import TERMINAL_PHASES
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.job_runner import status_key
-from aegis.master.lease import LeaseSettings
+from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.replica import submit_job
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local import LocalPlatform, LocalSettings
@@ -40,22 +44,32 @@ class ReplicatedRun:
         settings: RunSettings,
         masters: int,
         log_dir: Path,
-        lease_s: float = 2.0,
+        lease_s: float | None = None,
         master_env: dict[str, str] | None = None,
+        nats_servers: int = 1,
     ) -> None:
-        self.settings, self.count, self.log_dir, self.lease_s = settings, masters, log_dir, lease_s
+        self.settings, self.count, self.log_dir = settings, masters, log_dir
+        self.nats_servers = nats_servers
+        self.replicas = min(3, nats_servers)  # the buckets' copies
+        self.lease_s = lease_s or default_lease_s(self.replicas)
         self.master_env = {**os.environ, **(master_env or {})}
         self.spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
         self.masters: list[subprocess.Popen[bytes]] = []
         self.authority = Authority()
 
     async def start(self) -> None:
-        self.server = EmbeddedNats(self.authority)
+        self.server: EmbeddedNats | NatsCluster
+        if self.nats_servers > 1:
+            self.server = NatsCluster(self.authority, self.nats_servers)
+            self.nats_url = self.server.urls
+        else:
+            self.server = EmbeddedNats(self.authority)
+            self.nats_url = self.server.url
         await asyncio.to_thread(self.server.start)
         auth_file = self.log_dir / ".auth.json"
         self.authority.save(auth_file)
-        self.bus = await NatsBus.connect(self.server.url, self.authority.master_creds())
-        self.store = await KvStore.open(self.bus, STATUS_BUCKET)
+        self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
+        self.store = await KvStore.open(self.bus, STATUS_BUCKET, replicas=self.replicas)
         nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
         token = secrets.token_urlsafe(24)
         header = EventLogWriter(self.log_dir / "events.jsonl")
@@ -101,7 +115,7 @@ class ReplicatedRun:
             "aegis",
             "master",
             "--nats",
-            self.server.url,
+            self.nats_url,
             "--auth-file",
             str(auth_file),
             "--grpc-port",
@@ -110,6 +124,8 @@ class ReplicatedRun:
             f"master-{index}",
             "--lease-s",
             str(self.lease_s),
+            "--replicas",
+            str(self.replicas),
             "--heartbeat-timeout-s",
             str(self.settings.heartbeat_timeout_s),
             "--log-dir",

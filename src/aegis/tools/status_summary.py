@@ -4,6 +4,12 @@ restarted M times; hardware problems rescheduled K times".
 M is the number of recoveries the budget paid for: ``min(recover_count, max_retry)`` (in
 ``Failed`` after an exhausted budget the status holds ``max_retry + 1``: the last fault was not
 followed by a restart). K counts level-3 evictions (a pod moved off a bad node).
+
+Two sources: a log directory (``from_log``: ``events.jsonl`` replayed, K counted from the
+actions) and a master's store record (``from_record``: the job's record in the status bucket,
+as a running ``aegis master`` persists it). A record carries K as ``hardware_rescheduled`` when
+the master counts it; an older record does not, and K is then the number of ErrorNodes (every
+node left by a level-3 eviction is one, but so is a node left by a slow-node eviction).
 """
 
 from __future__ import annotations
@@ -85,3 +91,15 @@ def summarize(spec: JobSpec, status: JobStatus, hardware_rescheduled: int) -> Su
 
 def from_log(log: joblog.JobLog) -> Summary:
     return summarize(log.spec, log.status, incidents.hardware_reschedules(log.steps))
+
+
+HARDWARE_RESCHEDULED = "hardware_rescheduled"
+
+
+def from_record(record: dict[str, Any]) -> Summary:
+    """The summary of a job record read from the master's store (``status_json`` fields plus
+    the master's extras); raises ``KeyError``/``ValueError`` on a record of another shape."""
+    spec, status = status_json.from_dict(record)
+    counted = record.get(HARDWARE_RESCHEDULED)
+    rescheduled = int(counted) if counted is not None else len(status.error_nodes)
+    return summarize(spec, status, rescheduled)

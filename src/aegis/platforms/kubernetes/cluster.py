@@ -1,9 +1,11 @@
-"""The real ``ClusterApi``: the official ``kubernetes`` client (blocking calls in a thread)."""
+"""The real ``ClusterApi`` (the operator's) and ``JobsApi`` (the master's): the official
+``kubernetes`` client (blocking calls in a thread)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -45,14 +47,16 @@ class KubernetesCluster:
         # Filter again: a label selector is a hint some API servers (and mocks) ignore.
         return [p for p in pods if p["metadata"].get("labels", {}).get(manifests.LABEL_JOB) == job]
 
-    async def create_pod(self, namespace: str, body: Body) -> None:
+    async def create_pod(self, namespace: str, body: Body) -> bool:
         try:
             await asyncio.to_thread(
                 self.core.create_namespaced_pod, namespace, cast(Any, body), _preload_content=False
             )
         except k8s_errors.ApiException as exc:
-            if exc.status != _CONFLICT:  # already there: a retried create
+            if exc.status != _CONFLICT:
                 raise
+            return False  # already there: a retried create, or another handler's
+        return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -74,6 +78,37 @@ class KubernetesCluster:
                 return None
             raise
         return cast(Body, found)
+
+    async def list_jobs(self, namespaces: Sequence[str]) -> list[Body]:
+        group, version, plural = manifests.GROUP, manifests.VERSION, manifests.PLURAL
+        if not namespaces:
+            found = await asyncio.to_thread(
+                self.custom.list_cluster_custom_object, group, version, plural
+            )
+            return list(cast(Body, found).get("items", []))
+        jobs: list[Body] = []
+        for namespace in namespaces:
+            found = await asyncio.to_thread(
+                self.custom.list_namespaced_custom_object, group, version, namespace, plural
+            )
+            jobs.extend(cast(Body, found).get("items", []))
+        return jobs
+
+    async def get_secret(self, namespace: str, name: str) -> Body | None:
+        try:
+            found = await asyncio.to_thread(self.core.read_namespaced_secret, name, namespace)
+        except k8s_errors.ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return None
+            raise
+        return self._plain(found)
+
+    async def patch_job_status(self, namespace: str, name: str, status: Body) -> None:
+        await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object_status,
+            manifests.GROUP, manifests.VERSION, namespace, manifests.PLURAL, name,
+            {"status": status},
+        )  # fmt: skip
 
     async def ensure_secret(self, namespace: str, body: Body) -> None:
         await self._ensure(self.core.create_namespaced_secret, namespace, body)

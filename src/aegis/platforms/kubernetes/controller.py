@@ -5,6 +5,8 @@
   every pod of the job;
 - every event of a pod labelled ``aegis.dev/job``: an exit non-zero deletes the pod, and its
   deletion brings a replacement (kept off the ErrorNodes).
+
+Pod creations of one job are serialised by a per-job lock (``handlers.JobLocks``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def build_registry(api: ApiFactory) -> kopf.OperatorRegistry:
     """The operator's handlers; ``api`` is called once, on the first handler call."""
     registry = kopf.OperatorRegistry()
     cache: list[handlers.ClusterApi] = []
+    locks = handlers.JobLocks()  # pod creations of one job never interleave
 
     def cluster() -> handlers.ClusterApi:
         if not cache:
@@ -42,16 +45,19 @@ def build_registry(api: ApiFactory) -> kopf.OperatorRegistry:
     @kopf.on.resume(manifests.GROUP, manifests.VERSION, manifests.PLURAL, registry=registry)
     async def job_created(body: kopf.Body, **_: Any) -> None:
         # Returns nothing: kopf would store a result in the status, which the master owns.
-        await handlers.job_created(body, cluster())
+        await handlers.job_created(body, cluster(), locks=locks)
 
     @kopf.on.event(manifests.GROUP, manifests.VERSION, manifests.PLURAL, registry=registry)
     async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        if type != "DELETED":
+        if type == "DELETED":
+            locks.forget(body.get("metadata", {}).get("namespace", "default"),
+                         body.get("metadata", {}).get("name", ""))  # fmt: skip
+        else:
             await handlers.job_status_changed(body, cluster())
 
     @kopf.on.event("", "v1", "pods", labels={manifests.LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await handlers.pod_changed(type, body, cluster())
+        await handlers.pod_changed(type, body, cluster(), locks=locks)
 
     return registry
 

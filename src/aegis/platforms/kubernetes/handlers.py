@@ -4,10 +4,19 @@ Who creates deletes: the operator creates and deletes the pods (and the job's to
 master only writes the AegisJob's status. The operator reacts to that status (delete every pod
 when the job failed or was stopped) and to pod exits (a pod that exited non-zero while the job
 goes on is recreated, kept off the ErrorNodes by node affinity).
+
+kopf runs handlers at least once and concurrently (the creation and resume handlers of a job may
+run twice, next to a pod's ``DELETED`` handler). So every creation of a job's pods runs under
+that job's lock (``JobLocks``), and reads the job *after* it has seen which pods are missing: a
+pod found gone was deleted before the job was read, so the replacement is placed with ErrorNodes
+at least as new as its deletion (the master writes them before the pod exits). Reading the job
+first made a late creation run place a replacement with the ErrorNodes of before the fault.
+A ``DELETED`` pod brings exactly its own rank back (retried, idempotent on AlreadyExists).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import secrets
@@ -24,7 +33,9 @@ Body = dict[str, Any]
 class ClusterApi(Protocol):
     async def list_pods(self, namespace: str, job: str) -> list[Body]: ...
 
-    async def create_pod(self, namespace: str, body: Body) -> None: ...
+    async def create_pod(self, namespace: str, body: Body) -> bool:
+        """Create the pod; False when a pod of that name already exists."""
+        ...
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete; a pod that is already gone is not an error."""
@@ -37,6 +48,23 @@ class ClusterApi(Protocol):
         ...
 
     async def ensure_service(self, namespace: str, body: Body) -> None: ...
+
+
+class JobLocks:
+    """One lock per job: the operator's pod creations for a job never interleave."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def of(self, namespace: str, job: str) -> asyncio.Lock:
+        return self._locks.setdefault((namespace, job), asyncio.Lock())
+
+    def forget(self, namespace: str, job: str) -> None:
+        self._locks.pop((namespace, job), None)
+
+
+CREATE_ATTEMPTS = 4
+CREATE_BACKOFF_S = 0.25
 
 
 def token_secret(job: manifests.JobView) -> Body:
@@ -70,50 +98,96 @@ def _owner(job: manifests.JobView) -> Body:
 
 
 async def job_created(
-    body: Mapping[str, Any], api: ClusterApi, *, gone: str | None = None
+    body: Mapping[str, Any], api: ClusterApi, *, locks: JobLocks | None = None
 ) -> list[str]:
     """Create (idempotently) the token Secret, the headless Service and every missing pod;
-    return the names of the pods created. Also the resume handler. The job is read afresh
-    (the event's body may predate the master's latest ErrorNodes)."""
+    return the names of the pods created. Also the resume handler."""
     meta = body.get("metadata") or {}
-    fresh = await api.get_job(meta.get("namespace", "default"), meta["name"])
-    if fresh is None:
-        return []
-    job = manifests.view(fresh)
-    if job.over:
-        return []
-    await api.ensure_secret(job.namespace, token_secret(job))
-    await api.ensure_service(job.namespace, headless_service(job))
-    existing = {p["metadata"]["name"] for p in await api.list_pods(job.namespace, job.name)}
-    existing.discard(gone or "")  # its DELETED event is the truth, whatever a lagging list says
-    created = []
-    for rank in range(job.replicas):
-        name = manifests.pod_name(job.name, rank)
-        if name not in existing:
-            await api.create_pod(job.namespace, manifests.pod_manifest(job, rank))
-            created.append(name)
+    namespace, name = meta.get("namespace", "default"), meta["name"]
+    async with (locks or JobLocks()).of(namespace, name):
+        fresh = await api.get_job(namespace, name)
+        if fresh is None or manifests.view(fresh).over:
+            return []
+        job = manifests.view(fresh)
+        await api.ensure_secret(job.namespace, token_secret(job))
+        await api.ensure_service(job.namespace, headless_service(job))
+        existing = {p["metadata"]["name"] for p in await api.list_pods(job.namespace, job.name)}
+        missing = [r for r in range(job.replicas) if manifests.pod_name(name, r) not in existing]
+        if not missing:
+            return []
+        # Read the job again, now that the pods are known missing (see the module's note).
+        fresh = await api.get_job(namespace, name)
+        if fresh is None or manifests.view(fresh).over:
+            return []
+        job = manifests.view(fresh)
+        created = [
+            manifests.pod_name(name, rank) for rank in missing if await _create(api, job, rank)
+        ]
     if created:
-        log.info("job %s/%s: created pods %s", job.namespace, job.name, ", ".join(created))
+        log.info("job %s/%s: created pods %s", namespace, name, ", ".join(created))
     return created
 
 
+async def replace_rank(
+    namespace: str, name: str, rank: int, api: ClusterApi, *, locks: JobLocks | None = None
+) -> bool:
+    """The pod of ``rank`` is gone: create its replacement, placed by the job as it is now.
+    False when the job is over or gone, or another handler already put the pod back."""
+    async with (locks or JobLocks()).of(namespace, name):
+        body = await api.get_job(namespace, name)
+        if body is None:
+            return False  # the job is gone; owner references delete the pods
+        job = manifests.view(body)
+        if job.over or rank >= job.replicas:
+            return False
+        return await _create(api, job, rank)
+
+
+async def _create(api: ClusterApi, job: manifests.JobView, rank: int) -> bool:
+    """Create one pod, retrying a failed call (kopf does not retry an event handler)."""
+    body = manifests.pod_manifest(job, rank)
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return await api.create_pod(job.namespace, body)
+        except Exception as exc:
+            if attempt == CREATE_ATTEMPTS - 1:
+                raise
+            log.warning("job %s/%s: creating %s failed (%s); retrying", job.namespace,
+                        job.name, body["metadata"]["name"], exc)  # fmt: skip
+            await asyncio.sleep(CREATE_BACKOFF_S * 2**attempt)
+    return False
+
+
 async def job_status_changed(body: Mapping[str, Any], api: ClusterApi) -> list[str]:
-    """Failed or stopped: delete every pod of the job; return the names deleted."""
+    """Failed or stopped: delete every pod of the job. Otherwise delete each pod the master
+    waits to see replaced (``.status.replacing``: a lost pod, e.g. silent but not exited) if
+    it is still the very pod named there (same uid); its deletion brings the replacement.
+    Return the names deleted."""
     job = manifests.view(body)
-    if not job.failed_or_stopped:
+    if not job.failed_or_stopped and not job.replacing:
         return []
     deleted = []
     for pod in await api.list_pods(job.namespace, job.name):
-        if not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            await api.delete_pod(job.namespace, pod["metadata"]["name"])
-            deleted.append(pod["metadata"]["name"])
-    if deleted:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = meta["name"]
+        lost = bool(meta.get("uid")) and job.replacing.get(name) == meta.get("uid")
+        if job.failed_or_stopped or lost:
+            await api.delete_pod(job.namespace, name)
+            deleted.append(name)
+    if deleted and job.failed_or_stopped:
         log.warning("job %s/%s %s: deleted pods %s", job.namespace, job.name,
                     job.phase or "stopped", ", ".join(deleted))  # fmt: skip
+    elif deleted:
+        log.warning("job %s/%s: deleted lost pods %s for their replacement", job.namespace,
+                    job.name, ", ".join(deleted))  # fmt: skip
     return deleted
 
 
-async def pod_changed(event: str | None, pod: Mapping[str, Any], api: ClusterApi) -> str | None:
+async def pod_changed(
+    event: str | None, pod: Mapping[str, Any], api: ClusterApi, *, locks: JobLocks | None = None
+) -> str | None:
     """A pod of a running job exited non-zero (1: its node is bad; 75: restart the container;
     anything else: it was lost): delete it. Once it is gone (``DELETED``), create its
     replacement, kept off the job's ErrorNodes. Return what was done, for the log and tests."""
@@ -125,15 +199,17 @@ async def pod_changed(event: str | None, pod: Mapping[str, Any], api: ClusterApi
     if job_name is None or rank is None or (not gone and not code):
         return None
     namespace = meta.get("namespace", "default")
+    if gone:
+        if await replace_rank(namespace, job_name, int(rank), api, locks=locks):
+            log.info("job %s/%s: created %s", namespace, job_name, meta.get("name"))
+            return f"created {meta.get('name')}"
+        return None
     body = await api.get_job(namespace, job_name)
     if body is None:
         return None  # the job is gone; owner references delete the pods
     job = manifests.view(body)
     if job.over:
         return None
-    if gone:
-        created = await job_created(body, api, gone=meta.get("name"))
-        return f"created {created[0]}" if created else None
     log.warning("job %s/%s: %s exited %s on %s; replacing it (error nodes: %s)",
                 namespace, job_name, meta.get("name"), code,
                 (pod.get("spec") or {}).get("nodeName", "?"),

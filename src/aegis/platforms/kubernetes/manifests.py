@@ -56,6 +56,7 @@ class JobView:
     phase: str
     should_quit: bool
     error_nodes: tuple[str, ...]
+    replacing: Mapping[str, str]  # pods the master waits to see replaced -> uid to replace
 
     @property
     def over(self) -> bool:
@@ -87,6 +88,7 @@ def view(body: Mapping[str, Any]) -> JobView:
         phase=str(status.get("phase", "")),
         should_quit=bool(status.get("should_quit", False)),
         error_nodes=tuple(str(e["node"]) for e in status.get("error_nodes", []) if "node" in e),
+        replacing={str(k): str(v) for k, v in (status.get("replacing") or {}).items() if v},
     )
 
 

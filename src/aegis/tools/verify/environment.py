@@ -1,10 +1,11 @@
 """What the world may do to a job at any point: the environment of the model checker.
 
 Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error, report a hang,
-lose its heartbeat or restart, or be drained (and the drain's deadline pass); any message may come again (duplicate) or carry the previous or the
-next round's seq (stale, forged); the user may quit; a checkpoint may commit. Disruptive events
-spend a bounded fault budget so that the space stays finite. Cooperative events (what a healthy
-cluster does next) are flagged: with only those, every job must reach Succeed or Failed.
+lose its heartbeat or restart, or be drained (and the drain's deadline pass); any message may
+come again (duplicate) or carry the previous or the next round's seq (stale, forged); the user
+may quit; a checkpoint may commit. Disruptive events spend a bounded fault budget so that the
+space stays finite (drains too, one at a time). Cooperative events (what a healthy cluster does
+next) are flagged: with only those, every job must reach Succeed or Failed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""The master's side of an ``AegisJob``, as plain dicts (no I/O): the job spec it reads from the
+resource, the bootstrap token from the job's Secret, and the ``.status`` it writes back (the
+job's status of DESIGN section 3, the user-facing line, and Kubernetes conditions).
+
+Conditions (``type``: ``True`` when):
+- ``Running``: the job trains (``RunCommand``);
+- ``Recovering``: a fault is being handled (``Troubleshooting``, ``Restarting``);
+- ``Succeeded``: the job ended ``Succeed``;
+- ``Failed``: the job ended ``Failed``; reason ``BudgetExhausted`` (more faults than
+  ``max_retry``), ``Stopped`` (``aegis ctl stop``) or ``Failed``.
+A condition's ``lastTransitionTime`` changes only when its ``status`` does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from aegis.core.model import JobSpec
+from aegis.core.phases import Phase
+from aegis.platforms.kubernetes import manifests
+from aegis.tools import status_summary
+
+Body = dict[str, Any]
+
+CONDITION_TYPES = ("Running", "Recovering", "Succeeded", "Failed")
+_POD_FIELDS = ("pod_ip", "node", "inner_phase", "finished", "retries", "last_failed_reason",
+               "updated_ts")  # fmt: skip
+
+
+def token_secret_name(job: str) -> str:
+    return f"{job}-aegis-token"
+
+
+def job_spec(body: Mapping[str, Any]) -> JobSpec:
+    """The master's spec of an AegisJob (raises ``ValueError`` on replicas < 1 or
+    max_retry < 0; the CRD's schema already refuses them)."""
+    job = manifests.view(body)
+    return JobSpec(job=job.name, namespace=job.namespace, worker_num=job.replicas,
+                   max_retry=job.max_retry)  # fmt: skip
+
+
+def token(secret: Mapping[str, Any] | None) -> str | None:
+    """The bootstrap token of a job's Secret (``data.token``, base64), None when absent."""
+    if not secret:
+        return None
+    plain = (secret.get("stringData") or {}).get("token")
+    if plain:
+        return str(plain)
+    encoded = (secret.get("data") or {}).get("token")
+    if not encoded:
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def scheduled_nodes(spec: JobSpec, pods: Iterable[Mapping[str, Any]]) -> list[str] | None:
+    """The node of each rank's pod, in rank order; None while a pod is missing or unscheduled
+    (the master's first record names every pod's node)."""
+    nodes: dict[str, str] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and not meta.get("deletionTimestamp"):
+            nodes[str(meta.get("name"))] = str(node)
+    wanted = [manifests.pod_name(spec.job, rank) for rank in range(spec.worker_num)]
+    if any(name not in nodes for name in wanted):
+        return None
+    return [nodes[name] for name in wanted]
+
+
+def cr_status(
+    record: Mapping[str, Any],
+    previous: Sequence[Mapping[str, Any]] = (),
+    *,
+    now: str,
+    replacing: Mapping[str, str] | None = None,
+) -> Body:
+    """The AegisJob ``.status`` for the master's record of the job. ``previous``: the
+    conditions now on the resource; ``now``: RFC 3339 time of this write; ``replacing``: pods
+    the master waits to see replaced, with the uid of the pod to be replaced."""
+    summary = status_summary.from_record(dict(record))
+    raw = record["status"]
+    pods = {
+        name: {k: info[k] for k in _POD_FIELDS if info.get(k) is not None}
+        for name, info in raw["pod_infos"].items()
+    }
+    out: Body = {
+        "phase": raw["phase"],
+        "recover_count": raw["recover_count"],
+        "should_quit": raw["should_quit"],
+        "seq": raw["seq"],
+        "restarted": summary.restarted,
+        "hardware_rescheduled": summary.hardware_rescheduled,
+        "message": summary.user_line,
+        "pod_infos": pods,
+        "error_nodes": [dict(e) for e in raw["error_nodes"]],
+        "replacing": dict(replacing or {}),
+        "conditions": conditions(summary, previous, now),
+    }
+    return out
+
+
+def conditions(
+    summary: status_summary.Summary, previous: Sequence[Mapping[str, Any]], now: str
+) -> list[Body]:
+    before = {c.get("type"): c for c in previous}
+    out = []
+    for kind, holds, reason in _wanted(summary):
+        status = "True" if holds else "False"
+        old = before.get(kind)
+        since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+        out.append({"type": kind, "status": status, "reason": reason,
+                    "message": summary.user_line if holds else "",
+                    "lastTransitionTime": since or now})  # fmt: skip
+    return out
+
+
+def _wanted(summary: status_summary.Summary) -> list[tuple[str, bool, str]]:
+    phase = summary.phase
+    failed_reason = phase.value
+    if phase is Phase.FAILED:
+        if summary.status["status"]["recover_count"] > summary.max_restarts:
+            failed_reason = "BudgetExhausted"
+        elif summary.should_quit:
+            failed_reason = "Stopped"
+    return [
+        ("Running", phase is Phase.RUN_COMMAND, phase.value),
+        ("Recovering", phase in (Phase.TROUBLESHOOTING, Phase.RESTARTING), phase.value),
+        ("Succeeded", phase is Phase.SUCCEED, phase.value),
+        ("Failed", phase is Phase.FAILED, failed_reason),
+    ]
+
+
+def same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Equal but for the conditions' times (no write needed)."""
+
+    def strip(s: Mapping[str, Any]) -> Body:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                 for c in s.get("conditions", [])]  # fmt: skip
+        return {**s, "conditions": conds}
+
+    return strip(a) == strip(b)
+
+
+def merge_patch(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> Body:
+    """The JSON merge patch (RFC 7386) that turns ``before`` into ``after`` for the maps of the
+    status (``pod_infos``, ``replacing``): a key gone from a map is sent as null, or it would
+    stay on the resource. Lists and scalars are replaced whole."""
+    patch: Body = dict(after)
+    for name, value in after.items():
+        old = (before or {}).get(name)
+        if isinstance(value, dict) and isinstance(old, Mapping):
+            patch[name] = {**{k: None for k in old if k not in value}, **value}
+    return patch

@@ -1,0 +1,175 @@
+"""A 3-node JetStream cluster on loopback: three real ``nats-server`` processes (routes between
+them, operator-mode auth, R3 buckets), two real master replicas, real agents and a real 3-rank
+gloo job. The server the leading master is connected to is SIGKILLed while it leads the job's
+buckets; the job must finish with exactly the counts one master on one server would have
+produced, and the lease must outlive the cluster's own failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import NatsCluster
+from aegis.core.phases import Phase
+from aegis.master.lease import CLUSTER_LEASE_S, LeaseSettings
+from aegis.master.service import STATUS_BUCKET
+from aegis.platforms.local_run import RunSettings
+from aegis.platforms.replicated_run import ReplicatedRun
+
+TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Poll an async condition until it holds, with a deadline (never a bare sleep)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not await condition():
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}") from None
+
+
+async def _stream_leader(bus: NatsBus, stream: str) -> str | None:
+    try:
+        info = await bus.client.jetstream(timeout=1.0).stream_info(stream)
+    except Exception:  # electing a leader
+        return None
+    return info.cluster.leader if info.cluster else None
+
+
+async def _move_leader(bus: NatsBus, stream: str, server_name: str) -> None:
+    """Ask the stream's leader to step down in favour of ``server_name`` (nats-server 2.11+)."""
+
+    async def there() -> bool:
+        if await _stream_leader(bus, stream) == server_name:
+            return True
+        request = json.dumps({"placement": {"preferred": server_name}}).encode()
+        try:
+            await bus.client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, 2.0)
+        except Exception:  # a stepdown already in progress: ask again
+            return False
+        return await _stream_leader(bus, stream) == server_name
+
+    await _until(there, 30, f"{stream} led by {server_name}")
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[NatsCluster, Authority]]:
+    authority = Authority()
+    servers = NatsCluster(authority, 3)
+    await asyncio.to_thread(servers.start)
+    try:
+        yield servers, authority
+    finally:
+        await asyncio.to_thread(servers.stop)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_cluster_buckets_have_three_copies_and_survive_a_server(
+    cluster: tuple[NatsCluster, Authority],
+) -> None:
+    servers, authority = cluster
+    bus = await NatsBus.connect(servers.urls, authority.master_creds(), name="probe")
+    try:
+        store = await KvStore.open(bus, "probe", replicas=3)
+        revision = await store.put("k", b"1", expected_revision=None)
+        info = await bus.client.jetstream().stream_info("KV_probe")
+        assert info.config.num_replicas == 3
+        leader = info.cluster.leader if info.cluster else None
+        assert leader is not None
+        served = servers.index_of_client("probe")
+        assert served is not None
+        await _move_leader(bus, "KV_probe", f"aegis-{served}")
+        servers.servers[served].kill()  # the client's server and the bucket's leader
+        revision = await store.put("k", b"2", expected_revision=revision)  # retried through it
+        assert await store.get("k") == (b"2", revision)
+        assert servers.index_of_client("probe") not in (None, served)  # reconnected elsewhere
+    finally:
+        await bus.close()
+
+
+def _settings(tmp_path: Path) -> RunSettings:
+    command = (
+        sys.executable,
+        str(TRAIN),
+        "--steps",
+        "120",
+        "--ckpt-every",
+        "5",
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--step-time-s",
+        "0.05",
+        "--crash-at-step",
+        "30",
+        "--crash-rank",
+        "1",
+    )
+    return RunSettings(
+        command=command,
+        nodes=3,
+        spare_nodes=1,
+        max_retry=2,
+        job="ha3",
+        heartbeat_timeout_s=4.0,
+        grace_s=3.0,
+        log_dir=tmp_path,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_killing_the_leaders_server_loses_and_double_counts_nothing(
+    tmp_path: Path,
+) -> None:
+    run = ReplicatedRun(_settings(tmp_path), 2, tmp_path, nats_servers=3)
+    assert run.lease_s == CLUSTER_LEASE_S  # longer than the cluster's own failover
+    try:
+        await run.start()
+        assert isinstance(run.server, NatsCluster)
+        servers = run.server
+        state: dict[str, int | None] = {}
+
+        async def leading_in_run_command() -> bool:
+            state["leader"] = await run.leader()
+            phase = (await run.status()).phase
+            return phase is Phase.RUN_COMMAND and state["leader"] is not None
+
+        await _until(leading_in_run_command, 90, "RUN_COMMAND with a leader")
+        leader = state["leader"]
+        assert leader is not None
+        served = servers.index_of_client(f"master-{leader}")
+        assert served is not None
+        # The worst server to lose: the leading master's own, leading both of its buckets.
+        for stream in (f"KV_{STATUS_BUCKET}", f"KV_{LeaseSettings().bucket}"):
+            await _move_leader(run.bus, stream, f"aegis-{served}")
+        agents = run.agent_pids()
+        servers.servers[served].kill()
+
+        async def reconnected() -> bool:
+            return servers.index_of_client(f"master-{leader}") not in (None, served)
+
+        await _until(reconnected, 30, "the leading master on a surviving server")
+        result = await run.wait()
+    finally:
+        for proc in run.masters:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        await asyncio.to_thread(run.server.stop)
+    assert result.status.phase is Phase.SUCCEED
+    assert result.status.recover_count == 1  # the crash of rank 1, counted once
+    assert [i.retries for _, i in sorted(result.status.pod_infos.items())] == [1, 1, 1]
+    assert run.agent_pids() == agents  # no pod replaced because of the lost server
+    logs = [(tmp_path / f"master-{i}.log").read_text() for i in range(2)]
+    assert "leads job default.ha3" in logs[leader]
+    assert all("lost the lead" not in text and "deposed" not in text for text in logs)
