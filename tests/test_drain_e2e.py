@@ -1,7 +1,8 @@
 """``aegis ctl drain`` against a running ``aegis run`` job (real nats-server, agents, gloo DDP):
 the job checkpoints on request, the pod moves to a spare at the commit, the job resumes from
 that step with nothing counted; without the API it drains from the last periodic checkpoint;
-the deadline evicts anyway; undrain, an empty node and bad names behave."""
+the deadline evicts anyway; undrain, an empty node and bad names behave; a standalone master
+replica serves the same controls to its leader's jobs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
+from aegis.platforms.replicated_run import ReplicatedRun
 from tests.agent_waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -202,3 +204,42 @@ async def test_the_drain_deadline_evicts_anyway_with_a_warning(
     forced = rows[first(rows, "DrainForced", pods=["late-1"])]
     assert forced["reason"] == "no checkpoint committed within the drain deadline of 0 s"
     assert any("evicting anyway" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_standalone_master_replica_drains_through_its_control_file(
+    tmp_path: Path,
+) -> None:
+    settings = local_run.RunSettings(
+        command=train(tmp_path, "--ckpt-every", "100000"),
+        nodes=3, spare_nodes=1, max_retry=2, job="ha", log_dir=tmp_path,
+        heartbeat_timeout_s=4.0, grace_s=3.0,
+    )  # fmt: skip
+    run = ReplicatedRun(settings, 2, tmp_path)  # two `aegis master` processes
+    await run.start()
+    try:
+
+        async def trains() -> bool:
+            return (
+                await run.status()
+            ).phase is Phase.RUN_COMMAND and await run.leader() is not None
+
+        async with asyncio.timeout(120):
+            while not await trains() or not (tmp_path / "control.json").exists():
+                await asyncio.sleep(0.1)
+        code, out = await ctl("drain", "node-2", "--reason", "psu swap", "--log-dir", str(tmp_path))
+        assert code == 0 and "drained node-2: job ha: ha-2 leave(s)" in out, out
+        await async_wait_until(lambda: "node-2" in run.platform.blacklist, 30, "the platform")
+        assert run.platform.blacklist["node-2"] == "drained: psu swap"
+        code, out = await ctl("undrain", "node-2", "--log-dir", str(tmp_path))
+        assert code == 0, out
+        await async_wait_until(lambda: "node-2" not in run.platform.blacklist, 30, "undrain")
+        result = await run.wait()
+    finally:
+        for proc in run.masters:
+            if proc.poll() is None:
+                proc.kill()
+        if not run.bus.client.is_closed:  # failed before the end: nothing left behind
+            await run.finish()
+    assert result.status.phase is Phase.SUCCEED and result.status.recover_count == 0
+    assert result.status.error_nodes == ()
+    assert result.status.pod_infos["ha-2"].node == "spare-0"  # type: ignore[index]

@@ -29,6 +29,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from aegis import forking
 from aegis.agent import pycmd, reaper
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class Zygotes:
         try:
             socket.send_fds(zygote.sock, [json.dumps(request).encode() + b"\n"], [out_fd, err_fd])
             async with asyncio.timeout(FORK_TIMEOUT_S):
-                answer = await _read(zygote.reader)
+                answer = await forking.read_message(zygote.reader, "zygote")
         except (OSError, TimeoutError, ValueError) as exc:
             answer = {"event": "broken", "reason": repr(exc)}
         if answer.get("event") != "forked":
@@ -238,7 +239,7 @@ class Zygotes:
         self._spawn_task(self._watch(zygote), f"zygote-{pid}")
         try:
             async with asyncio.timeout(self.settings.ready_timeout_s):
-                zygote.info = await _read(reader)
+                zygote.info = await forking.read_message(reader, "zygote")
         except (OSError, TimeoutError, ValueError) as exc:
             zygote.info = {"event": "broken", "reason": repr(exc)}
         if zygote.info.get("event") != "ready":
@@ -285,7 +286,7 @@ class Zygotes:
 
     async def _nurse_reports(self, zygote: Zygote, status: asyncio.Future[int]) -> None:
         try:
-            answer = await _read(zygote.reader)
+            answer = await forking.read_message(zygote.reader, "zygote")
             status.set_result(int(answer["status"]))
         except (OSError, ValueError, KeyError) as exc:
             log.error("nanny %s vanished (%r): its child dies with it (SIGKILL)", zygote.pid, exc)
@@ -297,13 +298,3 @@ class Zygotes:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:
-    line = await reader.readline()
-    if not line:
-        raise ValueError("the zygote closed its socket")
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise ValueError(f"bad message {line!r}")
-    return message

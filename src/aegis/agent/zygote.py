@@ -38,33 +38,26 @@ import importlib
 import importlib.machinery
 import importlib.util
 import io
-import json
 import os
 import runpy
 import signal
 import socket
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
+from aegis.forking import (
+    cuda_initialized,
+    next_request,
+    refuse_unless_safe,
+    send,
+    single_threaded,
+    thread_count,
+)
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 MAX_FDS = 2
-
-
-def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    return bool(cuda is not None and cuda.is_initialized())
-
-
-def send(sock: socket.socket, **message: Any) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
 
 
 def script_imports(path: str) -> list[str]:
@@ -110,7 +103,7 @@ def prewarm(names: list[str], path0: str) -> tuple[list[str], list[str], str | N
             skipped.append(name)
             continue
         imported.append(name)
-        if thread_count() != 1 or threading.active_count() != 1 or cuda_initialized():
+        if not single_threaded() or cuda_initialized():
             return imported, skipped, name
     return imported, skipped, None
 
@@ -224,22 +217,9 @@ def serve(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """Wait for fork requests; return (request, fds) in the child, never in the zygote."""
     name = own_name()  # the interpreter's, as a cold start would show it
     set_name(b"aegis-zygote")
-    pending = b""
     while True:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, MAX_FDS)
-        if not data:
-            os._exit(0)  # the agent is gone or closed us
-        pending += data
-        if not pending.endswith(b"\n"):
-            for fd in fds:
-                os.close(fd)
-            continue
-        request = json.loads(pending)
-        pending = b""
-        if len(fds) != MAX_FDS or thread_count() != 1 or threading.active_count() != 1:
-            send(sock, event="refused", reason=f"threads={thread_count()} fds={len(fds)}")
-            for fd in fds:
-                os.close(fd)
+        request, fds = next_request(sock, MAX_FDS)
+        if refuse_unless_safe(sock, fds, MAX_FDS):
             continue
         sys.stdout.flush()
         sys.stderr.flush()

@@ -25,39 +25,28 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from typing import Any
+
+from aegis.forking import (
+    cuda_initialized,
+    next_request,
+    refuse_unless_safe,
+    send,
+    single_threaded,
+    thread_count,
+)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 FDS = 2
 _RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
           signal.SIGCHLD, signal.SIGALRM, signal.SIGTTIN, signal.SIGTTOU)  # fmt: skip
-
-
-def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    return bool(cuda is not None and cuda.is_initialized())
-
-
-def single_threaded() -> bool:
-    return thread_count() == 1 and threading.active_count() == 1
-
-
-def send(sock: socket.socket, **message: Any) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
 
 
 def _prctl(option: int, value: Any) -> None:
@@ -121,22 +110,9 @@ def run_child(argv: list[str]) -> int:
 def serve(sock: socket.socket) -> list[str]:
     """Fork a child per request and wait for it; returns (in the child only) its arguments."""
     parent = os.getpid()
-    pending = b""
     while True:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, FDS)
-        if not data:
-            os._exit(0)  # the agent is gone or closed us
-        pending += data
-        if not pending.endswith(b"\n"):
-            for fd in fds:
-                os.close(fd)
-            continue
-        request = json.loads(pending)
-        pending = b""
-        if len(fds) != FDS or not single_threaded() or cuda_initialized():
-            send(sock, event="refused", reason=f"threads={thread_count()} fds={len(fds)}")
-            for fd in fds:
-                os.close(fd)
+        request, fds = next_request(sock, FDS)
+        if refuse_unless_safe(sock, fds, FDS):
             continue
         sys.stdout.flush()
         sys.stderr.flush()

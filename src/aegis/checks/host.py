@@ -23,6 +23,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from aegis import forking
+
 log = logging.getLogger(__name__)
 
 
@@ -184,7 +186,7 @@ class CheckHost:
         try:
             socket.send_fds(server.sock, [message], [out_fd, err_fd])
             async with asyncio.timeout(self.settings.fork_timeout_s):
-                answer = await _read(server.reader)
+                answer = await forking.read_message(server.reader, "check forkserver")
         except (OSError, TimeoutError, ValueError) as exc:
             answer = {"event": "broken", "reason": repr(exc)}
         if answer.get("event") != "forked":
@@ -201,7 +203,7 @@ class CheckHost:
 
     async def _child_exit(self, server: _Server, pid: int, exited: asyncio.Future[int]) -> None:
         try:
-            answer = await _read(server.reader)
+            answer = await forking.read_message(server.reader, "check forkserver")
             exited.set_result(int(answer["status"]))
         except (OSError, ValueError, KeyError) as exc:  # the forkserver died: so did the child
             log.warning("check forkserver %s gone while child %s ran (%r)", server.pid, pid, exc)
@@ -237,7 +239,7 @@ class CheckHost:
         self._spawn_task(self._watch(server), f"check-forkserver-{pid}")
         try:
             async with asyncio.timeout(self.settings.ready_timeout_s):
-                server.info = await _read(reader)
+                server.info = await forking.read_message(reader, "check forkserver")
         except (OSError, TimeoutError, ValueError) as exc:
             server.info = {"event": "broken", "reason": repr(exc)}
         except BaseException:  # closing while it imports
@@ -278,13 +280,3 @@ class CheckHost:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:
-    line = await reader.readline()
-    if not line:
-        raise ValueError("the check forkserver closed its socket")
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise ValueError(f"bad message {line!r}")
-    return message

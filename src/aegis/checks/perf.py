@@ -52,7 +52,7 @@ def judge(
     pair: Sequence[float],
     rank: int,
     factor: float,
-    pair_factor: float = 0.35,
+    pair_factor: float = 0.25,
 ) -> Verdict:
     """This pod's verdict from every pod's figures (GFLOP/s, best pair MB/s), indexed by rank.
 

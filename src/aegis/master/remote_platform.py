@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import msgspec
@@ -19,9 +20,13 @@ class RemotePlatform:
     def __init__(self, bus: Bus, spec: JobSpec, seq: Callable[[], int], epoch: int) -> None:
         self.bus, self.spec, self.seq, self.epoch = bus, spec, seq, epoch
         self.subject = pm.subject(spec.namespace, spec.job, "requests")
+        self.blacklist: dict[str, str] = {}  # what this leader asked to keep pods off
+        self._ops = itertools.count()
 
-    async def _send(self, kind: pm.RequestKind, target: str, **fields: object) -> None:
-        key = f"{kind.value}:{target}:{self.seq()}"
+    async def _send(
+        self, kind: pm.RequestKind, target: str, key: str = "", **fields: object
+    ) -> None:
+        key = key or f"{kind.value}:{target}:{self.seq()}"
         request = pm.PlatformRequest(kind=kind, key=key, epoch=self.epoch, **fields)  # type: ignore[arg-type]
         await self.bus.publish(self.subject, _encode(request))
 
@@ -36,3 +41,13 @@ class RemotePlatform:
 
     async def end_job(self, job: str, phase: Phase) -> None:
         await self._send(pm.RequestKind.END, job, phase=phase.value)
+
+    # -- aegis ctl drain / undrain (control.NodeDrainer) ------------------------------------------
+
+    async def drain_node(self, node: str, reason: str) -> None:
+        key = f"drain:{node}:{self.epoch}:{next(self._ops)}"  # each operator request runs once
+        await self._send(pm.RequestKind.DRAIN, node, key, node=node, reason=reason)
+
+    async def undrain_node(self, node: str) -> None:
+        key = f"undrain:{node}:{self.epoch}:{next(self._ops)}"
+        await self._send(pm.RequestKind.UNDRAIN, node, key, node=node)

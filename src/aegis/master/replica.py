@@ -26,10 +26,11 @@ from typing import Any
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
+from aegis.adapters.ports import Subscription
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import env_report, metrics
+from aegis.master import control, env_report, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -102,6 +103,7 @@ class Replica:
 
     async def _lead(self, epoch: int) -> None:
         self.leading.set()
+        ctl = await self._serve_control()
         try:
             async with asyncio.TaskGroup() as group:
                 keeper = group.create_task(self.lease.keep(), name="lease")
@@ -112,7 +114,30 @@ class Replica:
             log.warning("replica %s: deposed (epoch %d)", self.settings.replica_id, epoch)
         finally:
             self.leading.clear()
+            await ctl.unsubscribe()
             await self._stop_runners()
+
+    async def _serve_control(self) -> Subscription:
+        """``aegis ctl`` for the leader only (a standby would answer "no job"): stop, taint,
+        hang, drain and undrain reach every job it leads; the job platforms carry out node
+        drains. The control file (``control.json`` in ``--log-dir``, 0600) holds this
+        replica's credentials."""
+
+        def resolve(namespace: str, job: str) -> JobRunner | None:
+            return self.runners.get(f"{namespace}.{job}")
+
+        def platforms() -> list[control.NodeBlacklist]:
+            return [
+                r.platform for r in self.runners.values() if isinstance(r.platform, RemotePlatform)
+            ]
+
+        sub = await control.serve_control(
+            self.bus, resolve, platforms, lambda: list(self.runners.values())
+        )
+        target = control.bus_target(self.bus, "default", "")
+        if self.settings.log_dir is not None and target is not None:
+            control.write_control_file(self.settings.log_dir / control.CONTROL_FILE, target)
+        return sub
 
     def _fence(self) -> None:
         if not self.lease.held:

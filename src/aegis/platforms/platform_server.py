@@ -16,6 +16,7 @@ from aegis.adapters.ports import Bus
 from aegis.core import events as ev
 from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
+from aegis.master import control
 from aegis.master.ports import Platform
 from aegis.wire import platform_msgs as pm
 
@@ -68,3 +69,21 @@ class PlatformServer:
             case pm.RequestKind.END:
                 await self.platform.end_job(self.job, Phase(request.phase))
                 self.ended.set()
+            case pm.RequestKind.DRAIN | pm.RequestKind.UNDRAIN:
+                await self._drain(request)
+
+    async def _drain(self, request: pm.PlatformRequest) -> None:
+        """The same as ``aegis ctl drain``/``undrain`` on a platform in the master's process."""
+        node, platform = request.node, self.platform
+        if request.kind is pm.RequestKind.DRAIN:
+            log.warning("node %s drained: %s", node, request.reason)
+            if isinstance(platform, control.NodeBlacklist):
+                platform.blacklist[node] = f"drained: {request.reason}"
+            if isinstance(platform, control.NodeDrainer):
+                await platform.drain_node(node, request.reason)
+            return
+        log.warning("node %s undrained", node)
+        if isinstance(platform, control.NodeBlacklist):
+            platform.blacklist.pop(node, None)
+        if isinstance(platform, control.NodeDrainer):
+            await platform.undrain_node(node)

@@ -17,6 +17,8 @@ class RequestKind(enum.StrEnum):
     EVICT = "evict"
     BLACKLIST = "blacklist"
     END = "end"
+    DRAIN = "drain"  # aegis ctl drain: keep pods off the node (and drain it in the scheduler)
+    UNDRAIN = "undrain"
 
 
 class PlatformRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
