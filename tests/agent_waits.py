@@ -8,7 +8,7 @@ import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -31,6 +31,15 @@ async def async_wait_until(
 ) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
+            await asyncio.sleep(POLL_S)
+
+
+async def async_wait_until_async(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str
+) -> None:
+    """Poll an async condition until it holds, with a deadline (never a bare sleep)."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
             await asyncio.sleep(POLL_S)
 
 

@@ -22,7 +22,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 from aegis.platforms.replicated_run import ReplicatedRun
-from tests.agent_waits import async_wait_until
+from tests.agent_waits import async_wait_until, async_wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -219,13 +219,10 @@ async def test_a_standalone_master_replica_drains_through_its_control_file(
     try:
 
         async def trains() -> bool:
-            return (
-                await run.status()
-            ).phase is Phase.RUN_COMMAND and await run.leader() is not None
+            ready = (tmp_path / "control.json").exists() and await run.leader() is not None
+            return ready and (await run.status()).phase is Phase.RUN_COMMAND
 
-        async with asyncio.timeout(120):
-            while not await trains() or not (tmp_path / "control.json").exists():
-                await asyncio.sleep(0.1)
+        await async_wait_until_async(trains, 120, "training under a leader with a control file")
         code, out = await ctl("drain", "node-2", "--reason", "psu swap", "--log-dir", str(tmp_path))
         assert code == 0 and "drained node-2: job ha: ha-2 leave(s)" in out, out
         await async_wait_until(lambda: "node-2" in run.platform.blacklist, 30, "the platform")

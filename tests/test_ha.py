@@ -4,11 +4,10 @@ chosen points; the job must finish with exactly the counts one master would have
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from aegis.core.phases import Phase
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
+from tests.agent_waits import async_wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -77,15 +77,6 @@ async def _leader_when(run: ReplicatedRun, phase: Phase) -> int:
     leader = state["leader"]
     assert isinstance(leader, int)
     return leader
-
-
-async def async_wait_until_async(
-    condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str
-) -> None:
-    """Poll an async condition until it holds, with a deadline (never a bare sleep)."""
-    async with asyncio.timeout(timeout_s):
-        while not await condition():
-            await asyncio.sleep(0.1)
 
 
 def _incarnations(log_dir: Path) -> list[int]:

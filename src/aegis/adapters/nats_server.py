@@ -74,6 +74,7 @@ class EmbeddedNats:
         self.host = host
         self.port = port or free_port(host)
         self.monitor_port = free_port()
+        self._own_port = not port  # chosen here: may be chosen again if it was taken meanwhile
         self._own_dir = store_dir is None
         self.dir = Path(store_dir or tempfile.mkdtemp(prefix="aegis-nats-"))
         self.extra_config = extra_config
@@ -98,9 +99,21 @@ class EmbeddedNats:
             text += self.authority.server_config()
         return text + self.extra_config
 
-    def start(self, timeout_s: float = 10.0) -> None:
-        self.launch()
-        self.wait_healthy(timeout_s)
+    def start(self, timeout_s: float = 10.0, attempts: int = 3) -> None:
+        """A free port can be taken by someone else between choosing and binding it: then
+        choose again (ports chosen here only)."""
+        for attempt in range(attempts):
+            self.launch()
+            try:
+                self.wait_healthy(timeout_s)
+                return
+            except NatsServerError as exc:
+                if attempt + 1 == attempts or "address already in use" not in str(exc):
+                    raise
+                log.warning("nats-server: a port was taken meanwhile; choosing again")
+                if self._own_port:
+                    self.port = free_port(self.host)
+                self.monitor_port = free_port()
 
     def launch(self) -> None:
         """Start the process without waiting (a cluster starts every server, then waits)."""

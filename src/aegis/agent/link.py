@@ -32,7 +32,6 @@ from aegis.wire import messages as m
 log = logging.getLogger(__name__)
 
 _ACK = m.MessageType.ACK
-CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +256,7 @@ class MasterLink:
         while not self.done.done():
             msg = await self.orders.get()
             assert isinstance(msg.data, m.OrderData)
-            key = (msg.seq, msg.data.order.value + msg.data.env.get(CKPT_REQUEST_ENV, ""))
+            key = (msg.seq, msg.data.order.value + msg.data.env.get(m.CKPT_REQUEST_ENV, ""))
             if key in self.executed:
                 continue  # a round already executed (re-sent order): harmless
             self.executed.add(key)
@@ -297,9 +296,9 @@ class MasterLink:
         """Hand the master's checkpoint request to the training (through the progress file),
         and tell the master when the script will never answer it."""
         env = order.env
-        request = int(env.get(CKPT_REQUEST_ENV, str(msg.seq)))
-        target = int(env.get("AEGIS_CKPT_STEP", "0"))
-        hold_s = float(env.get("AEGIS_CKPT_HOLD_S", "0"))
+        request = int(env.get(m.CKPT_REQUEST_ENV, str(msg.seq)))
+        target = int(env.get(m.CKPT_STEP_ENV, "0"))
+        hold_s = float(env.get(m.CKPT_HOLD_ENV, "0"))
         if not sup.running:
             log.info("checkpoint request %d: no training running", request)
             return

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 BATCH_MAX = 2048
-CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"  # the agent's name for it: aegis.agent.link
 
 
 class LeadershipLost(LocalError):
@@ -235,11 +234,11 @@ class JobRunner:
             return None
         self.ckpt_request_seq = s.seq
         env = {
-            CKPT_REQUEST_ENV: str(s.seq),
-            "AEGIS_CKPT_STEP": str(self.target_step()),
-            "AEGIS_CKPT_HOLD_S": f"{self.settings.checkpoint_hold_s:g}",
+            m.CKPT_REQUEST_ENV: str(s.seq),
+            m.CKPT_STEP_ENV: str(self.target_step()),
+            m.CKPT_HOLD_ENV: f"{self.settings.checkpoint_hold_s:g}",
         }
-        log.info("job %s: checkpoint requested at step %s", self.spec.job, env["AEGIS_CKPT_STEP"])
+        log.info("job %s: checkpoint requested at step %s", self.spec.job, env[m.CKPT_STEP_ENV])
         return RoundOrder(Order.CHECKPOINT, s.phase, s.seq, (), 0, env)
 
     def _checkpoint_declined(self, pod: PodName, reason: str) -> None:

@@ -24,6 +24,12 @@ class MessageType(enum.StrEnum):
     CHECKPOINT = "Checkpoint"
 
 
+# The environment of a ``checkpoint`` order (the master writes it, the agent reads it).
+CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"  # the request's id (the RunCommand round's seq)
+CKPT_STEP_ENV = "AEGIS_CKPT_STEP"  # the step every rank saves at
+CKPT_HOLD_ENV = "AEGIS_CKPT_HOLD_S"  # how long ranks hold after saving
+
+
 class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Optional fields are left out when at their default, so a master of an earlier version
     (which refuses unknown fields) still reads a newer agent's ordinary results."""
