@@ -27,6 +27,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from aegis.adapters.aio import raise_if_cancelled
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Handler, StoreConflict
 
@@ -162,6 +163,7 @@ class KvStore:
                         return stored[1]
                 raise StoreConflict("conflict", detail=f"{key}: {exc}") from None
             except TRANSIENT as exc:
+                raise_if_cancelled()
                 if time.monotonic() > deadline:
                     raise
                 log.warning("kv %s: write failed (%s), trying again", key, type(exc).__name__)
@@ -173,14 +175,21 @@ class KvStore:
             try:
                 return await self._get_once(key)
             except TRANSIENT:
+                raise_if_cancelled()
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
 
     async def keys(self) -> list[str]:
+        """Every live key, sorted. (nats-py's own ``keys`` leaves its watcher subscribed when it
+        is interrupted, and asks for the consumer's info first: one more round trip a poll.)"""
+        watcher = await self._kv.watchall(ignore_deletes=True, meta_only=True)  # type: ignore[attr-defined]
         try:
-            return sorted(await self._kv.keys())  # type: ignore[attr-defined]
-        except Exception as exc:  # nats-py raises NoKeysError on an empty bucket
-            if type(exc).__name__ == "NoKeysError":
-                return []
-            raise
+            found: list[str] = []
+            async for entry in watcher:
+                if entry is None:  # the end of the initial values
+                    break
+                found.append(entry.key)
+            return sorted(found)
+        finally:
+            await watcher.stop()

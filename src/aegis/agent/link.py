@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from aegis.adapters.aio import raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import NatsBus
 from aegis.agent import ports, supervisor
@@ -215,6 +216,7 @@ class MasterLink:
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.resend_s)
             except TimeoutError:
+                raise_if_cancelled()
                 if self.bus is not None and self.creds is not None:
                     for msg in list(self.pending):
                         subject = f"{self.creds.subject_prefix}.worker"
@@ -228,7 +230,7 @@ class MasterLink:
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
             except TimeoutError:
-                continue
+                raise_if_cancelled()
 
     # -- orders --------------------------------------------------------------------------------
 

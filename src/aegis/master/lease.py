@@ -32,6 +32,8 @@ from nats.js import api
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from aegis.adapters.aio import raise_if_cancelled
+
 log = logging.getLogger(__name__)
 
 
@@ -164,6 +166,7 @@ class Lease:
     async def keep(self) -> None:
         """Renew until the lease is lost (soon again after a failure); then return."""
         while True:
+            raise_if_cancelled()
             failing = self.renew_failures > 0
             await asyncio.sleep(RETRY_AFTER_FAILURE_S if failing else self.settings.renew_every_s)
             if not await self.renew():
@@ -175,6 +178,7 @@ class Lease:
         """Until this replica holds the lease; returns the epoch."""
         assert self.kv is not None
         while not await self.try_acquire():
+            raise_if_cancelled()
             await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
         assert self.epoch is not None
         return self.epoch

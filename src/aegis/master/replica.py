@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aegis.adapters.aio import raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
@@ -153,7 +154,9 @@ class Replica:
             except LeadershipLost:
                 raise
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
+                raise_if_cancelled()
                 log.warning("replica %s: polling jobs failed: %r", self.settings.replica_id, exc)
+            raise_if_cancelled()
             await asyncio.sleep(self.settings.poll_s)
 
     async def _drop_failed_runners(self) -> None:
@@ -266,9 +269,11 @@ class Replica:
                         if got is not None:
                             self.records[key] = json.loads(got[0])
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
+                raise_if_cancelled()
                 log.debug(
                     "replica %s: refreshing records failed: %r", self.settings.replica_id, exc
                 )
+            raise_if_cancelled()
             await asyncio.sleep(self.settings.poll_s)
 
     async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:

@@ -33,6 +33,7 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
+from aegis.adapters.aio import raise_if_cancelled
 from aegis.adapters.nats_bus import KvStore
 from aegis.adapters.ports import Bus, StatusStore, StoreConflict, Subscription
 from aegis.core.phases import TERMINAL_PHASES, Phase
@@ -130,7 +131,9 @@ class KubernetesSide:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
+                    raise_if_cancelled()
                     log.exception("kubernetes: sync failed; retrying")
+                raise_if_cancelled()
                 await asyncio.sleep(self.settings.poll_s)
         finally:
             await self._end_term()

@@ -1,0 +1,106 @@
+"""Retry loops stop when cancelled, even when a NATS call swallowed the cancellation.
+
+Python 3.11's ``asyncio.wait_for`` (which nats-py uses for every reply) can return a result, or
+raise ``TimeoutError``, in place of the ``CancelledError`` meant to stop the caller. A loop that
+retries on errors then outlives its cancellation: a CI run hung 90 s in the teardown of
+tests/test_k8s_master.py, the replica still polling the status bucket. Here each loop's I/O is
+replaced by a call that swallows a cancellation exactly as ``wait_for`` does, and the loop must
+still end, cancelled, within a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from aegis.adapters.aio import raise_if_cancelled
+from aegis.master.lease import Lease, LeaseSettings
+from aegis.master.replica import Replica, ReplicaSettings
+from aegis.platforms.kubernetes import master_side
+
+NO_RESULT = object()
+
+
+class Swallower:
+    """An awaitable I/O call that swallows a cancellation as 3.11's wait_for does: it returns
+    ``result`` (the cancellation arrived as the reply did) or, without one, raises
+    ``TimeoutError`` (it arrived while a timed-out call was being cancelled)."""
+
+    def __init__(self, result: object = NO_RESULT) -> None:
+        self.result = result
+        self.calls = 0
+        self.called = asyncio.Event()
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        self.called.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if self.result is NO_RESULT:
+                raise TimeoutError from None
+            return self.result
+        raise AssertionError("unreachable")
+
+
+async def stops_when_cancelled(loop: Any, swallower: Swallower) -> None:
+    task = asyncio.ensure_future(loop)
+    async with asyncio.timeout(10):
+        await swallower.called.wait()
+    task.cancel()
+    # asyncio.wait, not await: awaiting would pass our own timeout's cancellation on to the task
+    # (swallowed again); a loop that outlived its cancellation is killed for good below.
+    done, _ = await asyncio.wait({task}, timeout=10)
+    if not done:
+        task.get_coro().close()  # type: ignore[union-attr]
+        raise AssertionError(f"the loop went on after its cancellation ({swallower.calls} calls)")
+    assert task.cancelled()
+    assert swallower.calls == 1  # it did not go round again
+
+
+async def test_raise_if_cancelled_raises_only_after_a_swallowed_cancellation() -> None:
+    raise_if_cancelled()  # not cancelled: nothing happens
+    swallower = Swallower()
+
+    async def body() -> str:
+        with pytest.raises(TimeoutError):
+            await swallower()
+        raise_if_cancelled()
+        return "went on"
+
+    await stops_when_cancelled(body(), swallower)
+
+
+async def test_the_replicas_job_poll_and_record_refresh_stop_when_cancelled() -> None:
+    for loop_name in ("_poll_jobs", "_refresh_records"):
+        replica = Replica(None, "nats://127.0.0.1:1", ReplicaSettings("r1", poll_s=0.01))
+        swallower = Swallower()
+        replica.store = type("Store", (), {"keys": swallower})()  # type: ignore[assignment]
+        loop = getattr(replica, loop_name)
+        await stops_when_cancelled(loop(1) if loop_name == "_poll_jobs" else loop(), swallower)
+
+
+async def test_the_lease_keeper_and_election_stop_when_cancelled() -> None:
+    lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
+    lease.kv = object()  # type: ignore[assignment]
+    lease.settings = LeaseSettings(lease_s=2.0, renew_s=0.01)
+    renewal = Swallower(result=True)  # renewed, says the reply that beat the cancellation
+    lease.renew = renewal  # type: ignore[method-assign]
+    await stops_when_cancelled(lease.keep(), renewal)
+
+    election = Swallower(result=False)  # someone else holds it
+    lease.try_acquire = election  # type: ignore[method-assign]
+    await stops_when_cancelled(lease.wait_for_lead(), election)
+
+
+async def test_the_kubernetes_sides_sync_loop_stops_when_cancelled() -> None:
+    side = master_side.KubernetesSide(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        master_side.KubernetesSettings(poll_s=0.01),
+    )
+    swallower = Swallower()
+    side.sync_once = swallower  # type: ignore[method-assign]
+    await stops_when_cancelled(side.run(), swallower)
