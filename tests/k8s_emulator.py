@@ -13,12 +13,14 @@ from aegis.platforms.kubernetes import manifests
 JOBS = f"/apis/{manifests.GROUP}/{manifests.VERSION}/namespaces/ml/{manifests.PLURAL}"
 PODS = "/api/v1/namespaces/ml/pods"
 SECRETS = "/api/v1/namespaces/ml/secrets"
+NODES = "/api/v1/nodes"
 
 
 def declare(emulator: kmock.KubernetesEmulator) -> None:
     verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
-    emulator.resources["v1/namespaces"] = {"kind": "Namespace", "singular": "namespace",
-                                           "namespaced": False, "verbs": verbs}  # fmt: skip
+    for plural, kind in (("namespaces", "Namespace"), ("nodes", "Node")):
+        emulator.resources[f"v1/{plural}"] = {"kind": kind, "singular": kind.lower(),
+                                              "namespaced": False, "verbs": verbs}  # fmt: skip
     for plural, kind in (("pods", "Pod"), ("secrets", "Secret"), ("services", "Service"),
                          ("events", "Event")):  # fmt: skip
         emulator.resources[f"v1/{plural}"] = {"kind": kind, "singular": kind.lower(),

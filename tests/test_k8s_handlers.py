@@ -132,6 +132,19 @@ async def test_pod_exited_1_is_replaced_off_the_error_nodes_when_the_job_runs() 
     ]
 
 
+async def test_replacement_avoids_the_drained_nodes_as_well_as_the_error_nodes() -> None:
+    cluster = new_cluster()
+    await handlers.job_created(job_body(), cluster)
+    cluster.jobs[("ml", "train")] = job_body(
+        phase="Restarting", error_nodes=[{"node": "node-b", "reason": "gpu"}],
+        drained_nodes=[{"node": "node-z", "reason": "maintenance", "ts": 1.0}],
+    )  # fmt: skip
+    pod = exited(cluster.pods[("ml", "train-1")], 1)
+    assert await handlers.pod_changed("MODIFIED", pod, cluster) == "deleted train-1"
+    assert await handlers.pod_changed("DELETED", pod, cluster) == "created train-1"
+    assert _avoided(cluster.pods[("ml", "train-1")]) == ["node-b", "node-z"]
+
+
 async def test_pod_exited_0_is_left_alone_when_it_finished() -> None:
     cluster = new_cluster()
     await handlers.job_created(job_body(), cluster)

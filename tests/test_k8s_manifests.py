@@ -90,8 +90,11 @@ def test_the_status_the_master_writes_fits_the_crd() -> None:
     record["status"].update(phase="Failed", recover_count=3, should_quit=False)
     record["status"]["error_nodes"] = [{"node": "b", "reason": "gpu", "ts": 1.0}]
     doc = _example()
-    doc["status"] = crd_status.cr_status(record, now="2026-01-01T00:00:00Z",
-                                         replacing={"train-1": "uid-1"})  # fmt: skip
+    doc["status"] = crd_status.cr_status(
+        record, now="2026-01-01T00:00:00Z", replacing={"train-1": "uid-1"},
+        drained={"c": crd_status.DrainedNode("maintenance", 2.0, cordoned=True)},
+    )  # fmt: skip
+    assert doc["status"]["drained_nodes"]
     k8s_schema.check_custom(doc, _crd())
     doc["status"]["conditions"][0]["status"] = "Maybe"
     with pytest.raises(jsonschema.ValidationError):
@@ -112,3 +115,9 @@ def test_the_master_deployment_learns_jobs_from_kubernetes_and_listens_on_the_po
     assert {("aegisjobs", "list"), ("aegisjobs/status", "patch"), ("secrets", "get"),
             ("pods", "list")} <= allowed  # fmt: skip
     assert not {verb for _, verb in allowed} & {"create", "delete"}
+    # Cordoning drained nodes is a separate, optional grant (--cordon-drained).
+    assert "--cordon-drained" in argv
+    cordon = docs[("ClusterRole", "aegis-master-cordon")]["rules"]
+    assert cordon == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = docs[("ClusterRoleBinding", "aegis-master-cordon")]
+    assert binding["subjects"][0]["name"] == "aegis-master"

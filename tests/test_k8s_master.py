@@ -1,8 +1,9 @@
 """The master's Kubernetes side against kmock's emulator, with a real nats-server, a real master
 replica (the HA code) and the real ``kubernetes`` client adapter: the master learns a job from
 its AegisJob and token Secret, writes the job's status into the AegisJob's status, asks for a
-lost pod's replacement and learns where the operator placed it. The test plays the operator,
-the scheduler and one agent (an ACK on NATS, then silence)."""
+lost pod's replacement and learns where the operator placed it; ``aegis ctl drain`` records a
+node on the AegisJob and cordons it, ``undrain`` releases it. The test plays the operator, the
+scheduler and the agents (their messages on NATS)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,11 +27,12 @@ from aegis.adapters.nats_auth import job_subject_prefix
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.phases import Phase
+from aegis.master import control
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms.kubernetes import cluster, manifests, master_side
+from aegis.platforms.kubernetes import cluster, crd_status, manifests, master_side
 from aegis.wire import codec
 from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
@@ -45,6 +49,7 @@ class Cluster:
     emulator: kmock.KubernetesEmulator
     bus: NatsBus
     store: KvStore
+    api: cluster.KubernetesCluster
 
     def job(self) -> dict[str, Any]:
         for (resource, namespace, name), obj in self.emulator.objects.items():
@@ -60,6 +65,17 @@ class Cluster:
     async def record(self) -> dict[str, Any] | None:
         got = await self.store.get("ml.train")
         return json.loads(got[0]) if got else None
+
+    def cordoned(self, node: str) -> bool:
+        obj = self.emulator.objects["v1/nodes", None, node]
+        return bool(obj.raw.get("spec", {}).get("unschedulable"))
+
+    async def ctl(self, command: control.Command, node: str) -> control.ControlReply:
+        def build(inbox: str) -> control.ControlRequest:
+            return control.ControlRequest(command, inbox, nodes=[node], reason="bios update",
+                                          deadline_s=0.5)  # fmt: skip
+
+        return await control.request(self.bus, build, inbox_prefix="_INBOX")
 
 
 async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
@@ -94,11 +110,11 @@ async def k8s(
     bus = await NatsBus.connect(server.url)
     store = await KvStore.open(bus, STATUS_BUCKET)
     api = cluster.KubernetesCluster(cluster.load_config())
-    side = master_side.KubernetesSide(api, bus, store, master_side.KubernetesSettings(poll_s=0.1),
-                                      leading=replica.leading.is_set)  # fmt: skip
+    settings = master_side.KubernetesSettings(poll_s=0.1, cordon=True)
+    side = master_side.KubernetesSide(api, bus, store, settings, leading=replica.leading.is_set)
     tasks = [asyncio.create_task(replica.run()), asyncio.create_task(side.run())]
     try:
-        yield Cluster(kmock, bus, store)
+        yield Cluster(kmock, bus, store, api)
     finally:
         for task in tasks:
             task.cancel()
@@ -188,3 +204,148 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     assert conditions["Failed"]["message"] == USER_LINE_0
     assert conditions["Running"]["status"] == "False"
     assert manifests.view(k8s.job()).failed_or_stopped  # what the operator acts on
+
+
+async def start_job(k8s: Cluster) -> None:
+    body = job_body(replicas=2)
+    del body["status"]
+    await k8s.emulator.post(k8s_emulator.JOBS, json=body)
+    secret = {"metadata": {"name": "train-aegis-token", "namespace": "ml"},
+              "data": {"token": base64.b64encode(b"tok-1").decode()}}  # fmt: skip
+    await k8s.emulator.post(k8s_emulator.SECRETS, json=secret)
+    for rank, node in enumerate(("node-a", "node-b")):
+        pod = scheduled(rank, node, f"u{rank}", "2020-01-01T00:00:00Z")
+        await k8s.emulator.post(k8s_emulator.PODS, json=pod)
+
+    async def mirrored() -> bool:
+        return k8s.status().get("phase") == "Pending"
+
+    await until(mirrored, "the job adopted and its status mirrored")
+
+
+async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_by_undrain(
+    k8s: Cluster,
+) -> None:
+    for node in ("node-a", "node-b", "node-c", "node-z", "node-y"):
+        await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": node}})
+    admin_cordoned = {"metadata": {"name": "node-y"}, "spec": {"unschedulable": True}}
+    await k8s.emulator.patch(f"{k8s_emulator.NODES}/node-y", json=admin_cordoned)
+    await start_job(k8s)
+
+    reply = await k8s.ctl("drain", "node-z")
+    assert reply == control.ControlReply(True, "drained node-z: no pod runs there, nothing to move")
+
+    def drained() -> dict[str, crd_status.DrainedNode]:
+        return crd_status.drained_nodes(k8s.status())
+
+    def recorded(node: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return node in drained()
+
+        return check
+
+    await until(recorded("node-z"), "node-z in the AegisJob's drained_nodes")
+    assert drained()["node-z"].reason == "bios update" and drained()["node-z"].cordoned
+    assert k8s.cordoned("node-z")
+    assert k8s.status()["error_nodes"] == [] and k8s.status()["recover_count"] == 0
+    # What the operator places next avoids the drained node.
+    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
+    assert (
+        replacement["spec"]["affinity"]["nodeAffinity"]
+        == manifests.avoid_nodes(["node-z"])["nodeAffinity"]
+    )
+
+    # A node the administrator had cordoned is recorded, but not Aegis's to uncordon.
+    assert (await k8s.ctl("drain", "node-y")).ok
+    await until(recorded("node-y"), "node-y in the AegisJob's drained_nodes")
+    assert not drained()["node-y"].cordoned and k8s.cordoned("node-y")
+
+    # A new leader's side learns the drained nodes back from the resource.
+    fresh = master_side.KubernetesSide(
+        k8s.api, k8s.bus, k8s.store, master_side.KubernetesSettings()
+    )
+    await fresh.sync_once()
+    assert set(fresh.drained) == {"node-y", "node-z"}
+    await fresh._end_term()
+
+    reply = await k8s.ctl("undrain", "node-z")
+    assert reply.ok, reply.message
+    assert (await k8s.ctl("undrain", "node-y")).ok
+
+    async def released() -> bool:
+        return drained() == {} and not k8s.cordoned("node-z")
+
+    await until(released, "node-z undrained and uncordoned")
+    assert k8s.cordoned("node-y")  # still the administrator's
+
+
+async def says(k8s: Cluster, pod: str, kind: m.MessageType, phase: Phase, seq: int,
+               data: Any) -> None:  # fmt: skip
+    """What ``pod``'s agent would publish."""
+    msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=phase, seq=seq,
+                    ts=time.time(), data=data, id=f"{pod}-{time.monotonic()}")  # fmt: skip
+    await k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(msg))
+
+
+async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: Cluster) -> None:
+    """The pod of a drained node leaves when the bootcheck round resolves (training is not
+    running: nothing to checkpoint); the operator's replacement avoids the node; no fault."""
+    for node in ("node-a", "node-b", "node-c"):
+        await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": node}})
+    await start_job(k8s)
+    pods = {"train-0": "node-a", "train-1": "node-b"}
+
+    async def beating() -> None:
+        while True:
+            for pod in pods:
+                await says(k8s, pod, m.MessageType.HEARTBEAT, Phase.PENDING, 0, m.HeartbeatData())
+            await asyncio.sleep(0.2)
+
+    heartbeats = asyncio.create_task(beating())
+    try:
+        reply = await k8s.ctl("drain", "node-b")
+        assert reply.ok and "train-1" in reply.message, reply.message
+        for pod, node in pods.items():
+            await says(k8s, pod, m.MessageType.ACK, Phase.PENDING, 0, m.AckData(node=node))
+
+        async def bootchecking() -> bool:
+            return k8s.status().get("phase") == "BootChecking"
+
+        await until(bootchecking, "the bootcheck round")
+        passed = m.ChecksData(m.CheckResponse([]))
+        for pod in pods:
+            await says(k8s, pod, m.MessageType.FINISH, Phase.BOOT_CHECKING, 1, passed)
+
+        async def replacing() -> bool:
+            return k8s.status().get("replacing") == {"train-1": "u1"}
+
+        await until(replacing, "train-1 listed for replacement")
+    finally:
+        heartbeats.cancel()
+    status = k8s.status()
+    assert status["recover_count"] == 0 and status["error_nodes"] == []
+    assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
+    assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
+    assert k8s.cordoned("node-b")
+    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
+    assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
+
+    await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
+
+    async def moved() -> bool:
+        status = k8s.status()
+        return status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
+
+    await until(moved, "train-1 on node-c")
+    assert k8s.status()["recover_count"] == 0
+
+
+def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:
+    argv = [sys.executable, "-m", "aegis.cli.main", "master", "--nats", "nats://127.0.0.1:1",
+            "--cordon-drained"]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "--cordon-drained" in line]
+    assert len(lines) == 1 and "needs --kubernetes" in lines[0], result.stderr

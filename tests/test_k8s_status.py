@@ -128,6 +128,22 @@ def test_status_carries_retries_error_nodes_and_the_user_line_when_a_node_was_ba
     assert conditions(out)["Recovering"] == ("True", "Restarting")
 
 
+def test_status_lists_the_drained_nodes_and_a_new_leader_reads_them_back() -> None:
+    drained = {"z": crd_status.DrainedNode("maintenance", 7.0, cordoned=True),
+               "c": crd_status.DrainedNode("bios update", 9.0)}  # fmt: skip
+    out = crd_status.cr_status(record_of(started()), now=T0, drained=drained)
+    assert out["drained_nodes"] == [
+        {"node": "c", "reason": "bios update", "ts": 9.0, "cordoned": False},
+        {"node": "z", "reason": "maintenance", "ts": 7.0, "cordoned": True},
+    ]
+    assert out["error_nodes"] == []  # drained is not broken
+    assert crd_status.drained_nodes(out) == drained
+    assert crd_status.cr_status(record_of(started()), now=T0)["drained_nodes"] == []
+    garbage = {"drained_nodes": [{"reason": "no node"}, "not a map", {"node": "ok"}]}
+    assert crd_status.drained_nodes(garbage) == {"ok": crd_status.DrainedNode("", 0.0)}
+    assert crd_status.drained_nodes(None) == {}
+
+
 @pytest.mark.parametrize(
     ("recover_count", "should_quit", "reason"),
     [(3, False, "BudgetExhausted"), (1, True, "Stopped"), (0, False, "Failed")],

@@ -63,10 +63,19 @@ def master(
         list[str] | None,
         typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
     ] = None,
+    cordon_drained: Annotated[
+        bool,
+        typer.Option(
+            help="With --kubernetes: cordon a node `aegis ctl drain` drains "
+            "(needs the right to patch nodes)."
+        ),
+    ] = False,
 ) -> None:
     """Run a master replica: standby until it holds the lease, then leader of every job."""
     if auth_file is not None and not auth_file.is_file():
         raise typer.BadParameter(f"no such file: {auth_file}", param_hint="--auth-file")
+    if cordon_drained and not kubernetes:
+        raise typer.BadParameter("needs --kubernetes", param_hint="--cordon-drained")
     authority = Authority.load(auth_file) if auth_file else None
     settings = ReplicaSettings(
         replica_id=replica_id or f"{socket.gethostname()}:{os.getpid()}",
@@ -98,7 +107,9 @@ def master(
             print(f"aegis: error: --kubernetes needs the kubernetes client ({exc})",
                   file=sys.stderr)  # fmt: skip
             raise typer.Exit(2) from exc
-        side = master_side.KubernetesSettings(namespaces=tuple(k8s_namespace or ()))
+        side = master_side.KubernetesSettings(
+            namespaces=tuple(k8s_namespace or ()), cordon=cordon_drained
+        )
     asyncio.run(_serve(replica, side))
 
 

@@ -110,6 +110,21 @@ class KubernetesCluster:
             {"status": status},
         )  # fmt: skip
 
+    async def cordon_node(self, node: str) -> bool:
+        found = await asyncio.to_thread(self.core.read_node, node)
+        if self._plain(found).get("spec", {}).get("unschedulable"):
+            return False  # cordoned already: not ours to uncordon
+        await self._set_unschedulable(node, True)
+        return True
+
+    async def uncordon_node(self, node: str) -> None:
+        await self._set_unschedulable(node, False)
+
+    async def _set_unschedulable(self, node: str, value: bool) -> None:
+        await asyncio.to_thread(
+            self.core.patch_node, node, {"spec": {"unschedulable": value}}, _preload_content=False
+        )
+
     async def ensure_secret(self, namespace: str, body: Body) -> None:
         await self._ensure(self.core.create_namespaced_secret, namespace, body)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aegis.core.model import JobSpec
@@ -28,6 +29,26 @@ Body = dict[str, Any]
 CONDITION_TYPES = ("Running", "Recovering", "Succeeded", "Failed")
 _POD_FIELDS = ("pod_ip", "node", "inner_phase", "finished", "retries", "last_failed_reason",
                "updated_ts")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DrainedNode:
+    reason: str
+    ts: float
+    cordoned: bool = False  # Aegis cordoned it (and uncordons it on undrain)
+
+
+def drained_nodes(status: Mapping[str, Any] | None) -> dict[str, DrainedNode]:
+    """The drained nodes an AegisJob's status records (a new leader learns them back)."""
+    found: dict[str, DrainedNode] = {}
+    for entry in (status or {}).get("drained_nodes") or []:
+        if isinstance(entry, Mapping) and entry.get("node"):
+            found[str(entry["node"])] = DrainedNode(
+                str(entry.get("reason", "")),
+                float(entry.get("ts") or 0.0),
+                bool(entry.get("cordoned", False)),
+            )
+    return found
 
 
 def token_secret_name(job: str) -> str:
@@ -79,10 +100,13 @@ def cr_status(
     *,
     now: str,
     replacing: Mapping[str, str] | None = None,
+    drained: Mapping[str, DrainedNode] | None = None,
 ) -> Body:
     """The AegisJob ``.status`` for the master's record of the job. ``previous``: the
     conditions now on the resource; ``now``: RFC 3339 time of this write; ``replacing``: pods
-    the master waits to see replaced, with the uid of the pod to be replaced."""
+    the master waits to see replaced, with the uid of the pod to be replaced; ``drained``: the
+    nodes ``aegis ctl drain`` took out of service (the operator keeps pods off them, as off
+    the ErrorNodes)."""
     summary = status_summary.from_record(dict(record))
     raw = record["status"]
     pods = {
@@ -100,6 +124,10 @@ def cr_status(
         "pod_infos": pods,
         "error_nodes": [dict(e) for e in raw["error_nodes"]],
         "replacing": dict(replacing or {}),
+        "drained_nodes": [
+            {"node": node, "reason": d.reason, "ts": d.ts, "cordoned": d.cordoned}
+            for node, d in sorted((drained or {}).items())
+        ],
         "conditions": conditions(summary, previous, now),
     }
     return out

@@ -210,10 +210,10 @@ async def pod_changed(
     job = manifests.view(body)
     if job.over:
         return None
-    log.warning("job %s/%s: %s exited %s on %s; replacing it (error nodes: %s)",
+    log.warning("job %s/%s: %s exited %s on %s; replacing it (avoiding: %s)",
                 namespace, job_name, meta.get("name"), code,
                 (pod.get("spec") or {}).get("nodeName", "?"),
-                ", ".join(job.error_nodes) or "none")  # fmt: skip
+                ", ".join((*job.error_nodes, *job.drained_nodes)) or "none")  # fmt: skip
     if not meta.get("deletionTimestamp"):
         await api.delete_pod(namespace, meta["name"])
     return f"deleted {meta['name']}"

@@ -56,6 +56,7 @@ class JobView:
     phase: str
     should_quit: bool
     error_nodes: tuple[str, ...]
+    drained_nodes: tuple[str, ...]  # taken out of service by ``aegis ctl drain``
     replacing: Mapping[str, str]  # pods the master waits to see replaced -> uid to replace
 
     @property
@@ -87,9 +88,14 @@ def view(body: Mapping[str, Any]) -> JobView:
         checks=spec.get("checks", {}),
         phase=str(status.get("phase", "")),
         should_quit=bool(status.get("should_quit", False)),
-        error_nodes=tuple(str(e["node"]) for e in status.get("error_nodes", []) if "node" in e),
+        error_nodes=_nodes(status.get("error_nodes")),
+        drained_nodes=_nodes(status.get("drained_nodes")),
         replacing={str(k): str(v) for k, v in (status.get("replacing") or {}).items() if v},
     )
+
+
+def _nodes(entries: Any) -> tuple[str, ...]:
+    return tuple(str(e["node"]) for e in entries or [] if isinstance(e, Mapping) and "node" in e)
 
 
 def pod_name(job: str, rank: int) -> str:
@@ -122,7 +128,7 @@ def agent_argv(job: JobView, rank: int, agent: str) -> list[str]:
 
 
 def avoid_nodes(nodes: Sequence[str]) -> Body:
-    """Node affinity that keeps a pod off the ErrorNodes."""
+    """Node affinity that keeps a pod off these nodes (the ErrorNodes and the drained)."""
     if not nodes:
         return {}
     term = {
@@ -161,7 +167,7 @@ def pod_manifest(job: JobView, rank: int) -> Body:
     spec["restartPolicy"] = "Never"
     spec["hostname"] = pod_name(job.name, rank)
     spec["subdomain"] = job.name
-    affinity = avoid_nodes(job.error_nodes)
+    affinity = avoid_nodes((*job.error_nodes, *job.drained_nodes))
     if affinity:
         spec["affinity"] = {**spec.get("affinity", {}), **affinity}
     labels = {**meta.get("labels", {}), LABEL_JOB: job.name, LABEL_RANK: str(rank)}

@@ -15,7 +15,12 @@ replica and acts only while that replica leads:
 - platform: it serves the ``Platform`` port to the leader over NATS (``RemotePlatform``'s
   requests). Replacing or evicting a pod is the operator's work (the pod exits and is recreated,
   or the operator deletes a pod listed in ``.status.replacing``); this side tells the master
-  when the replacement is scheduled (``PodRestarted`` with its node and IP).
+  when the replacement is scheduled (``PodRestarted`` with its node and IP);
+- drains: ``aegis ctl drain NODE`` lists the node in every AegisJob's ``.status.drained_nodes``
+  (the operator keeps replacements off it, as off an ErrorNode, until ``aegis ctl undrain``)
+  and, with ``cordon`` (``aegis master --cordon-drained``, which needs the right to patch
+  nodes), cordons it for every pod; undrain uncordons only a node Aegis cordoned. The record
+  lives on the resources: a new leader learns the drained nodes back from them.
 """
 
 from __future__ import annotations
@@ -62,11 +67,18 @@ class JobsApi(Protocol):
         """Merge ``status`` into the AegisJob's status subresource."""
         ...
 
+    async def cordon_node(self, node: str) -> bool:
+        """Mark the node unschedulable; False when it already was (someone else's cordon)."""
+        ...
+
+    async def uncordon_node(self, node: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class KubernetesSettings:
     namespaces: tuple[str, ...] = ()
     poll_s: float = 0.5
+    cordon: bool = False  # cordon a drained node (needs the right to patch nodes)
 
 
 @dataclass(slots=True)
@@ -103,6 +115,12 @@ class KubernetesPlatform:
     async def end_job(self, job: str, phase: Phase) -> None:
         await self.side.mirror_now(self.job)
 
+    async def drain_node(self, node: str, reason: str) -> None:
+        await self.side.drain(node, reason)
+
+    async def undrain_node(self, node: str) -> None:
+        await self.side.undrain(node)
+
 
 class KubernetesSide:
     def __init__(
@@ -118,6 +136,7 @@ class KubernetesSide:
         self.api, self.bus, self.store, self.settings = api, bus, store, settings
         self.leading, self.clock = leading, clock
         self.jobs: dict[str, _Job] = {}
+        self.drained: dict[str, crd_status.DrainedNode] = {}
         self._led = False
         self._decoder = msgspec.json.Decoder(pm.PlatformRequest)
         self._encoder = msgspec.json.Encoder()
@@ -143,9 +162,14 @@ class KubernetesSide:
             if self._led:
                 await self._end_term()
             return
-        self._led = True
+        bodies = await self.api.list_jobs(self.settings.namespaces)
+        if not self._led:  # a new term: the drained nodes are recorded on the resources
+            for body in bodies:
+                for node, drained in crd_status.drained_nodes(body.get("status")).items():
+                    self.drained.setdefault(node, drained)
+            self._led = True
         seen = set()
-        for body in await self.api.list_jobs(self.settings.namespaces):
+        for body in bodies:
             meta = body.get("metadata") or {}
             job = _Job(meta.get("namespace", "default"), meta["name"], body)
             job = self.jobs.setdefault(job.key, job)
@@ -211,7 +235,7 @@ class KubernetesSide:
         previous = (job.body.get("status") or {}).get("conditions") or []
         replacing = {pod: uid for pod, uid in job.awaiting.items() if uid}
         status = crd_status.cr_status(record, previous, now=_rfc3339(self.clock()),
-                                      replacing=replacing)  # fmt: skip
+                                      replacing=replacing, drained=self.drained)  # fmt: skip
         if job.written is not None and crd_status.same_status(job.written, status):
             return
         before = job.written or job.body.get("status")
@@ -244,8 +268,39 @@ class KubernetesSide:
                     await platform.blacklist_node(job.name, request.node, request.reason)
                 case pm.RequestKind.END:
                     await platform.end_job(job.name, Phase(request.phase))
+                case pm.RequestKind.DRAIN:
+                    await platform.drain_node(request.node, request.reason)
+                case pm.RequestKind.UNDRAIN:
+                    await platform.undrain_node(request.node)
         except Exception:
             log.exception("kubernetes: %s of %s failed", request.kind, job.key)
+
+    async def drain(self, node: str, reason: str) -> None:
+        """``aegis ctl drain``: every AegisJob's status lists the node (its replacements avoid
+        it, as an ErrorNode); with ``cordon``, the node is also cordoned for everyone. Each
+        job's platform asks; the first one does the work."""
+        if node in self.drained:
+            return
+        cordoned = False
+        if self.settings.cordon:
+            cordoned = await self.api.cordon_node(node)
+        self.drained[node] = crd_status.DrainedNode(reason, self.clock(), cordoned)
+        log.warning("kubernetes: node %s drained (%s)%s", node, reason,
+                    ", cordoned" if cordoned else "")  # fmt: skip
+        await self._mirror_all()
+
+    async def undrain(self, node: str) -> None:
+        drained = self.drained.pop(node, None)
+        if drained is None:
+            return
+        if drained.cordoned:
+            await self.api.uncordon_node(node)
+        log.warning("kubernetes: node %s undrained", node)
+        await self._mirror_all()
+
+    async def _mirror_all(self) -> None:
+        for job in list(self.jobs.values()):
+            await self.mirror_now(job)
 
     async def await_replacement(self, job: _Job, pod: str) -> None:
         """The master waits for ``pod`` to come back: remember the pod that is there now (unless
@@ -295,6 +350,7 @@ class KubernetesSide:
     async def _end_term(self) -> None:
         """Not (or no longer) leading: stop answering requests; forget this term's work."""
         self._led = False
+        self.drained.clear()  # the next term learns them back from the resources
         for job in self.jobs.values():
             await self._forget(job)
             job.handled.clear()
