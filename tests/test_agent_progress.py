@@ -54,3 +54,10 @@ async def test_stack_dump_explains_when_py_spy_is_missing(
     async with reaper.Reaper() as the_reaper:
         dump = await stacks.dump(the_reaper, 1)
     assert dump == ports.StackDump(1, dump.cmdline, "", "py-spy not found")
+
+
+def test_dying_marker_lines_are_parsed_and_anything_else_is_not() -> None:
+    marker = progress.DYING_MARKER
+    assert progress.dying_pid(f"{marker}RuntimeError (pid 42)") == ("RuntimeError", 42)
+    for line in (f"{marker}RuntimeError", f"{marker} (pid 42)", f"{marker}X (pid 4x)", "x"):
+        assert progress.dying_pid(line) is None

@@ -149,6 +149,15 @@ def test_scanner_reports_last_frame_when_traceback_ends() -> None:
     assert found[0].detail == 'File "/work/train.py", line 61, in train_step'
 
 
+def test_scanner_follows_a_traceback_torch_distributed_prefixed_with_the_rank() -> None:
+    scanner = signatures.Scanner()
+    found = [m for line in TRACEBACK for m in scanner.feed("stderr", f"[rank3]: {line}")]
+    assert [(m.fault_class, m.line, m.detail) for m in found] == [
+        (FC.PYTHON_TRACEBACK, "ValueError: batch is empty",
+         'File "/work/train.py", line 61, in train_step'),
+    ]  # fmt: skip
+
+
 def test_scanner_ranks_hardware_first_when_an_oom_ends_a_traceback() -> None:
     scanner = signatures.Scanner(keep_lines=3)
     lines = [*TRACEBACK[:-1], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -152,6 +153,90 @@ async def test_exit_report_names_segfault_when_command_dies_of_sigsegv(
         report = await sup.wait()
     assert (report.exit_status, report.signal) == (128 + 11, 11)
     assert report.evidence.fault_class == ports.FaultClass.SEGFAULT
+
+
+def _dying_script(gate: Path, body: str) -> str:
+    """Calls aegis.progress (which installs the hook under an agent), runs ``body``; its exit
+    waits (atexit) until ``gate`` exists, so a report made before the exit is told apart."""
+    return (
+        "import atexit, os, sys, time\n"
+        "import aegis\n"
+        f"gate = {str(gate)!r}\n"
+        "def wait_for_gate():\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not os.path.exists(gate) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "atexit.register(wait_for_gate)\n"
+        "aegis.progress(1)\n"
+        f"{body}\n"
+    )
+
+
+async def test_an_uncaught_exception_is_reported_before_the_process_has_exited(
+    the_reaper: reaper.Reaper, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    body = "def train():\n    raise RuntimeError('NCCL error: unhandled system error')\ntrain()"
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make([PYTHON, "-c", _dying_script(gate, body)], the_reaper, reports, lines) as sup:
+        await sup.start()
+        pid = sup.pid
+        await reports.wait_for("dying")
+        assert reports.exits == []  # still in its atexit handler
+        [dying] = reports.dying
+        assert (dying.pid, dying.restart_count, dying.exception) == (pid, 0, "RuntimeError")
+        assert dying.evidence.fault_class == ports.FaultClass.NCCL_ERROR
+        traceback = [m for m in dying.evidence.matches if m.signature == "python_traceback"]
+        assert traceback and "in train" in traceback[0].detail
+        gate.touch()
+        report = await sup.wait()
+    assert report.exit_status == 1 and reports.exits == [report]
+    assert len(reports.dying) == 1
+    assert lines.with_prefix("[aegis] exiting on an uncaught RuntimeError")
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ("sys.exit(3)", 3),  # SystemExit is an exit, not a crash
+        # a subprocess of the command (an evaluation job) dies; training goes on
+        ("import subprocess\nsubprocess.run([sys.executable, '-c', "
+         "'import aegis; aegis.progress(1); raise ValueError(1)'])\nprint('survived')", 0),
+        ("raise KeyboardInterrupt", 130),
+    ],
+)  # fmt: skip
+async def test_no_early_report_unless_the_commands_own_process_dies_of_an_exception(
+    the_reaper: reaper.Reaper, tmp_path: Path, body: str, status: int
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make([PYTHON, "-c", _dying_script(gate, body)], the_reaper, reports, lines) as sup:
+        await sup.start()
+        report = await sup.wait()
+    expected_dying = ["KeyboardInterrupt"] if status == 130 else []
+    assert report.exit_status == status
+    assert [d.exception for d in reports.dying] == expected_dying
+
+
+async def test_the_hook_runs_after_the_scripts_own_excepthook(the_reaper: reaper.Reaper) -> None:
+    script = (
+        "import sys\n"
+        "import aegis\n"
+        "def mine(kind, value, tb):\n"
+        "    print('my hook saw', kind.__name__, file=sys.stderr, flush=True)\n"
+        "sys.excepthook = mine\n"
+        "aegis.progress(1)  # installs aegis's hook, which calls the one it found\n"
+        "raise ValueError('x')\n"
+    )
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
+        await sup.start()
+        report = await sup.wait()
+    assert report.exit_status == 1
+    assert [d.exception for d in reports.dying] == ["ValueError"]
+    assert lines.seen[-2:] == ["my hook saw ValueError", "[aegis] exiting on an uncaught ValueError"
+                               f" (pid {report.pid})"]  # fmt: skip
 
 
 HANG_TIMEOUT_S = 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -76,6 +77,12 @@ async def test_one_crash_restarts_every_rank_in_place_and_resumes(tmp_path: Path
     assert all(len(pids) == 1 for pids in result.agent_pids_seen.values())
     log = (result.log_dir / "pods" / "e2e-0.log").read_text()
     assert "resumed from aegis checkpoint at step 10 (incarnation 1)" in log
+    # Reported as the interpreter began to exit (aegis.training's excepthook), once.
+    events = [json.loads(line) for line in (result.log_dir / "events.jsonl").open()]
+    errors = [e for e in events if e.get("type") == "Error"]
+    assert [(e["pod"], e["data"]["reason"], e["data"]["fault_class"]) for e in errors] == [
+        ("e2e-1", "uncaught RuntimeError (reported as the process exits)", "python_traceback")
+    ]
     _assert_replays(result)
     _assert_nothing_left(result)
 

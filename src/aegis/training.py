@@ -20,11 +20,14 @@ hold-until d @32 (agent, ``time.monotonic()`` clock); answered id q @40, opted-i
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
+import sys
 import time
 from dataclasses import dataclass
+from types import TracebackType
 
 ENV_VAR = "AEGIS_PROGRESS_FILE"
 LAYOUT = struct.Struct("<qd")  # step (int64), time.monotonic() of the call (float64)
@@ -60,7 +63,40 @@ class _Writer:
                 os.close(fd)
         except (OSError, ValueError):
             self.disabled = True
+        else:
+            _say_when_dying()
         return self.buffer
+
+
+# An uncaught exception ends the interpreter, but a torch process then takes 0.5-1 s to finish
+# here (much longer when NCCL's teardown hangs). Under an agent the hook says so at once, after
+# the traceback (any hook installed before runs first, unchanged): the agent reports the fault
+# then, not when the process is finally gone. ``sys.excepthook`` runs only for the main
+# thread's uncaught exception, never for ``SystemExit``.
+DYING_MARKER = "[aegis] exiting on an uncaught "
+
+
+def _say_when_dying() -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        try:
+            previous(kind, value, tb)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"{DYING_MARKER}{kind.__name__} (pid {os.getpid()})\n")
+                sys.stderr.flush()
+
+    sys.excepthook = hook
+
+
+def dying_pid(line: str) -> tuple[str, int] | None:
+    """(exception name, pid) of a line the hook wrote, else None."""
+    if not line.startswith(DYING_MARKER):
+        return None
+    name, _, rest = line[len(DYING_MARKER) :].partition(" (pid ")
+    pid = rest.rstrip(")")
+    return (name, int(pid)) if name and pid.isdigit() else None
 
 
 # The one piece of module state: a per-process cache of the mapping (forked children share it).

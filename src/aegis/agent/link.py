@@ -70,6 +70,7 @@ class MasterLink:
         self.run_round: tuple[Phase, int] = (Phase.RUN_COMMAND, -1)
         self._rebootstrapping = False
         self.hung = False
+        self.dying_reported: set[int] = set()  # pids whose fault went ahead of their exit
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
         self.check_host: check_host.CheckHost | None = None  # warm collective checks (issue 9)
@@ -156,20 +157,34 @@ class MasterLink:
     # -- reports (the supervisor's port) -------------------------------------------------------
 
     async def child_exited(self, report: ports.ExitReport) -> None:
+        reported = report.pid in self.dying_reported
+        self.dying_reported.discard(report.pid)
         if report.reason not in (ports.ExitReason.EXITED, ports.ExitReason.SPAWN_FAILED):
             return  # stopped or restarted on an order: nothing to report
+        if reported and report.exit_status != 0:
+            return  # reported as it began to exit (child_dying)
         phase, seq = self.run_round
         if report.exit_status == 0:
             await self._send(m.MessageType.FINISH, phase, seq, m.ExitData(0))
             return
-        evidence = report.evidence
+        reason = f"exit status {report.exit_status}"
+        await self._send_error(phase, seq, reason, report.exit_status, report.evidence)
+
+    async def child_dying(self, report: ports.DyingReport) -> None:
+        """The training process is exiting on an uncaught exception: report the fault now (the
+        master's round begins while the interpreter finishes; its order stops what is left)."""
+        phase, seq = self.run_round
+        self.dying_reported.add(report.pid)
+        reason = f"uncaught {report.exception} (reported as the process exits)"
+        await self._send_error(phase, seq, reason, 1, report.evidence)
+
+    async def _send_error(
+        self, phase: Phase, seq: int, reason: str, exit_code: int, evidence: ports.Evidence
+    ) -> None:
         lines = [f"{x.fault_class}: {x.line}" for x in evidence.matches[-5:]]
         lines += list(evidence.last_lines[-20:])
         data = m.ErrorData(
-            reason=f"exit status {report.exit_status}",
-            fault_class=evidence.fault_class or "",
-            exit_code=report.exit_status,
-            lines=lines,
+            reason=reason, fault_class=evidence.fault_class or "", exit_code=exit_code, lines=lines
         )
         await self._send(m.MessageType.ERROR, phase, seq, data)
 

@@ -76,6 +76,18 @@ class ExitReport:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DyingReport:
+    """The command's process said it is exiting on an uncaught exception (``aegis.training``'s
+    hook, after the traceback): the fault is known before the interpreter has finished, which
+    for a torch process takes 0.5-1 s here. Its ``ExitReport`` follows when it is gone."""
+
+    pid: int
+    restart_count: int
+    exception: str  # the exception's type name
+    evidence: Evidence  # what the output showed so far (the traceback included)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StackDump:
     pid: int
     cmdline: str
@@ -106,6 +118,8 @@ class AgentReports(Protocol):
 
     async def child_exited(self, report: ExitReport) -> None: ...
 
+    async def child_dying(self, report: DyingReport) -> None: ...
+
     async def hang_detected(self, report: HangReport) -> None: ...
 
     async def fault_seen(self, report: FaultReport) -> None: ...
@@ -116,12 +130,16 @@ class RecordingReports:
 
     def __init__(self) -> None:
         self.exits: list[ExitReport] = []
+        self.dying: list[DyingReport] = []
         self.hangs: list[HangReport] = []
         self.faults: list[FaultReport] = []
         self._changed = asyncio.Condition()
 
     async def child_exited(self, report: ExitReport) -> None:
         await self._add(self.exits, report)
+
+    async def child_dying(self, report: DyingReport) -> None:
+        await self._add(self.dying, report)
 
     async def hang_detected(self, report: HangReport) -> None:
         await self._add(self.hangs, report)
@@ -135,7 +153,8 @@ class RecordingReports:
             self._changed.notify_all()
 
     async def wait_for(self, what: str, count: int = 1) -> None:
-        """Wait until at least ``count`` reports of kind ``what`` (exits|hangs|faults) are in."""
+        """Wait until at least ``count`` reports of kind ``what`` (exits|dying|hangs|faults)
+        are in."""
         async with self._changed:
             await self._changed.wait_for(lambda: len(getattr(self, what)) >= count)
 
@@ -152,6 +171,9 @@ class LoggingReports:
                 evidence.fault_class or "unknown",
                 "".join(f"\n  {m.fault_class}: {m.line}" for m in evidence.matches[-5:]),
             )
+
+    async def child_dying(self, report: DyingReport) -> None:
+        log.info("pid %s is exiting on an uncaught %s", report.pid, report.exception)
 
     async def hang_detected(self, report: HangReport) -> None:
         stacks = "".join(

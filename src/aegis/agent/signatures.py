@@ -110,6 +110,8 @@ def load(path: Path) -> tuple[Signature, ...]:
 
 _FRAME = re.compile(r'^\s+File "')
 _TRACEBACK_START = "Traceback (most recent call last):"
+# torch.distributed prefixes an uncaught exception's lines with the rank ("[rank1]: ").
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 @dataclasses.dataclass(slots=True)
@@ -153,6 +155,7 @@ class Scanner:
 
     def _follow_traceback(self, stream: str, line: str) -> ports.SignatureMatch | None:
         state = self._tracebacks.setdefault(stream, _TracebackState())
+        line = _RANK_PREFIX.sub("", line, count=1)
         if line.startswith(_TRACEBACK_START):
             state.open, state.last_frame = True, ""
             return None

@@ -74,6 +74,7 @@ class _Incarnation:
     )
     reported: set[str] = dataclasses.field(default_factory=set)
     hung: bool = False
+    dying: bool = False  # its process said it is exiting (reported once)
 
 
 class Supervisor:
@@ -359,6 +360,16 @@ class Supervisor:
         inc.done.set_result(report)
         await self._report(self._reports.child_exited(report))
 
+    def _on_dying(self, inc: _Incarnation, text: str) -> None:
+        """The command's own process (not one of its children: an evaluation subprocess may
+        fail without ending training) says it is exiting on an uncaught exception."""
+        said = progress.dying_pid(text)
+        if said is None or said[1] != inc.pid or inc.reason is not None or inc.done.done():
+            return
+        inc.dying = True
+        report = ports.DyingReport(inc.pid, inc.restart_count, said[0], inc.scanner.evidence())
+        self._background(self._report(self._reports.child_dying(report)), "report-dying")
+
     async def _drain(self, inc: _Incarnation) -> None:
         """Let the pumps pass on what is left; give up on pipes a stray process holds open."""
         waiting = [pump_.done for _, pump_ in inc.pumps]
@@ -375,6 +386,8 @@ class Supervisor:
                 inc.reported.add(match.signature)
                 report = ports.FaultReport(inc.pid, inc.restart_count, match)
                 self._background(self._report(self._reports.fault_seen(report)), "report-fault")
+        if stream == "stderr" and not inc.dying and text.startswith(progress.DYING_MARKER):
+            self._on_dying(inc, text)
         if self._observe is not None:
             self._observe(stream, line)
 
