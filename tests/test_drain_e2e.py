@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ async def run_with(settings: local_run.RunSettings, scenario: Scenario) -> local
     try:
         await async_wait_until(lambda: "runner" in seen or job.done(), 60, "the job to start")
         runner = seen["runner"]
-        await async_wait_until(lambda: bool(runner.steps) or job.done(), 120, "training")
+        await async_wait_until(lambda: bool(runner.safe.steps) or job.done(), 120, "training")
         assert observers.control_ready is not None
         await asyncio.wait_for(observers.control_ready.wait(), 30)
         await scenario(runner, seen["platform"], ("--log-dir", str(settings.log_dir)))
@@ -108,7 +109,9 @@ async def test_drain_checkpoints_on_request_moves_the_pod_and_resumes_at_that_st
     replies: list[tuple[int, str]] = []
 
     async def scenario(runner: JobRunner, platform: LocalPlatform, where: tuple[str, str]) -> None:
-        await async_wait_until(lambda: runner.target_step() > 10, 60, "a few steps")
+        await async_wait_until(
+            lambda: runner.safe.target_step(time.monotonic()) > 10, 60, "a few steps"
+        )
         replies.append(await ctl("drain", "node-1", "--reason", "kernel upgrade", *where))
         await async_wait_until(lambda: "node-1" in platform.blacklist, 10, "the blacklist")
 
@@ -146,7 +149,9 @@ async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint
     replies: list[tuple[int, str]] = []
 
     async def scenario(runner: JobRunner, platform: LocalPlatform, where: tuple[str, str]) -> None:
-        await async_wait_until(lambda: runner.committed_step >= 50, 60, "a periodic checkpoint")
+        await async_wait_until(
+            lambda: runner.safe.committed_step >= 50, 60, "a periodic checkpoint"
+        )
         replies.append(await ctl("drain", "node-0", *where))
         await async_wait_until(lambda: runner.status.drain_count == 0, 60, "the eviction")
         replies.append(await ctl("drain", "spare-1", *where))  # nothing runs there

@@ -41,6 +41,7 @@ from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.ports import Platform
+from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
 from aegis.wire import messages as m
 from aegis.wire.translate import to_event
@@ -136,13 +137,9 @@ class JobRunner:
         self.last_seen: dict[PodName, float] = {}
         self.watched: set[PodName] = set()
         self.round_orders: list[RoundOrder] = []
-        self.ckpt_steps: dict[PodName, int] = {}
-        self.committed_step = -1
-        self.steps: dict[PodName, tuple[int, float]] = {}  # this round: (step, monotonic)
-        self.step_rate = 0.0  # training steps per second, smoothed
-        self.ckpt_request_seq = -1  # the RunCommand round a checkpoint was requested in
-        self.drain_deadlines: dict[PodName, tuple[float, float]] = {}  # (monotonic, seconds)
-        self._declined_seq = -1
+        requests = RequestSettings(settings.checkpoint_on_slow, settings.checkpoint_lead_s,
+                                   settings.checkpoint_hold_s)  # fmt: skip
+        self.safe = SafePoints(spec.job, requests)
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
@@ -185,84 +182,35 @@ class JobRunner:
         self.queue.put_nowait(_Message(msg, event))
 
     def _checkpoint_reported(self, pod: PodName, step: int) -> None:
-        """The job's checkpoint is committed when every pod has committed it: the safe point
-        is fed to the core once per new step."""
-        self.ckpt_steps[pod] = max(step, self.ckpt_steps.get(pod, -1))
-        committed = min(self.ckpt_steps.get(p, -1) for p in self.status.pod_infos)
-        if committed > self.committed_step:
-            self.committed_step = committed
+        """The safe point is fed to the core once per new step the whole job committed."""
+        committed = self.safe.committed(self.status, pod, step)
+        if committed is not None:
             self.extra["committed_step"] = committed  # stored with the next status write
             self.platform_event(ev.CheckpointCommitted(committed))
-
-    # -- checkpoint on request (drains, slow nodes) --------------------------------------------
 
     def drain(self, pods: tuple[PodName, ...], reason: str, deadline_s: float) -> None:
         """``aegis ctl drain``: these pods leave at the next committed checkpoint (requested
         now), or after ``deadline_s`` without one; no fault is counted."""
-        deadline = time.monotonic() + deadline_s
-        for pod in pods:
-            self.drain_deadlines[pod] = (deadline, deadline_s)
+        self.safe.drain(pods, deadline_s, time.monotonic())
         self.platform_event(ev.DrainRequested(pods, reason))
 
     def _step_seen(self, pod: PodName, seq: int, step: int) -> None:
-        """A heartbeat's training step (of the current round only: a restart rewinds)."""
-        if seq != self.status.seq:
-            return
-        now = time.monotonic()
-        before = self.steps.get(pod)
-        self.steps[pod] = (step, now)
-        if before is not None and step > before[0] and now > before[1]:
-            rate = (step - before[0]) / (now - before[1])
-            self.step_rate = rate if self.step_rate == 0 else 0.7 * self.step_rate + 0.3 * rate
-
-    def target_step(self) -> int:
-        """A step every rank reaches only after the request has arrived: the furthest rank's
-        estimated step now, plus the lead time's worth of steps, plus one."""
-        now, rate = time.monotonic(), self.step_rate
-        current = [step + rate * (now - ts) for pod, (step, ts) in self.steps.items()]
-        if not current:
-            return 0  # no progress reported: save at the next call
-        return int(max(current) + rate * self.settings.checkpoint_lead_s) + 1
+        self.safe.step_seen(self.status, pod, seq, step, time.monotonic())
 
     def _checkpoint_request(self) -> RoundOrder | None:
-        """The order asking every pod for a checkpoint, once per RunCommand round, when a pod
-        waits to leave at one (drain always; slow when so configured)."""
-        s = self.status
-        if s.phase is not Phase.RUN_COMMAND or self.ckpt_request_seq == s.seq:
+        env = self.safe.request(self.status, time.monotonic())
+        if env is None:
             return None
-        if s.drain_count == 0 and not (self.settings.checkpoint_on_slow and s.slow_count > 0):
-            return None
-        self.ckpt_request_seq = s.seq
-        env = {
-            m.CKPT_REQUEST_ENV: str(s.seq),
-            m.CKPT_STEP_ENV: str(self.target_step()),
-            m.CKPT_HOLD_ENV: f"{self.settings.checkpoint_hold_s:g}",
-        }
-        log.info("job %s: checkpoint requested at step %s", self.spec.job, env[m.CKPT_STEP_ENV])
-        return RoundOrder(Order.CHECKPOINT, s.phase, s.seq, (), 0, env)
+        return RoundOrder(Order.CHECKPOINT, self.status.phase, self.status.seq, (), 0, env)
 
     def _checkpoint_declined(self, pod: PodName, reason: str) -> None:
-        """A pod's script takes no requests: a drain stops waiting and uses the last periodic
-        checkpoint (a slow pod keeps waiting for that one)."""
-        s = self.status
-        draining = tuple(p for p, info in s.pod_infos.items() if info.drain)
-        if not draining or self._declined_seq == s.seq:
-            return
-        self._declined_seq = s.seq
-        last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
-        why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
-        log.warning("job %s: drain of %s: %s", self.spec.job, ", ".join(draining), why)
-        self.platform_event(ev.DrainForced(draining, why))
+        forced = self.safe.declined(self.status, pod, reason)
+        if forced is not None:
+            self.platform_event(forced)
 
     def _drain_deadlines_passed(self, now: float) -> None:
-        for pod in [p for p, (t, _) in self.drain_deadlines.items() if now >= t]:
-            _, seconds = self.drain_deadlines.pop(pod)
-            info = self.status.pod_infos.get(pod)
-            if info is None or not info.drain:
-                continue
-            why = f"no checkpoint committed within the drain deadline of {seconds:g} s"
-            log.warning("job %s: drain of %s: %s; evicting anyway", self.spec.job, pod, why)
-            self.platform_event(ev.DrainForced((pod,), why))
+        for forced in self.safe.deadlines_passed(self.status, now):
+            self.platform_event(forced)
 
     def platform_event(self, event: ev.Event) -> None:
         now = self.clock()
@@ -322,12 +270,10 @@ class JobRunner:
             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
                 self.last_seen[pod] = now  # grace: a full timeout from the takeover
                 self.watched.add(pod)
-        for pod, info in self.status.pod_infos.items():
-            if info.drain:  # the old leader's deadline is lost: a full one from now
-                deadline_s = self.settings.drain_deadline_s
-                self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
-        if any(o.order is Order.CHECKPOINT and o.seq == self.status.seq for o in self.round_orders):
-            self.ckpt_request_seq = self.status.seq
+        requested = any(
+            o.order is Order.CHECKPOINT and o.seq == self.status.seq for o in self.round_orders
+        )
+        self.safe.taken_over(self.status, requested, self.settings.drain_deadline_s, now)
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
         for order in self.round_orders:
@@ -430,10 +376,10 @@ class JobRunner:
                     else ("CHECK_MASTER_PORT")
                 )
                 env = {"MASTER_ADDR": self.settings.master_addr, key: str(free_port())}
-                if key == "MASTER_PORT" and self.committed_step >= 0:
+                if key == "MASTER_PORT" and self.safe.committed_step >= 0:
                     # every rank resumes from the step all pods committed, never a newer one
                     # only some of them have
-                    env["AEGIS_RESUME_STEP"] = str(self.committed_step)
+                    env["AEGIS_RESUME_STEP"] = str(self.safe.committed_step)
             order = RoundOrder(
                 action.order, action.phase, action.seq, action.pods, action.exit_code, env
             )
@@ -572,7 +518,7 @@ def runner_from_record(record: dict[str, Any], revision: int, **kwargs: Any) -> 
     ]
     kept = ("token", "nodes", "hardware_rescheduled", "committed_step")
     runner.extra = {k: record[k] for k in kept if k in record}
-    runner.committed_step = int(record.get("committed_step", -1))
+    runner.safe.committed_step = int(record.get("committed_step", -1))
     return runner
 
 

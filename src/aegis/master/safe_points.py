@@ -1,0 +1,125 @@
+"""A job's checkpoints as safe points, for the job runner: the step every pod has committed,
+the training step rate (from heartbeats), and checkpoint requests on behalf of drains and slow
+pods, with the drain deadlines.
+
+The job is committed at a step when every pod has committed it; each new committed step becomes
+one ``CheckpointCommitted`` event for the core. A request is made once per RunCommand round while
+a pod waits to leave at a checkpoint (drain always; slow when configured): every rank saves at a
+step it reaches only after the request has arrived (``target_step``). A drain stops waiting
+(``DrainForced``) when its deadline passes or when a pod's script says it takes no requests.
+Times are ``time.monotonic()`` values passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from aegis.core import events as ev
+from aegis.core.model import JobStatus, PodName
+from aegis.core.phases import Phase
+from aegis.wire import messages as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSettings:
+    on_slow: bool = True  # a pod marked slow leaves at the next step boundary, not periodic
+    lead_s: float = 1.0  # the requested step lies this far ahead of the estimate
+    hold_s: float = 30.0  # ranks hold after saving, at most this long
+
+
+@dataclass(slots=True)
+class SafePoints:
+    job: str
+    settings: RequestSettings = field(default_factory=RequestSettings)
+    committed_step: int = -1
+    pod_steps: dict[PodName, int] = field(default_factory=dict)  # committed, per pod
+    steps: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # this round's
+    step_rate: float = 0.0  # training steps per second, smoothed
+    request_seq: int = -1  # the RunCommand round a checkpoint was requested in
+    drain_deadlines: dict[PodName, tuple[float, float]] = field(default_factory=dict)
+    declined_seq: int = -1
+
+    def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
+        """``pod`` committed ``step``: the job's new committed step, or None if unchanged."""
+        self.pod_steps[pod] = max(step, self.pod_steps.get(pod, -1))
+        committed = min(self.pod_steps.get(p, -1) for p in status.pod_infos)
+        if committed <= self.committed_step:
+            return None
+        self.committed_step = committed
+        return committed
+
+    def step_seen(self, status: JobStatus, pod: PodName, seq: int, step: int, now: float) -> None:
+        """A heartbeat's training step (of the current round only: a restart rewinds)."""
+        if seq != status.seq:
+            return
+        before = self.steps.get(pod)
+        self.steps[pod] = (step, now)
+        if before is not None and step > before[0] and now > before[1]:
+            rate = (step - before[0]) / (now - before[1])
+            self.step_rate = rate if self.step_rate == 0 else 0.7 * self.step_rate + 0.3 * rate
+
+    def target_step(self, now: float) -> int:
+        """A step every rank reaches only after the request has arrived: the furthest rank's
+        estimated step now, plus the lead time's worth of steps, plus one."""
+        rate = self.step_rate
+        current = [step + rate * (now - ts) for step, ts in self.steps.values()]
+        if not current:
+            return 0  # no progress reported: save at the next call
+        return int(max(current) + rate * self.settings.lead_s) + 1
+
+    def request(self, status: JobStatus, now: float) -> dict[str, str] | None:
+        """The environment of a checkpoint order, once per RunCommand round, when a pod waits
+        to leave at a checkpoint; None when none is due."""
+        if status.phase is not Phase.RUN_COMMAND or self.request_seq == status.seq:
+            return None
+        slow = self.settings.on_slow and status.slow_count > 0
+        if status.drain_count == 0 and not slow:
+            return None
+        self.request_seq = status.seq
+        env = {
+            m.CKPT_REQUEST_ENV: str(status.seq),
+            m.CKPT_STEP_ENV: str(self.target_step(now)),
+            m.CKPT_HOLD_ENV: f"{self.settings.hold_s:g}",
+        }
+        log.info("job %s: checkpoint requested at step %s", self.job, env[m.CKPT_STEP_ENV])
+        return env
+
+    def drain(self, pods: tuple[PodName, ...], deadline_s: float, now: float) -> None:
+        for pod in pods:
+            self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
+
+    def taken_over(self, status: JobStatus, requested: bool, deadline_s: float, now: float) -> None:
+        """A new leader: the old one's drain deadlines are lost (a full one from now); a
+        request already ordered in this round is not made again."""
+        for pod, info in status.pod_infos.items():
+            if info.drain:
+                self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
+        if requested:
+            self.request_seq = status.seq
+
+    def declined(self, status: JobStatus, pod: PodName, reason: str) -> ev.DrainForced | None:
+        """A pod's script takes no requests: a drain stops waiting and uses the last periodic
+        checkpoint (a slow pod keeps waiting for that one)."""
+        draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
+        if not draining or self.declined_seq == status.seq:
+            return None
+        self.declined_seq = status.seq
+        last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
+        why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
+        log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
+        return ev.DrainForced(draining, why)
+
+    def deadlines_passed(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
+        forced = []
+        for pod in [p for p, (t, _) in self.drain_deadlines.items() if now >= t]:
+            _, seconds = self.drain_deadlines.pop(pod)
+            info = status.pod_infos.get(pod)
+            if info is None or not info.drain:
+                continue
+            why = f"no checkpoint committed within the drain deadline of {seconds:g} s"
+            log.warning("job %s: drain of %s: %s; evicting anyway", self.job, pod, why)
+            forced.append(ev.DrainForced((pod,), why))
+        return forced

@@ -1,0 +1,87 @@
+"""The job runner's safe points alone: committed steps, step rate, checkpoint requests, and when
+a drain stops waiting."""
+
+from __future__ import annotations
+
+from aegis.core import events as ev
+from aegis.core.phases import Phase
+from aegis.master.safe_points import RequestSettings, SafePoints
+from aegis.wire import messages as m
+from tests.core_helpers import Driver
+
+
+def running(drain: int | None = None) -> Driver:
+    job = Driver(workers=3)
+    job.to_running()
+    if drain is not None:
+        job.feed(ev.DrainRequested((job.pod(drain),), "maintenance"))
+    return job
+
+
+def test_the_job_is_committed_at_the_lowest_step_every_pod_committed_once_per_step() -> None:
+    job, safe = running(), SafePoints("job")
+    a, b, c = job.pods
+    assert safe.committed(job.status, a, 10) is None
+    assert safe.committed(job.status, b, 10) is None
+    assert safe.committed(job.status, c, 5) == 5
+    assert safe.committed(job.status, c, 10) == 10
+    assert safe.committed(job.status, c, 10) is None  # the same step again
+    assert safe.committed(job.status, a, 8) is None  # a pod never goes back
+    assert safe.committed_step == 10
+
+
+def test_target_step_lies_ahead_of_the_furthest_rank_by_the_lead_time() -> None:
+    job, safe = running(), SafePoints("job", RequestSettings(lead_s=1.0))
+    a, b, _ = job.pods
+    assert safe.target_step(now=0.0) == 0  # no progress yet: the next call saves
+    seq = job.status.seq
+    safe.step_seen(job.status, a, seq, 100, now=10.0)
+    safe.step_seen(job.status, a, seq, 110, now=11.0)  # 10 steps/s
+    safe.step_seen(job.status, b, seq, 105, now=11.0)
+    safe.step_seen(job.status, b, seq - 1, 999, now=11.0)  # an older round's: ignored
+    assert safe.step_rate == 10.0
+    assert safe.target_step(now=12.0) == 110 + 10 + 10 + 1  # now + lead + 1
+
+
+def test_a_request_is_made_once_per_round_while_a_pod_drains() -> None:
+    job, safe = running(), SafePoints("job", RequestSettings(hold_s=5.0))
+    assert safe.request(job.status, now=0.0) is None  # nobody waits to leave
+    job.feed(ev.DrainRequested((job.pod(1),), "maintenance"))
+    env = safe.request(job.status, now=0.0)
+    assert env == {m.CKPT_REQUEST_ENV: str(job.status.seq), m.CKPT_STEP_ENV: "0",
+                   m.CKPT_HOLD_ENV: "5"}  # fmt: skip
+    assert safe.request(job.status, now=1.0) is None  # once per round
+
+
+def test_a_request_waits_for_run_command() -> None:
+    job, safe = Driver(workers=3), SafePoints("job")
+    job.ack_all()
+    job.feed(ev.DrainRequested((job.pod(0),), "maintenance"))
+    assert job.status.phase is Phase.BOOT_CHECKING and job.status.drain_count == 1
+    assert safe.request(job.status, now=0.0) is None
+
+
+def test_a_declining_script_forces_the_drain_once_per_round() -> None:
+    job, safe = running(drain=2), SafePoints("job")
+    forced = safe.declined(job.status, job.pod(0), "no requests taken")
+    assert forced is not None and forced.pods == (job.pod(2),)
+    assert "last periodic checkpoint (none yet)" in forced.reason
+    assert safe.declined(job.status, job.pod(1), "no requests taken") is None
+    assert SafePoints("job").declined(running().status, job.pod(0), "x") is None  # no drain
+
+
+def test_a_drain_deadline_forces_only_a_pod_still_draining() -> None:
+    job, safe = running(drain=1), SafePoints("job")
+    safe.drain((job.pod(1), job.pod(2)), deadline_s=5.0, now=100.0)
+    assert safe.deadlines_passed(job.status, now=104.9) == []
+    forced = safe.deadlines_passed(job.status, now=105.0)
+    assert [f.pods for f in forced] == [(job.pod(1),)]  # pod 2 never drained
+    assert "deadline of 5 s" in forced[0].reason
+    assert safe.deadlines_passed(job.status, now=200.0) == []  # each deadline once
+
+
+def test_a_new_leader_restarts_the_deadlines_and_keeps_the_rounds_request() -> None:
+    job, safe = running(drain=0), SafePoints("job")
+    safe.taken_over(job.status, requested=True, deadline_s=60.0, now=10.0)
+    assert safe.drain_deadlines == {job.pod(0): (70.0, 60.0)}
+    assert safe.request(job.status, now=11.0) is None  # already ordered in this round
