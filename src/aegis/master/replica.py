@@ -3,7 +3,9 @@
 Jobs live in the status bucket (one record per job, written by whoever submits the job, then
 only by the leader). The leader loads every non-terminal job (``JobRunner.takeover``) and keeps
 polling the bucket for new ones; when the lease is lost it stops every runner at once (their
-``fence`` already refuses to write or publish) and goes back to standby. Every replica serves
+``fence`` already refuses to write or publish) and goes back to standby. Nodes drained by
+``aegis ctl drain`` are recorded in their own bucket (``drained_nodes``): every job adopted
+later is told of them, by this leader or the next. Every replica serves
 the credentials handshake, so an agent may bootstrap from any of them.
 
 On a JetStream cluster the status bucket has as many copies as the lease bucket
@@ -31,7 +33,7 @@ from aegis.adapters.ports import Subscription
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import control, env_report, metrics
+from aegis.master import control, drained_nodes, env_report, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -80,6 +82,10 @@ class Replica:
         self.store = await KvStore.open(
             self.bus, STATUS_BUCKET, replicas=self.settings.lease.replicas
         )
+        drained = await KvStore.open(
+            self.bus, drained_nodes.BUCKET, replicas=self.settings.lease.replicas
+        )
+        self.drained = drained_nodes.DrainedNodes(drained)
         self.lease = Lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
         server, self.grpc_port = await grpc_creds.serve(
@@ -128,9 +134,10 @@ class Replica:
             return self.runners.get(f"{namespace}.{job}")
 
         def platforms() -> list[control.NodeBlacklist]:
-            return [
+            remote = [
                 r.platform for r in self.runners.values() if isinstance(r.platform, RemotePlatform)
             ]
+            return [self.drained, *remote]  # the record first: later jobs learn it
 
         sub = await control.serve_control(
             self.bus, resolve, platforms, lambda: list(self.runners.values())
@@ -200,6 +207,9 @@ class Replica:
             fence=self._fence,
         )
         holder.append(runner)
+        for node, reason in (await self.drained.load()).items():  # drained before: keep off
+            platform.blacklist[node] = f"drained: {reason}"
+            await platform.drain_node(node, reason)
         self.runners[key] = runner
         env_report.EnvironmentReport().attach(runner)
         if self.metrics is not None:

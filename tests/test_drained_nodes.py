@@ -1,0 +1,136 @@
+"""A standalone master remembers the nodes ``aegis ctl drain`` took out of service: a job it
+adopts later is told of them (its platform gets a DRAIN request per node), and the record is in
+the store (a new leader reads it). Undrain forgets the node."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+
+from aegis.adapters.memory import MemoryStore
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.adapters.ports import StoreConflict
+from aegis.core.model import JobSpec
+from aegis.master import control, drained_nodes
+from aegis.master.lease import LeaseSettings
+from aegis.master.replica import Replica, ReplicaSettings, submit_job
+from aegis.master.service import STATUS_BUCKET
+from aegis.wire import platform_msgs as pm
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_drain_and_undrain_change_the_record_and_a_conflict_is_tried_again() -> None:
+    store = MemoryStore()
+    nodes = drained_nodes.DrainedNodes(store)
+    assert await nodes.load() == {}
+    await nodes.drain_node("node-1", "kernel upgrade")
+    await nodes.drain_node("node-2", "bios")
+    await nodes.undrain_node("node-1")
+    await nodes.undrain_node("node-9")  # not drained: nothing to do
+    assert await nodes.load() == {"node-2": "bios"}
+
+    class Racing(MemoryStore):
+        """Another writer gets in between this one's read and its first write."""
+
+        raced = False
+
+        async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
+            if not self.raced:
+                self.raced = True
+                await super().put(key, b'{"node-7": "theirs"}', expected_revision=None)
+            return await super().put(key, value, expected_revision=expected_revision)
+
+    racing = drained_nodes.DrainedNodes(Racing())
+    await racing.drain_node("node-1", "mine")
+    assert await racing.load() == {"node-1": "mine", "node-7": "theirs"}
+
+
+async def test_an_unreadable_record_drains_nothing_and_endless_conflicts_are_an_error() -> None:
+    store = MemoryStore()
+    await store.put(drained_nodes.KEY, b"not json", expected_revision=None)
+    assert await drained_nodes.DrainedNodes(store).load() == {}
+
+    class Busy(MemoryStore):
+        async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
+            raise StoreConflict("conflict")
+
+    with pytest.raises(StoreConflict):
+        await drained_nodes.DrainedNodes(Busy()).drain_node("node-1", "x")
+
+
+@dataclass
+class Master:
+    bus: NatsBus
+    store: KvStore
+    replica: Replica
+
+    async def ctl(self, command: control.Command, node: str) -> control.ControlReply:
+        def build(inbox: str) -> control.ControlRequest:
+            return control.ControlRequest(command, inbox, nodes=[node], reason="bios update")
+
+        return await control.request(self.bus, build, inbox_prefix="_INBOX")
+
+    async def submit(self, job: str) -> asyncio.Queue[pm.PlatformRequest]:
+        """Submit a job of two pods; the platform requests the leader sends it."""
+        requests: asyncio.Queue[pm.PlatformRequest] = asyncio.Queue()
+
+        async def on_request(subject: str, payload: bytes) -> None:
+            requests.put_nowait(msgspec.json.decode(payload, type=pm.PlatformRequest))
+
+        await self.bus.subscribe(pm.subject("default", job, "requests"), on_request)
+        await self.bus.flush()
+        spec = JobSpec(job=job, namespace="default", worker_num=2, max_retry=1)
+        await submit_job(self.store, spec, ["node-0", "node-1"], "token")
+        return requests
+
+
+@pytest.fixture
+async def master() -> AsyncIterator[Master]:
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    replica = Replica(None, server.url, ReplicaSettings(
+        replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=0.05))  # fmt: skip
+    task = asyncio.create_task(replica.run())
+    bus = await NatsBus.connect(server.url)
+    try:
+        async with asyncio.timeout(30):
+            await replica.leading.wait()
+        yield Master(bus, await KvStore.open(bus, STATUS_BUCKET), replica)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await bus.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: Master) -> None:
+    reply = await master.ctl("drain", "node-7")
+    assert reply == control.ControlReply(True, "drained node-7: no pod runs there, nothing to move")
+    requests = await master.submit("later")
+    async with asyncio.timeout(30):
+        request = await requests.get()
+    assert (request.kind, request.node, request.reason) == (
+        pm.RequestKind.DRAIN, "node-7", "bios update"
+    )  # fmt: skip
+    assert master.replica.runners["default.later"].platform.blacklist == {  # type: ignore[attr-defined]
+        "node-7": "drained: bios update"
+    }
+    # The record is in the store: a new leader reads the same.
+    record = drained_nodes.DrainedNodes(await KvStore.open(master.bus, drained_nodes.BUCKET))
+    assert await record.load() == {"node-7": "bios update"}
+
+    assert (await master.ctl("undrain", "node-7")).ok
+    assert await record.load() == {}
+    requests = await master.submit("after-undrain")
+    async with asyncio.timeout(30):
+        while "default.after-undrain" not in master.replica.runners:
+            await asyncio.sleep(0.05)
+    assert master.replica.runners["default.after-undrain"].platform.blacklist == {}  # type: ignore[attr-defined]
+    assert requests.empty()
