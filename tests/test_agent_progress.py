@@ -59,5 +59,8 @@ async def test_stack_dump_explains_when_py_spy_is_missing(
 def test_dying_marker_lines_are_parsed_and_anything_else_is_not() -> None:
     marker = progress.DYING_MARKER
     assert progress.dying_pid(f"{marker}RuntimeError (pid 42)") == ("RuntimeError", 42)
+    assert progress.dying_pid(f"[rank3]: {marker}torch.OutOfMemoryError (pid 7)") == (
+        "torch.OutOfMemoryError", 7
+    )  # fmt: skip
     for line in (f"{marker}RuntimeError", f"{marker} (pid 42)", f"{marker}X (pid 4x)", "x"):
         assert progress.dying_pid(line) is None

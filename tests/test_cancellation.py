@@ -10,6 +10,7 @@ still end, cancelled, within a deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -104,3 +105,40 @@ async def test_the_kubernetes_sides_sync_loop_stops_when_cancelled() -> None:
     swallower = Swallower()
     side.sync_once = swallower  # type: ignore[method-assign]
     await stops_when_cancelled(side.run(), swallower)
+
+
+async def test_a_won_election_still_stops_when_the_cancellation_was_swallowed() -> None:
+    lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
+    lease.kv = object()  # type: ignore[assignment]
+    won = Swallower(result=True)  # the reply that beat the cancellation: acquired
+    lease.try_acquire = won  # type: ignore[method-assign]
+    await stops_when_cancelled(lease.wait_for_lead(), won)
+
+
+async def test_a_cancellation_left_over_from_before_the_loop_does_not_stop_it() -> None:
+    """3.11's TaskGroup can leave a count behind (a child failing after it swallowed its own
+    cancellation): a standby must still wait for the lease, not quit."""
+
+    async def standby() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1)  # the cancellation lands here and is absorbed
+        assert task.cancelling() == 1  # ... but never withdrawn
+        lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
+        lease.kv = object()  # type: ignore[assignment]
+        answers = iter([False, False, True])
+
+        async def try_acquire() -> bool:
+            return next(answers)
+
+        async def wait_vacancy(timeout_s: float) -> None:
+            await asyncio.sleep(0)
+
+        lease.try_acquire = try_acquire  # type: ignore[method-assign]
+        lease._wait_vacancy = wait_vacancy  # type: ignore[method-assign]
+        lease.epoch = 7
+        return await lease.wait_for_lead()
+
+    assert await asyncio.wait_for(asyncio.ensure_future(standby()), 10) == 7

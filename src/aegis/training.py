@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import struct
 import sys
 import time
@@ -90,13 +91,16 @@ def _say_when_dying() -> None:
     sys.excepthook = hook
 
 
+_DYING_LINE = re.compile(
+    r"(?:\[rank\d+\]: )?" + re.escape(DYING_MARKER) + r"([\w.]+) \(pid (\d+)\)"
+)
+
+
 def dying_pid(line: str) -> tuple[str, int] | None:
-    """(exception name, pid) of a line the hook wrote, else None."""
-    if not line.startswith(DYING_MARKER):
-        return None
-    name, _, rest = line[len(DYING_MARKER) :].partition(" (pid ")
-    pid = rest.rstrip(")")
-    return (name, int(pid)) if name and pid.isdigit() else None
+    """(exception name, pid) of a line the hook wrote (torch.distributed may have prefixed it
+    with ``[rankN]: ``), else None."""
+    found = _DYING_LINE.fullmatch(line)
+    return (found[1], int(found[2])) if found else None
 
 
 # The one piece of module state: a per-process cache of the mapping (forked children share it).

@@ -6,7 +6,10 @@ future into ``TimeoutError`` (both fixed in 3.12). nats-py waits for every reply
 ``wait_for``, so a loop that retries on errors (polling the status bucket, renewing the lease)
 can lose the one cancellation meant to stop it, and run forever: a CI run hung 90 s in a test's
 teardown that way. Such loops call ``raise_if_cancelled`` each time round: the task still
-remembers that it was asked to stop (``Task.cancelling``).
+remembers that it was asked to stop (``Task.cancelling``). They compare against the count at
+their start (``cancellations``), because 3.11's ``TaskGroup`` can leave one behind that nobody
+meant for them (a child that fails while the group is waiting for it, after a cancellation it
+swallowed).
 """
 
 from __future__ import annotations
@@ -14,8 +17,14 @@ from __future__ import annotations
 import asyncio
 
 
-def raise_if_cancelled() -> None:
-    """Raise ``CancelledError`` if the current task was cancelled and something swallowed it."""
+def cancellations() -> int:
+    """The current task's count of cancellation requests not yet withdrawn."""
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    return task.cancelling() if task is not None else 0
+
+
+def raise_if_cancelled(since: int = 0) -> None:
+    """Raise ``CancelledError`` if the current task was cancelled (more often than ``since``,
+    the count when the loop began) and something swallowed it."""
+    if cancellations() > since:
         raise asyncio.CancelledError

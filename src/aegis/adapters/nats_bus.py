@@ -27,7 +27,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Handler, StoreConflict
 
@@ -150,7 +150,7 @@ class KvStore:
 
     async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
         deadline = time.monotonic() + self.retry_s
-        retried = False
+        retried, since = False, cancellations()
         while True:
             try:
                 if expected_revision is None:
@@ -163,7 +163,7 @@ class KvStore:
                         return stored[1]
                 raise StoreConflict("conflict", detail=f"{key}: {exc}") from None
             except TRANSIENT as exc:
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 if time.monotonic() > deadline:
                     raise
                 log.warning("kv %s: write failed (%s), trying again", key, type(exc).__name__)
@@ -171,11 +171,12 @@ class KvStore:
                 await asyncio.sleep(0.2)
 
     async def _get_retrying(self, key: str, deadline: float) -> tuple[bytes, int] | None:
+        since = cancellations()
         while True:
             try:
                 return await self._get_once(key)
             except TRANSIENT:
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)

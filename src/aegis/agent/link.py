@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import NatsBus
 from aegis.agent import ports, supervisor
@@ -70,7 +70,8 @@ class MasterLink:
         self.run_round: tuple[Phase, int] = (Phase.RUN_COMMAND, -1)
         self._rebootstrapping = False
         self.hung = False
-        self.dying_reported: set[int] = set()  # pids whose fault went ahead of their exit
+        # (pid, restart count) of incarnations whose fault went ahead of their exit
+        self.dying_reported: set[tuple[int, int]] = set()
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
         self.check_host: check_host.CheckHost | None = None  # warm collective checks (issue 9)
@@ -157,8 +158,9 @@ class MasterLink:
     # -- reports (the supervisor's port) -------------------------------------------------------
 
     async def child_exited(self, report: ports.ExitReport) -> None:
-        reported = report.pid in self.dying_reported
-        self.dying_reported.discard(report.pid)
+        incarnation = (report.pid, report.restart_count)
+        reported = incarnation in self.dying_reported
+        self.dying_reported.discard(incarnation)
         if report.reason not in (ports.ExitReason.EXITED, ports.ExitReason.SPAWN_FAILED):
             return  # stopped or restarted on an order: nothing to report
         if reported and report.exit_status != 0:
@@ -174,7 +176,7 @@ class MasterLink:
         """The training process is exiting on an uncaught exception: report the fault now (the
         master's round begins while the interpreter finishes; its order stops what is left)."""
         phase, seq = self.run_round
-        self.dying_reported.add(report.pid)
+        self.dying_reported.add((report.pid, report.restart_count))
         reason = f"uncaught {report.exception} (reported as the process exits)"
         await self._send_error(phase, seq, reason, 1, report.evidence)
 
@@ -227,17 +229,19 @@ class MasterLink:
     async def resend(self) -> None:
         """Reports that may have reached no master (a failover) go again, same id, until a
         newer round shows they were heard; the master counts each at most once."""
+        since = cancellations()
         while not self.done.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.resend_s)
             except TimeoutError:
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 if self.bus is not None and self.creds is not None:
                     for msg in list(self.pending):
                         subject = f"{self.creds.subject_prefix}.worker"
                         await self.bus.publish(subject, codec.encode(msg))
 
     async def beat(self) -> None:
+        since = cancellations()
         while not self.done.done():
             phase, seq = self.run_round
             step = self.sup.last_step if self.sup is not None else None
@@ -245,7 +249,7 @@ class MasterLink:
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
             except TimeoutError:
-                raise_if_cancelled()
+                raise_if_cancelled(since)
 
     # -- orders --------------------------------------------------------------------------------
 

@@ -386,7 +386,7 @@ class Supervisor:
                 inc.reported.add(match.signature)
                 report = ports.FaultReport(inc.pid, inc.restart_count, match)
                 self._background(self._report(self._reports.fault_seen(report)), "report-fault")
-        if stream == "stderr" and not inc.dying and text.startswith(progress.DYING_MARKER):
+        if stream == "stderr" and not inc.dying and progress.DYING_MARKER in text:
             self._on_dying(inc, text)
         if self._observe is not None:
             self._observe(stream, line)

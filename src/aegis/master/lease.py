@@ -32,7 +32,7 @@ from nats.js import api
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,9 @@ class Lease:
 
     async def keep(self) -> None:
         """Renew until the lease is lost (soon again after a failure); then return."""
+        since = cancellations()
         while True:
-            raise_if_cancelled()
+            raise_if_cancelled(since)
             failing = self.renew_failures > 0
             await asyncio.sleep(RETRY_AFTER_FAILURE_S if failing else self.settings.renew_every_s)
             if not await self.renew():
@@ -177,9 +178,11 @@ class Lease:
     async def wait_for_lead(self) -> int:
         """Until this replica holds the lease; returns the epoch."""
         assert self.kv is not None
+        since = cancellations()
         while not await self.try_acquire():
-            raise_if_cancelled()
+            raise_if_cancelled(since)
             await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
+        raise_if_cancelled(since)  # won, but asked to stop meanwhile: run's finally releases
         assert self.epoch is not None
         return self.epoch
 

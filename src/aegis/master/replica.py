@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
@@ -152,6 +152,7 @@ class Replica:
             raise LeadershipLost(f"replica {self.settings.replica_id} lost the lease")
 
     async def _poll_jobs(self, epoch: int) -> None:
+        since = cancellations()
         while True:
             await self._drop_failed_runners()
             try:
@@ -161,9 +162,9 @@ class Replica:
             except LeadershipLost:
                 raise
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 log.warning("replica %s: polling jobs failed: %r", self.settings.replica_id, exc)
-            raise_if_cancelled()
+            raise_if_cancelled(since)
             await asyncio.sleep(self.settings.poll_s)
 
     async def _drop_failed_runners(self) -> None:
@@ -271,6 +272,7 @@ class Replica:
 
     async def _refresh_records(self) -> None:
         """Every replica knows every job's pods and token (for the credentials handshake)."""
+        since = cancellations()
         while True:
             try:
                 for key in await self.store.keys():
@@ -279,11 +281,11 @@ class Replica:
                         if got is not None:
                             self.records[key] = json.loads(got[0])
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 log.debug(
                     "replica %s: refreshing records failed: %r", self.settings.replica_id, exc
                 )
-            raise_if_cancelled()
+            raise_if_cancelled(since)
             await asyncio.sleep(self.settings.poll_s)
 
     async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_bus import KvStore
 from aegis.adapters.ports import Bus, StatusStore, StoreConflict, Subscription
 from aegis.core.phases import TERMINAL_PHASES, Phase
@@ -143,6 +143,7 @@ class KubernetesSide:
 
     async def run(self) -> None:
         """Until cancelled: one sync every ``poll_s`` while leading (errors logged, retried)."""
+        since = cancellations()
         try:
             while True:
                 try:
@@ -150,9 +151,9 @@ class KubernetesSide:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    raise_if_cancelled()
+                    raise_if_cancelled(since)
                     log.exception("kubernetes: sync failed; retrying")
-                raise_if_cancelled()
+                raise_if_cancelled(since)
                 await asyncio.sleep(self.settings.poll_s)
         finally:
             await self._end_term()
