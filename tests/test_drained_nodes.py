@@ -76,7 +76,9 @@ class Master:
 
         return await control.request(self.bus, build, inbox_prefix="_INBOX")
 
-    async def submit(self, job: str) -> asyncio.Queue[pm.PlatformRequest]:
+    async def submit(
+        self, job: str, nodes: tuple[str, str] = ("node-0", "node-1")
+    ) -> asyncio.Queue[pm.PlatformRequest]:
         """Submit a job of two pods; the platform requests the leader sends it."""
         requests: asyncio.Queue[pm.PlatformRequest] = asyncio.Queue()
 
@@ -86,7 +88,7 @@ class Master:
         await self.bus.subscribe(pm.subject("default", job, "requests"), on_request)
         await self.bus.flush()
         spec = JobSpec(job=job, namespace="default", worker_num=2, max_retry=1)
-        await submit_job(self.store, spec, ["node-0", "node-1"], "token")
+        await submit_job(self.store, spec, list(nodes), "token")
         return requests
 
 
@@ -113,7 +115,7 @@ async def master() -> AsyncIterator[Master]:
 async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: Master) -> None:
     reply = await master.ctl("drain", "node-7")
     assert reply == control.ControlReply(True, "drained node-7: no pod runs there, nothing to move")
-    requests = await master.submit("later")
+    requests = await master.submit("later", ("node-0", "node-7"))
     async with asyncio.timeout(30):
         request = await requests.get()
     assert (request.kind, request.node, request.reason) == (
@@ -122,6 +124,13 @@ async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: M
     assert master.replica.runners["default.later"].platform.blacklist == {  # type: ignore[attr-defined]
         "node-7": "drained: bios update"
     }
+    # Its pod placed on node-7 (the job's platform did not know yet) is drained.
+    runner = master.replica.runners["default.later"]
+    async with asyncio.timeout(30):
+        while runner.status.drain_count != 1:
+            await asyncio.sleep(0.05)
+    assert runner.status.pod_infos["later-1"].drain
+    assert runner.status.pod_infos["later-1"].last_failed_reason.startswith("drain: on a drained")
     # The record is in the store: a new leader reads the same.
     record = drained_nodes.DrainedNodes(await KvStore.open(master.bus, drained_nodes.BUCKET))
     assert await record.load() == {"node-7": "bios update"}
@@ -133,4 +142,8 @@ async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: M
         while "default.after-undrain" not in master.replica.runners:
             await asyncio.sleep(0.05)
     assert master.replica.runners["default.after-undrain"].platform.blacklist == {}  # type: ignore[attr-defined]
-    assert requests.empty()
+    # Requests reach a job in the order sent: the first it gets is a later drain's, not node-7's.
+    assert (await master.ctl("drain", "node-8")).ok
+    async with asyncio.timeout(30):
+        request = await requests.get()
+    assert (request.kind, request.node) == (pm.RequestKind.DRAIN, "node-8")

@@ -115,9 +115,11 @@ def test_the_master_deployment_learns_jobs_from_kubernetes_and_listens_on_the_po
     assert {("aegisjobs", "list"), ("aegisjobs/status", "patch"), ("secrets", "get"),
             ("pods", "list")} <= allowed  # fmt: skip
     assert not {verb for _, verb in allowed} & {"create", "delete"}
-    # Cordoning drained nodes is a separate, optional grant (--cordon-drained).
-    assert "--cordon-drained" in argv
-    cordon = docs[("ClusterRole", "aegis-master-cordon")]["rules"]
-    assert cordon == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
-    binding = docs[("ClusterRoleBinding", "aegis-master-cordon")]
+    # Cordoning drained nodes is an opt-in grant (deploy/rbac-cordon.yaml + --cordon-drained).
+    assert "--cordon-drained" not in argv
+    assert ("ClusterRole", "aegis-master-cordon") not in docs
+    optional = list(yaml.safe_load_all((DEPLOY / "rbac-cordon.yaml").read_text()))
+    assert all(k8s_schema.check_builtin(doc) == [] for doc in optional)
+    role, binding = optional
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert binding["subjects"][0]["name"] == "aegis-master"

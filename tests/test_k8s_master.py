@@ -27,7 +27,7 @@ from aegis.adapters.nats_auth import job_subject_prefix
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.phases import Phase
-from aegis.master import control
+from aegis.master import control, drained_nodes
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -70,6 +70,12 @@ class Cluster:
         obj = self.emulator.objects["v1/nodes", None, node]
         return bool(obj.raw.get("spec", {}).get("unschedulable"))
 
+    def marked(self, node: str) -> bool:
+        """Aegis's mark of its own cordon."""
+        obj = self.emulator.objects["v1/nodes", None, node]
+        annotations = obj.raw.get("metadata", {}).get("annotations") or {}
+        return annotations.get(cluster.CORDONED_BY_AEGIS) == "true"
+
     async def ctl(self, command: control.Command, node: str) -> control.ControlReply:
         def build(inbox: str) -> control.ControlRequest:
             return control.ControlRequest(command, inbox, nodes=[node], reason="bios update",
@@ -111,9 +117,13 @@ async def k8s(
     store = await KvStore.open(bus, STATUS_BUCKET)
     api = cluster.KubernetesCluster(cluster.load_config())
     settings = master_side.KubernetesSettings(poll_s=0.1, cordon=True)
-    side = master_side.KubernetesSide(api, bus, store, settings, leading=replica.leading.is_set)
+    record = drained_nodes.DrainedNodes(await KvStore.open(bus, drained_nodes.BUCKET))
+    side = master_side.KubernetesSide(api, bus, store, settings, drained=record,
+                                      leading=replica.leading.is_set)  # fmt: skip
     tasks = [asyncio.create_task(replica.run()), asyncio.create_task(side.run())]
     try:
+        async with asyncio.timeout(30):
+            await replica.leading.wait()  # it serves aegis ctl from then on
         yield Cluster(kmock, bus, store, api)
     finally:
         for task in tasks:
@@ -260,12 +270,19 @@ async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_
     await until(recorded("node-y"), "node-y in the AegisJob's drained_nodes")
     assert not drained()["node-y"].cordoned and k8s.cordoned("node-y")
 
-    # A new leader's side learns the drained nodes back from the resource.
-    fresh = master_side.KubernetesSide(
-        k8s.api, k8s.bus, k8s.store, master_side.KubernetesSettings()
-    )
+    assert k8s.marked("node-z") and not k8s.marked("node-y")
+    # A node the side cannot cordon (here: no such node) is still listed.
+    assert (await k8s.ctl("drain", "node-q")).ok
+    await until(recorded("node-q"), "node-q in the AegisJob's drained_nodes")
+    assert not drained()["node-q"].cordoned
+    assert (await k8s.ctl("undrain", "node-q")).ok
+
+    # A new leader's side applies the same record: node-z is known as Aegis's cordon.
+    record = drained_nodes.DrainedNodes(await KvStore.open(k8s.bus, drained_nodes.BUCKET))
+    settings = master_side.KubernetesSettings(cordon=True)
+    fresh = master_side.KubernetesSide(k8s.api, k8s.bus, k8s.store, settings, drained=record)
     await fresh.sync_once()
-    assert set(fresh.drained) == {"node-y", "node-z"}
+    assert {n: d.cordoned for n, d in fresh.drained.items()} == {"node-y": False, "node-z": True}
     await fresh._end_term()
 
     reply = await k8s.ctl("undrain", "node-z")
@@ -277,6 +294,26 @@ async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_
 
     await until(released, "node-z undrained and uncordoned")
     assert k8s.cordoned("node-y")  # still the administrator's
+    assert not k8s.marked("node-z")
+
+
+async def test_a_drain_and_undrain_with_no_job_running_still_cordon_and_uncordon(
+    k8s: Cluster,
+) -> None:
+    """No AegisJob at all: the control reaches no job platform, the side applies the record."""
+    await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": "node-z"}})
+    assert (await k8s.ctl("drain", "node-z")).ok
+
+    async def cordoned() -> bool:
+        return k8s.cordoned("node-z") and k8s.marked("node-z")
+
+    await until(cordoned, "node-z cordoned by Aegis")
+    assert (await k8s.ctl("undrain", "node-z")).ok
+
+    async def uncordoned() -> bool:
+        return not k8s.cordoned("node-z")
+
+    await until(uncordoned, "node-z uncordoned")
 
 
 async def says(k8s: Cluster, pod: str, kind: m.MessageType, phase: Phase, seq: int,

@@ -20,6 +20,8 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.master import metrics
+from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
+from aegis.master.drained_nodes import DrainedNodes
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -134,9 +136,11 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
     creds = replica.authority.master_creds() if replica.authority else None
     bus = await NatsBus.connect(replica.nats_url, creds, name=f"{replica.settings.replica_id}-k8s")
     try:
-        store = await KvStore.open(bus, STATUS_BUCKET, replicas=replica.settings.lease.replicas)
+        replicas = replica.settings.lease.replicas
+        store = await KvStore.open(bus, STATUS_BUCKET, replicas=replicas)
+        record = DrainedNodes(await KvStore.open(bus, DRAINED_BUCKET, replicas=replicas))
         api = cluster.KubernetesCluster(cluster.load_config())
-        side = master_side.KubernetesSide(api, bus, store, kubernetes,
+        side = master_side.KubernetesSide(api, bus, store, kubernetes, drained=record,
                                           leading=replica.leading.is_set)  # fmt: skip
         async with asyncio.TaskGroup() as group:
             group.create_task(replica.run(), name="replica")

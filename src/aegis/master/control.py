@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -99,6 +99,19 @@ ResolvePlatforms = Callable[[], Iterable[NodeBlacklist]]
 ResolveJobs = Callable[[], Iterable[JobRunner]]
 
 
+def pods_to_drain(runner: JobRunner, nodes: Collection[str]) -> tuple[PodName, ...]:
+    """The pods of a running job on these nodes that are not leaving already."""
+    if runner.status.phase in TERMINAL_PHASES:
+        return ()
+    return tuple(
+        PodName(pod)
+        for pod, info in runner.status.pod_infos.items()
+        if info.node in nodes
+        and not info.drain
+        and not (info.inner_phase is Phase.RESTARTING and not info.finished)
+    )
+
+
 def job_of_pod(pod: str) -> str:
     """The job of a pod named ``<job>-<rank>``."""
     return pod.rsplit("-", 1)[0]
@@ -158,17 +171,7 @@ async def _drain(
     for node in nodes:
         if not NODE_NAME.fullmatch(node):
             return ControlReply(False, f"bad node name {node!r}")
-    on_node = {
-        runner: tuple(
-            PodName(pod)
-            for pod, info in runner.status.pod_infos.items()
-            if info.node in nodes
-            and not info.drain
-            and not (info.inner_phase is Phase.RESTARTING and not info.finished)
-        )
-        for runner in runners
-        if runner.status.phase not in TERMINAL_PHASES
-    }
+    on_node = {runner: pods_to_drain(runner, nodes) for runner in runners}
     known = [p.known_nodes() for p in platforms if isinstance(p, KnownNodes)]
     used = {info.node for r in runners for info in r.status.pod_infos.values()}
     for node in nodes:

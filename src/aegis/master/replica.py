@@ -208,10 +208,11 @@ class Replica:
             fence=self._fence,
         )
         holder.append(runner)
-        for node, reason in (await self.drained.load()).items():  # drained before: keep off
+        self.runners[key] = runner  # from now on a drain reaches it; and one made before:
+        drained = await self.drained.load()
+        for node, reason in drained.items():
             platform.blacklist[node] = f"drained: {reason}"
             await platform.drain_node(node, reason)
-        self.runners[key] = runner
         env_report.EnvironmentReport().attach(runner)
         if self.metrics is not None:
             self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
@@ -222,6 +223,10 @@ class Replica:
             del self.runners[key]
             await self._unsubscribe(runner, key)
             raise
+        pods = control.pods_to_drain(runner, drained)
+        if pods:  # placed on a drained node before this leader knew the job
+            why = "; ".join(f"{node}: {reason}" for node, reason in sorted(drained.items()))
+            runner.drain(pods, f"on a drained node ({why})", self.settings.job.drain_deadline_s)
         runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")
         log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
 

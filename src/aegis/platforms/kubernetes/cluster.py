@@ -16,6 +16,9 @@ from aegis.platforms.kubernetes import manifests
 Body = dict[str, Any]
 
 _NOT_FOUND, _CONFLICT = 404, 409
+# On a node Aegis cordoned (``aegis ctl drain`` with ``--cordon-drained``): only such a cordon
+# is lifted by ``aegis ctl undrain``, by this master or the next.
+CORDONED_BY_AEGIS = "aegis.dev/cordoned"
 
 
 def load_config() -> client.ApiClient:
@@ -111,19 +114,27 @@ class KubernetesCluster:
         )  # fmt: skip
 
     async def cordon_node(self, node: str) -> bool:
-        found = await asyncio.to_thread(self.core.read_node, node)
-        if self._plain(found).get("spec", {}).get("unschedulable"):
-            return False  # cordoned already: not ours to uncordon
-        await self._set_unschedulable(node, True)
+        found = self._plain(await asyncio.to_thread(self.core.read_node, node))
+        ours = (found.get("metadata", {}).get("annotations") or {}).get(CORDONED_BY_AEGIS)
+        if found.get("spec", {}).get("unschedulable"):
+            return ours == "true"  # someone else's cordon is not ours to lift
+        await self._patch_node(node, unschedulable=True, mark="true")
         return True
 
     async def uncordon_node(self, node: str) -> None:
-        await self._set_unschedulable(node, False)
+        try:
+            found = self._plain(await asyncio.to_thread(self.core.read_node, node))
+        except k8s_errors.ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return  # the node is gone: no cordon left to lift
+            raise
+        if (found.get("metadata", {}).get("annotations") or {}).get(CORDONED_BY_AEGIS):
+            await self._patch_node(node, unschedulable=False, mark=None)
 
-    async def _set_unschedulable(self, node: str, value: bool) -> None:
-        await asyncio.to_thread(
-            self.core.patch_node, node, {"spec": {"unschedulable": value}}, _preload_content=False
-        )
+    async def _patch_node(self, node: str, *, unschedulable: bool, mark: str | None) -> None:
+        patch = {"metadata": {"annotations": {CORDONED_BY_AEGIS: mark}},
+                 "spec": {"unschedulable": unschedulable}}  # fmt: skip
+        await asyncio.to_thread(self.core.patch_node, node, patch, _preload_content=False)
 
     async def ensure_secret(self, namespace: str, body: Body) -> None:
         await self._ensure(self.core.create_namespaced_secret, namespace, body)

@@ -16,11 +16,13 @@ replica and acts only while that replica leads:
   requests). Replacing or evicting a pod is the operator's work (the pod exits and is recreated,
   or the operator deletes a pod listed in ``.status.replacing``); this side tells the master
   when the replacement is scheduled (``PodRestarted`` with its node and IP);
-- drains: ``aegis ctl drain NODE`` lists the node in every AegisJob's ``.status.drained_nodes``
-  (the operator keeps replacements off it, as off an ErrorNode, until ``aegis ctl undrain``)
-  and, with ``cordon`` (``aegis master --cordon-drained``, which needs the right to patch
-  nodes), cordons it for every pod; undrain uncordons only a node Aegis cordoned. The record
-  lives on the resources: a new leader learns the drained nodes back from them.
+- drains: the master records ``aegis ctl drain NODE`` in its store (``master.drained_nodes``);
+  this side applies that record (every poll, and at once on a drain request): the node is
+  listed in every AegisJob's ``.status.drained_nodes`` (the operator keeps replacements off it,
+  as off an ErrorNode, until ``aegis ctl undrain``) and, with ``cordon`` (``aegis master
+  --cordon-drained``, which needs the right to patch nodes), cordoned and marked as Aegis's;
+  undrain lifts only a cordon so marked. With the record in the store and the mark on the
+  node, a new leader (or a master with no job at the time) does the same.
 """
 
 from __future__ import annotations
@@ -68,10 +70,19 @@ class JobsApi(Protocol):
         ...
 
     async def cordon_node(self, node: str) -> bool:
-        """Mark the node unschedulable; False when it already was (someone else's cordon)."""
+        """Cordon the node (marked as Aegis's); True when Aegis's cordon is on it now, False
+        when someone else's was there already."""
         ...
 
-    async def uncordon_node(self, node: str) -> None: ...
+    async def uncordon_node(self, node: str) -> None:
+        """Lift Aegis's cordon (a cordon not marked as Aegis's stays)."""
+        ...
+
+
+class DrainedRecord(Protocol):
+    """Where ``aegis ctl drain`` records drained nodes (``master.drained_nodes``)."""
+
+    async def load(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +127,10 @@ class KubernetesPlatform:
         await self.side.mirror_now(self.job)
 
     async def drain_node(self, node: str, reason: str) -> None:
-        await self.side.drain(node, reason)
+        await self.side.reconcile_drains()  # the record has it already
 
     async def undrain_node(self, node: str) -> None:
-        await self.side.undrain(node)
+        await self.side.reconcile_drains()
 
 
 class KubernetesSide:
@@ -132,11 +143,14 @@ class KubernetesSide:
         *,
         leading: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
+        drained: DrainedRecord | None = None,
     ) -> None:
         self.api, self.bus, self.store, self.settings = api, bus, store, settings
-        self.leading, self.clock = leading, clock
+        self.leading, self.clock, self.record = leading, clock, drained
         self.jobs: dict[str, _Job] = {}
-        self.drained: dict[str, crd_status.DrainedNode] = {}
+        self.drained: dict[str, crd_status.DrainedNode] = {}  # as applied this term
+        self._drain_lock = asyncio.Lock()
+        self._uncordon_failed: set[str] = set()  # said once, tried again every poll
         self._led = False
         self._decoder = msgspec.json.Decoder(pm.PlatformRequest)
         self._encoder = msgspec.json.Encoder()
@@ -163,14 +177,10 @@ class KubernetesSide:
             if self._led:
                 await self._end_term()
             return
-        bodies = await self.api.list_jobs(self.settings.namespaces)
-        if not self._led:  # a new term: the drained nodes are recorded on the resources
-            for body in bodies:
-                for node, drained in crd_status.drained_nodes(body.get("status")).items():
-                    self.drained.setdefault(node, drained)
-            self._led = True
+        self._led = True
+        await self.reconcile_drains()
         seen = set()
-        for body in bodies:
+        for body in await self.api.list_jobs(self.settings.namespaces):
             meta = body.get("metadata") or {}
             job = _Job(meta.get("namespace", "default"), meta["name"], body)
             job = self.jobs.setdefault(job.key, job)
@@ -276,28 +286,50 @@ class KubernetesSide:
         except Exception:
             log.exception("kubernetes: %s of %s failed", request.kind, job.key)
 
-    async def drain(self, node: str, reason: str) -> None:
-        """``aegis ctl drain``: every AegisJob's status lists the node (its replacements avoid
-        it, as an ErrorNode); with ``cordon``, the node is also cordoned for everyone. Each
-        job's platform asks; the first one does the work."""
-        if node in self.drained:
+    async def reconcile_drains(self) -> None:
+        """Apply the drain record (every poll, and at once on a drain or undrain request): a
+        node drained is listed in every AegisJob's status, and cordoned with ``cordon``; a node
+        undrained is uncordoned (Aegis's cordon only) and unlisted. A cordon that fails (no
+        right to patch nodes, no such node) is logged and the node still listed; an uncordon
+        that fails is tried again at the next poll."""
+        if self.record is None:
             return
-        cordoned = False
-        if self.settings.cordon:
-            cordoned = await self.api.cordon_node(node)
-        self.drained[node] = crd_status.DrainedNode(reason, self.clock(), cordoned)
-        log.warning("kubernetes: node %s drained (%s)%s", node, reason,
-                    ", cordoned" if cordoned else "")  # fmt: skip
-        await self._mirror_all()
+        async with self._drain_lock:
+            wanted = await self.record.load()
+            changed = False
+            for node, reason in sorted(wanted.items()):
+                if node in self.drained:
+                    continue
+                self.drained[node] = crd_status.DrainedNode(reason, self.clock())
+                changed = True
+                cordoned = self.settings.cordon and await self._cordon(node)
+                self.drained[node] = crd_status.DrainedNode(reason, self.clock(), cordoned)
+                log.warning("kubernetes: node %s drained (%s)%s", node, reason,
+                            ", cordoned" if cordoned else "")  # fmt: skip
+            for node in [n for n in self.drained if n not in wanted]:
+                if self.settings.cordon or self.drained[node].cordoned:
+                    try:
+                        await self.api.uncordon_node(node)
+                    except Exception as exc:
+                        level = logging.DEBUG if node in self._uncordon_failed else logging.WARNING
+                        self._uncordon_failed.add(node)
+                        log.log(level, "kubernetes: uncordoning %s failed (%s); trying again at "
+                                "the next poll", node, exc)  # fmt: skip
+                        continue
+                self._uncordon_failed.discard(node)
+                del self.drained[node]
+                changed = True
+                log.warning("kubernetes: node %s undrained", node)
+            if changed:
+                await self._mirror_all()
 
-    async def undrain(self, node: str) -> None:
-        drained = self.drained.pop(node, None)
-        if drained is None:
-            return
-        if drained.cordoned:
-            await self.api.uncordon_node(node)
-        log.warning("kubernetes: node %s undrained", node)
-        await self._mirror_all()
+    async def _cordon(self, node: str) -> bool:
+        try:
+            return await self.api.cordon_node(node)
+        except Exception as exc:
+            log.warning("kubernetes: cordoning drained node %s failed (%s); its pods are still "
+                        "kept off it through the AegisJobs", node, exc)  # fmt: skip
+            return False
 
     async def _mirror_all(self) -> None:
         for job in list(self.jobs.values()):
@@ -351,7 +383,7 @@ class KubernetesSide:
     async def _end_term(self) -> None:
         """Not (or no longer) leading: stop answering requests; forget this term's work."""
         self._led = False
-        self.drained.clear()  # the next term learns them back from the resources
+        self.drained.clear()  # the next term applies the record again
         for job in self.jobs.values():
             await self._forget(job)
             job.handled.clear()
