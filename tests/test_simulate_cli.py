@@ -20,7 +20,10 @@ def test_simulate_prints_both_policies_when_run_at_16384_gpus(
     assert code == 0
     assert "16,384 GPUs (2,048 nodes x 8)" in out
     assert "restart-from-checkpoint" in out
-    assert "aegis " in out
+    side_by_side = out[out.index("side by side") :].splitlines()
+    policies = [line.split()[0] for line in side_by_side[1:3]]
+    assert policies == ["restart-from-checkpoint", "aegis"]
+    assert all(line.rstrip().endswith("%") for line in side_by_side[1:3])
     assert ">90%" in out
     assert ">=97%" in out
     for cause in ("detection", "recovery", "rollback", "checkpoint"):

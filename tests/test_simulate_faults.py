@@ -52,8 +52,17 @@ def test_exponential_trace_needs_a_positive_mtbf() -> None:
 def test_cause_mix_follows_llama3_table_5() -> None:
     by_name = {cause.name: cause for cause in flt.LLAMA3_CAUSES}
     assert len(by_name) == 18
-    assert by_name["faulty GPU"].share_pct == 30.1
-    assert by_name["GPU HBM3 memory"].share_pct == 17.2
+    # The table's counts: they sum to its 419 interruptions; its percentages are count / 419.
+    assert sum(cause.count for cause in flt.LLAMA3_CAUSES) == flt.LLAMA3_INTERRUPTIONS == 419
+    for name, count, pct in (
+        ("GPU HBM3 memory", 72, 17.2),
+        ("software bug", 54, 12.9),
+        ("GPU system processor", 17, 4.1),
+        ("power supply", 3, 0.7),
+    ):
+        assert by_name[name].count == count
+        assert round(100 * count / 419, 1) == pct
+    assert by_name["faulty GPU"].count == 148  # printed as 30.1 % beside it: 35.3 % of 419
     assert by_name["software bug"].kind is FaultKind.CRASH_RESTART
     assert by_name["host maintenance"].kind is FaultKind.NODE_LOST
     assert by_name["NCCL watchdog timeouts"].kind is FaultKind.HANG_RESTART

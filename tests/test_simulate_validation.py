@@ -16,13 +16,13 @@ COST_S = 300.0  # Daly's worked cases: a 5-minute checkpoint
 DALY_CASES = [(24 * 3600.0, 117.0), (6 * 3600.0, 57.0), (15 * 60.0, 9.1)]
 
 
-def _exponential(mtbf_s: float, days: float) -> engine.SimSpec:
+def _exponential(mtbf_s: float, days: float, cost_s: float = COST_S) -> engine.SimSpec:
     return engine.SimSpec(
         gpus=8,
         days=days,
         trace=flt.TraceKind.EXPONENTIAL,
         mtbf_s=mtbf_s,
-        ckpt_cost_s=COST_S,
+        ckpt_cost_s=cost_s,
         policy=rc.Policy.RESTART_FROM_CHECKPOINT,
     )
 
@@ -66,6 +66,12 @@ def test_young_holds_in_its_range_when_cost_is_small_against_mtbf() -> None:
     )
     # Outside its range (cost a third of the MTBF) Young's first order overshoots by far.
     assert theory.young_interval(COST_S, 900.0) > 1.3 * theory.best_interval(COST_S, 900.0)
+
+
+def test_simulated_optimum_matches_young_when_cost_is_small_against_mtbf() -> None:
+    day, cost = 24 * 3600.0, 60.0  # cost / MTBF = 0.0007: Young's first order holds
+    found = search.simulated_best_interval(_exponential(day, 3000.0, cost), seeds=(1, 2, 3))
+    assert math.isclose(found.interval_s, theory.young_interval(cost, day), rel_tol=0.05)
 
 
 def test_best_interval_does_not_depend_on_restart_time() -> None:

@@ -2,8 +2,9 @@
 
 ``llama3``: the root-cause mix and rate of the Llama 3 paper (arXiv 2407.21783, section 3.3.4,
 Table 5): 419 unexpected interruptions in a 54-day snapshot on 16,384 H100 GPUs (2,048 nodes of 8),
-scaled linearly with the node count. The shares below are the paper's; they sum to 94.4 % (the
-paper's table has a few more rows), so the mix is normalised over the listed causes.
+scaled linearly with the node count. The mix is the table's counts, which sum to 419 (its
+percentages do not quite: "faulty GPU" reads 30.1 % beside a count of 148, i.e. 35.3 %; with the
+percentages the rows sum to 94.4 %).
 ``exponential``: the same mix of causes at a given job MTBF (Poisson arrivals), the model of Young
 and Daly. Faults arrive in wall time whatever the job is doing (running, checkpointing, recovering).
 """
@@ -35,29 +36,29 @@ class FaultKind(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Cause:
     name: str
-    share_pct: float  # Llama 3, Table 5
+    count: int  # interruptions of this cause, Llama 3, Table 5
     kind: FaultKind
 
 
 LLAMA3_CAUSES: tuple[Cause, ...] = (
-    Cause("faulty GPU", 30.1, FaultKind.CRASH_REPLACE),  # Xid / CUDA error, gpu check fails
-    Cause("GPU HBM3 memory", 17.2, FaultKind.CRASH_REPLACE),  # uncorrectable ECC
-    Cause("software bug", 12.9, FaultKind.CRASH_RESTART),  # the process dies, the node is fine
-    Cause("network switch/cable", 8.4, FaultKind.HANG_REPLACE),  # collectives stall; rdma fails
-    Cause("host maintenance", 7.6, FaultKind.NODE_LOST),  # unplanned: the host goes away
-    Cause("GPU SRAM memory", 4.5, FaultKind.CRASH_REPLACE),
-    Cause("GPU system processor", 3.8, FaultKind.CRASH_REPLACE),
-    Cause("NIC", 1.7, FaultKind.HANG_REPLACE),
-    Cause("NCCL watchdog timeouts", 1.7, FaultKind.HANG_RESTART),
-    Cause("silent data corruption", 1.4, FaultKind.CRASH_REPLACE),  # loss spike, gpu diag fails
-    Cause("GPU thermal interface + sensor", 1.4, FaultKind.SLOW),  # throttling: a slow node
-    Cause("SSD", 0.7, FaultKind.CRASH_REPLACE),  # io check fails
-    Cause("power supply", 0.5, FaultKind.NODE_LOST),
-    Cause("server chassis", 0.5, FaultKind.NODE_LOST),
-    Cause("IO expansion board", 0.5, FaultKind.CRASH_REPLACE),
-    Cause("dependency", 0.5, FaultKind.CRASH_CONTAINER),  # runtime/environment broken
-    Cause("CPU", 0.5, FaultKind.NODE_LOST),
-    Cause("system memory", 0.5, FaultKind.NODE_LOST),
+    Cause("faulty GPU", 148, FaultKind.CRASH_REPLACE),  # Xid / CUDA error, gpu check fails
+    Cause("GPU HBM3 memory", 72, FaultKind.CRASH_REPLACE),  # uncorrectable ECC
+    Cause("software bug", 54, FaultKind.CRASH_RESTART),  # the process dies, the node is fine
+    Cause("network switch/cable", 35, FaultKind.HANG_REPLACE),  # collectives stall; rdma fails
+    Cause("host maintenance", 32, FaultKind.NODE_LOST),  # unplanned: the host goes away
+    Cause("GPU SRAM memory", 19, FaultKind.CRASH_REPLACE),
+    Cause("GPU system processor", 17, FaultKind.CRASH_REPLACE),
+    Cause("NIC", 7, FaultKind.HANG_REPLACE),
+    Cause("NCCL watchdog timeouts", 7, FaultKind.HANG_RESTART),
+    Cause("silent data corruption", 6, FaultKind.CRASH_REPLACE),  # loss spike, gpu diag fails
+    Cause("GPU thermal interface + sensor", 6, FaultKind.SLOW),  # throttling: a slow node
+    Cause("SSD", 3, FaultKind.CRASH_REPLACE),  # io check fails
+    Cause("power supply", 3, FaultKind.NODE_LOST),
+    Cause("server chassis", 2, FaultKind.NODE_LOST),
+    Cause("IO expansion board", 2, FaultKind.CRASH_REPLACE),
+    Cause("dependency", 2, FaultKind.CRASH_CONTAINER),  # runtime/environment broken
+    Cause("CPU", 2, FaultKind.NODE_LOST),
+    Cause("system memory", 2, FaultKind.NODE_LOST),
 )
 
 
@@ -93,7 +94,7 @@ class Fault:
 def generate(spec: TraceSpec, rng: random.Random) -> tuple[Fault, ...]:
     """Poisson arrivals at the job's fault rate over the horizon; causes drawn from the mix."""
     mtbf = spec.job_mtbf_s()
-    weights = [cause.share_pct for cause in LLAMA3_CAUSES]
+    weights = [cause.count for cause in LLAMA3_CAUSES]
     faults: list[Fault] = []
     t = rng.expovariate(1.0 / mtbf)
     while t < spec.horizon_s:
@@ -105,8 +106,8 @@ def generate(spec: TraceSpec, rng: random.Random) -> tuple[Fault, ...]:
 
 def share_by_kind() -> dict[FaultKind, float]:
     """Fraction of faults of each kind in the (normalised) mix."""
-    total = sum(cause.share_pct for cause in LLAMA3_CAUSES)
+    total = sum(cause.count for cause in LLAMA3_CAUSES)
     shares = dict.fromkeys(FaultKind, 0.0)
     for cause in LLAMA3_CAUSES:
-        shares[cause.kind] += cause.share_pct / total
+        shares[cause.kind] += cause.count / total
     return shares
