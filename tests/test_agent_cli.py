@@ -106,17 +106,21 @@ def test_agent_kills_command_after_grace_when_command_ignores_sigterm() -> None:
     assert waits.really_gone(pid)
 
 
-def test_agent_forwards_sigusr1_when_agent_receives_it() -> None:
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
+)
+def test_agent_forwards_the_signal_when_agent_receives_it(sig: signal.Signals) -> None:
+    """Each forwarded signal reaches the command, which says which one it got."""
     script = (
         "import signal, sys, time\n"
-        "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(42))\n"
+        f"signal.signal({int(sig)}, lambda n, _: sys.exit(40 + n % 20))\n"
         "print('READY', flush=True)\n"
         "while True: time.sleep(1)\n"
     )
     proc = start_agent("--", sys.executable, "-c", script)
     waits.read_line_with(proc, "READY")
-    proc.send_signal(signal.SIGUSR1)
-    assert finish(proc) == 42
+    proc.send_signal(sig)
+    assert finish(proc) == 40 + int(sig) % 20
 
 
 def test_agent_logs_hang_with_stack_when_command_stops_progressing() -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -129,13 +130,27 @@ async def test_collectives_start_cold_and_say_so_once_when_no_forkserver_starts(
 ) -> None:
     broken = host.HostSettings(interpreter=str(tmp_path / "no-such-python"))
     caplog.set_level(logging.WARNING, logger="aegis.checks")
-    async with host.CheckHost(the_reaper, settings=broken) as h:
+    spawned: list[list[str]] = []
+
+    class Recording:
+        """The agent's reaper, noting what it starts (the one waitpid owner in the agent)."""
+
+        def spawn(self, argv: Any, env: Any, **kwargs: Any) -> int:
+            spawned.append(list(argv))
+            return the_reaper.spawn(argv, env, **kwargs)
+
+        async def wait(self, pid: int) -> int:
+            return await the_reaper.wait(pid)
+
+    async with host.CheckHost(Recording(), settings=broken) as h:
         for _ in range(2):
             results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))
             assert all(r.passed for r in results), results
         assert h.disabled and h.forked == [] and await h.ready() is None
     cold = [r for r in caplog.records if "start cold" in r.getMessage()]
     assert len(cold) == 1, caplog.records
+    collective = [argv for argv in spawned if "aegis.checks.collective" in argv]
+    assert len(collective) == 2  # both cold children started (and reaped) by the reaper
 
 
 async def test_check_host_replaces_forkserver_when_it_dies_idle(

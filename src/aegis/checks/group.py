@@ -23,7 +23,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,7 +202,7 @@ class CollectiveRound:
         if child is None:
             if host is not None:
                 host.note_cold("the check forkserver is not usable")
-            child = await _start_cold(args)
+            child = await (_spawn_cold(host, args) if host is not None else _start_cold(args))
         child.err_task = asyncio.create_task(child.drain_stderr(), name=f"stderr-{child.pid}")
         self.child = child
         if self._killed:  # the budget ran out while it was starting
@@ -210,7 +210,21 @@ class CollectiveRound:
         return child
 
 
+async def _spawn_cold(host: check_host.CheckHost, args: Sequence[str]) -> _Child:
+    """A cold child under an agent: started and waited for by the agent's reaper."""
+    argv = [sys.executable, "-m", "aegis.checks.collective", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    async def spawn(out_w: int, err_w: int) -> Started:
+        return host.spawn_cold(argv, env, {1: out_w, 2: err_w})
+
+    child = await _piped(spawn, warm=False)
+    assert child is not None
+    return child
+
+
 async def _start_cold(args: Sequence[str]) -> _Child:
+    """A cold child with no agent around (``aegis check``): asyncio waits for it."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aegis.checks.collective", *args,
         stdin=asyncio.subprocess.DEVNULL,
@@ -224,10 +238,24 @@ async def _start_cold(args: Sequence[str]) -> _Child:
 
 async def _fork_warm(host: check_host.CheckHost, args: Sequence[str]) -> _Child | None:
     """Fork the child from the warm check interpreter; None when it cannot (start cold)."""
+
+    async def fork(out_w: int, err_w: int) -> Started:
+        warm = await host.fork(args, out_w, err_w)
+        return None if warm is None else (warm.pid, warm.exited)
+
+    return await _piped(fork, warm=True)
+
+
+Started = tuple[int, "asyncio.Future[Any]"] | None
+
+
+async def _piped(start: Callable[[int, int], Awaitable[Started]], *, warm: bool) -> _Child | None:
+    """Start a child with its stdout and stderr on fresh pipes (``start`` gets the write ends,
+    closed here afterwards); None when ``start`` says it could not."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        warm = await host.fork(args, out_w, err_w)
+        started = await start(out_w, err_w)
     except BaseException:
         for fd in (out_r, err_r):
             os.close(fd)
@@ -235,7 +263,7 @@ async def _fork_warm(host: check_host.CheckHost, args: Sequence[str]) -> _Child 
     finally:
         os.close(out_w)
         os.close(err_w)
-    if warm is None:
+    if started is None:
         os.close(out_r)
         os.close(err_r)
         return None
@@ -245,7 +273,8 @@ async def _fork_warm(host: check_host.CheckHost, args: Sequence[str]) -> _Child 
         reader, transport = await _pipe_reader(fd)
         readers.append(reader)
         transports.append(transport)
-    return _Child(warm.pid, True, readers[0], readers[1], warm.exited, transports)
+    pid, gone = started
+    return _Child(pid, warm, readers[0], readers[1], gone, transports)
 
 
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:

@@ -135,6 +135,14 @@ class CheckHost:
         server = await asyncio.shield(self._next)
         return None if server is None or server.gone else server.pid
 
+    def spawn_cold(
+        self, argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int]
+    ) -> tuple[int, asyncio.Future[int]]:
+        """Start a child cold through the agent's reaper (the one ``waitpid`` owner in the
+        agent): its pid, and its raw wait status to come."""
+        pid = self._spawner.spawn(argv, env, fds=fds)
+        return pid, asyncio.ensure_future(self._spawner.wait(pid))
+
     def note_cold(self, why: str) -> None:
         """The caller starts a check child cold: say so, once."""
         if not self._said_cold:
