@@ -165,6 +165,34 @@ def test_agent_reaps_zombies_and_orphans_when_agent_is_subreaper(tmp_path: Path)
     assert waits.processes_with(marker) == []
 
 
+ORPHAN_THAT_EXITS = """
+import os, sys, time
+middle = os.fork()
+if middle == 0:
+    middle = os.getpid()
+    if os.fork() == 0:  # the grandchild: waits to be re-parented, says so, exits
+        while os.getppid() == middle:
+            time.sleep(0.01)
+        print("ORPHAN", os.getpid(), os.getppid(), flush=True)
+        os._exit(0)
+    os._exit(0)
+sys.stdin.read()  # the command itself runs on (and never waits for the middle one)
+sys.exit(3)
+"""
+
+
+def test_agent_reaps_an_orphan_that_exits_while_the_command_still_runs() -> None:
+    """Only the agent can reap it (it is the orphan's parent now); checked while it runs."""
+    proc = start_agent("--", sys.executable, "-c", ORPHAN_THAT_EXITS)
+    _, orphan, parent = waits.read_line_with(proc, "ORPHAN").split()
+    assert int(parent) == proc.pid  # re-parented to the agent (its subreaper)
+    waits.wait_until(lambda: waits.really_gone(int(orphan)), 10, "the agent reaps the orphan")
+    assert proc.poll() is None  # the agent (and the command) still run
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert finish(proc) == 3
+
+
 def unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
