@@ -10,7 +10,7 @@ from aegis.core.actions import RejectReason
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
 from aegis.core.recovery import Classification, RecoveryLevel
-from tests.core_helpers import Driver, orders, rejected
+from tests.core_helpers import HEALTHY, Driver, orders, rejected
 
 
 def test_initial_status_is_pending_with_every_pod_pending() -> None:
@@ -168,6 +168,24 @@ def test_troubleshooting_all_healthy_restarts_in_place_and_aligns_retries() -> N
     assert d.status.phase is Phase.RUN_COMMAND
     assert orders(d.actions) == ["restart"]
     assert d.retries() == (1, 1, 1) and d.status.recover_count == 1
+
+
+def test_troubleshooting_error_marks_pod_for_exit_not_counted() -> None:
+    """Rule 6: an Error during the troubleshoot round makes that pod leave; no fault counted."""
+    d = Driver()
+    d.to_running()
+    d.error(0)  # the fault: counted once
+    assert d.status.phase is Phase.TROUBLESHOOTING and d.retries() == (1, 0, 0)
+    d.error(2, "the checks crashed")
+    assert d.retries() == (1, 0, 0) and d.status.recover_count == 1  # not counted
+    d.feed(ev.ChecksReported(d.pod(0), d.status.phase, d.status.seq, HEALTHY, "ok"))
+    actions = d.feed(ev.ChecksReported(d.pod(1), d.status.phase, d.status.seq, HEALTHY, "ok"))
+    assert d.status.phase is Phase.RESTARTING  # the round resolved: pod 2 must leave
+    evicts = [a for a in actions if isinstance(a, act.EvictPod)]
+    assert [e.pod for e in evicts] == [d.pod(2)]
+    assert [d.inner(r) for r in range(3)] == [Phase.RESTARTING] * 3
+    assert not d.status.pod_infos[d.pod(2)].finished  # away, awaiting its replacement
+    assert d.status.recover_count == 1 and d.retries() == (1, 0, 0)
 
 
 def test_troubleshooting_hardware_fault_evicts_to_restarting_then_back() -> None:
