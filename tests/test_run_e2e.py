@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,3 +134,24 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
     assert events.count('"type":"HeartbeatLost"') == 1
     wait_until(lambda: not session_members(killed[0]), what="killed pod's processes gone")
     _assert_nothing_left(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--nodes", "0"], "'--nodes'"),
+        (["--inject-fault", "node-1"], "expected NODE:CHECK"),
+        (["--inject-fault", "node-1:nosuchcheck"], "got 'node-1:nosuchcheck'"),
+        (["--view", "fancy"], "one of auto, live, plain"),
+        (["--max-retry", "-1"], "'--max-retry'"),
+    ],
+)
+def test_aegis_run_refuses_a_bad_argument_with_one_line_and_exit_2(
+    args: list[str], says: str
+) -> None:
+    argv = [sys.executable, "-m", "aegis.cli.main", "run", *args, "--", "true"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aegis: error: ") and says in lines[0], lines
+    assert result.stdout == ""
