@@ -62,20 +62,23 @@ def make(
     return supervisor.Supervisor(argv, settings, the_reaper, reports, observe=lines)
 
 
-async def test_restart_replaces_group_when_ordered(the_reaper: reaper.Reaper) -> None:
+async def test_restart_replaces_group_when_ordered(
+    the_reaper: reaper.Reaper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOB_VAR", "kept")  # the job's environment, the same in every incarnation
     reports, lines = ports.RecordingReports(), Lines()
     argv = [PYTHON, str(waits.BIN / "report_env.py")]
     async with make(argv, the_reaper, reports, lines, grace_s=5.0) as sup:
         await sup.start()
         await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 1)
-        _, count, port, pid, grandchild = lines.with_prefix("INCARNATION")[0].split()
-        assert (count, port) == ("0", "-")
+        _, count, port, pid, grandchild, job_var = lines.with_prefix("INCARNATION")[0].split()
+        assert (count, port, job_var) == ("0", "-", "kept")
         assert psutil.Process(int(pid)).ppid() == os.getpid()
 
         await sup.restart({"MASTER_PORT": "29501"})
         await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 2)
-        _, count2, port2, pid2, grandchild2 = lines.with_prefix("INCARNATION")[1].split()
-        assert (count2, port2) == ("1", "29501")
+        _, count2, port2, pid2, grandchild2, job_var2 = lines.with_prefix("INCARNATION")[1].split()
+        assert (count2, port2, job_var2) == ("1", "29501", "kept")
         assert sup.restart_count == 1 and sup.pid == int(pid2) != int(pid)
         assert waits.really_gone(int(pid)) and waits.gone(int(grandchild))  # old group gone
         assert psutil.Process(int(pid2)).ppid() == os.getpid()  # same agent, not re-executed

@@ -1,4 +1,5 @@
-"""Prints its restart count, MASTER_PORT and pids (its own and a child's), then waits forever."""
+"""Prints its restart count, MASTER_PORT, pids (its own and a child's) and the job's variable
+JOB_VAR, then waits forever."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ print(
     os.environ.get("MASTER_PORT", "-"),
     os.getpid(),
     child.pid,
+    os.environ.get("JOB_VAR", "-"),
     flush=True,
 )
 while True:
