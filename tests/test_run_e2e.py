@@ -155,3 +155,34 @@ def test_aegis_run_refuses_a_bad_argument_with_one_line_and_exit_2(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aegis: error: ") and says in lines[0], lines
     assert result.stdout == ""
+
+
+async def test_every_pod_gets_the_torchrun_and_kubeflow_environment(tmp_path: Path) -> None:
+    """What a training script reads to join the group, as each pod's command sees it."""
+    out = tmp_path / "env"
+    out.mkdir()
+    script = (
+        "import json, os, sys\n"
+        "path = os.path.join(sys.argv[1], os.environ['AEGIS_POD'] + '.json')\n"
+        "open(path, 'w').write(json.dumps(dict(os.environ)))\n"
+    )
+    command = (sys.executable, "-c", script, str(out))
+    result = await local_run.run_local(_settings(tmp_path, command=command, nodes=2))
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    seen = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert sorted(seen) == ["e2e-0", "e2e-1"]
+    ports = {env["MASTER_PORT"] for env in seen.values()}
+    addrs = {env["MASTER_ADDR"] for env in seen.values()}
+    assert len(ports) == 1 and next(iter(ports)).isdigit()  # one rendezvous for the job
+    assert len(addrs) == 1
+    for rank, pod in enumerate(("e2e-0", "e2e-1")):
+        env = seen[pod]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", "0")
+        assert (env["PET_NNODES"], env["PET_NODE_RANK"]) == ("2", str(rank))
+        assert (env["AEGIS_JOB"], env["AEGIS_POD"], env["AEGIS_NODE"]) == (
+            "e2e",
+            pod,
+            f"node-{rank}",
+        )
+        assert env["AEGIS_RESTART_COUNT"] == "0"
+    _assert_nothing_left(result)
