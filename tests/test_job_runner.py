@@ -6,10 +6,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aegis.adapters import memory
+from aegis.adapters.nats_bus import NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
@@ -91,9 +94,17 @@ def healthy() -> m.ChecksData:
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """The runner on the in-memory bus, or (``indirect`` param "nats") on a real nats-server."""
     spec = JobSpec("job", "ns", 2, 1)
-    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
+    server = None
+    if getattr(request, "param", "memory") == "nats":
+        server = EmbeddedNats(None)
+        await asyncio.to_thread(server.start)
+        bus: Any = await NatsBus.connect(server.url)
+    else:
+        bus = memory.MemoryBus()
+    store, platform = memory.MemoryStore(), RecordingPlatform()
     runner = JobRunner(
         spec,
         initial_status(spec, [NodeName("node-0"), NodeName("node-1")]),
@@ -113,6 +124,9 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         runner.queue.get_nowait() if not runner.queue.empty() else _noop(runner)
     )
     await asyncio.wait_for(task, 5)
+    if server is not None:
+        await bus.close()
+        await asyncio.to_thread(server.stop)
 
 
 def _noop(runner: JobRunner):  # type: ignore[no-untyped-def]
@@ -144,6 +158,7 @@ async def test_status_is_written_before_each_order_is_published(harness: Harness
     assert harness.store_revision_at_order == sorted(harness.store_revision_at_order)
 
 
+@pytest.mark.parametrize("harness", ["memory", "nats"], indirect=True)
 async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness) -> None:
     await _to_running(harness)
     before = harness.runner.status
@@ -169,6 +184,8 @@ async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r2")  # duplicate
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")  # re-sent id
+    # On a real server delivery is asynchronous: wait for the 8 drops, then for the queue.
+    await async_wait_until(lambda: sum(harness.runner.drops.counts.values()) >= 8, what="drops")
     await harness.settle()
     status = harness.runner.status
     assert status.phase is Phase.RUN_COMMAND and status.recover_count == 0

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -114,12 +115,14 @@ async def test_injected_gpu_fault_moves_pod_to_spare_and_blacklists_node(tmp_pat
 
 async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path: Path) -> None:
     killed: list[int] = []
+    killed_at: list[float] = []
 
     def kill_once_running(runner: JobRunner, platform: LocalPlatform) -> None:
         def on_event(r: JobRunner, event: object, actions: object) -> None:
             if r.status.phase is Phase.RUN_COMMAND and not killed:
                 pid = platform.agent_pids()["e2e-2"]  # type: ignore[index]
                 killed.append(pid)
+                killed_at.append(time.time())
                 os.kill(pid, signal.SIGKILL)
 
         runner.listeners.append(on_event)
@@ -132,6 +135,13 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
     assert result.status.recover_count == 1 and _retries(result) == [1, 1, 1]
     events = (result.log_dir / "events.jsonl").read_text()
     assert events.count('"type":"HeartbeatLost"') == 1
+    records = [json.loads(line) for line in events.splitlines()]
+    lost = next(r for r in records if r.get("type") == "HeartbeatLost")
+    # After the kill, and within the timeout (3 s) plus the watcher's poll and a loaded machine.
+    assert lost["pod"] == "e2e-2" and 0.0 < lost["ts"] - killed_at[0] <= 3.0 + 3.0
+    # Replaced: a new agent for e2e-2 came back (PodRestarted) and the job went on.
+    assert any(r.get("type") == "PodRestarted" and r.get("pod") == "e2e-2" for r in records)
+    assert len(result.agent_pids_seen["e2e-2"]) == 2
     wait_until(lambda: not session_members(killed[0]), what="killed pod's processes gone")
     _assert_nothing_left(result)
 
