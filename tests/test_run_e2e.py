@@ -196,3 +196,19 @@ async def test_every_pod_gets_the_torchrun_and_kubeflow_environment(tmp_path: Pa
         )
         assert env["AEGIS_RESTART_COUNT"] == "0"
     _assert_nothing_left(result)
+
+
+async def test_agents_fetch_new_credentials_when_theirs_expire_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Credentials minted for 3 s: the server closes each agent's connection at expiry, the
+    agent bootstraps again (SyncWorkerCreds) and reconnects; nothing is counted."""
+    result = await local_run.run_local(
+        _settings(tmp_path, "--step-time-s", "0.2", creds_ttl_s=3.0, nodes=2)
+    )
+    assert result.status.phase is Phase.SUCCEED, result.log_dir
+    assert result.status.recover_count == 0 and _retries(result) == [0, 0]
+    for pod in ("e2e-0", "e2e-1"):
+        log = (result.log_dir / "pods" / f"{pod}.log").read_text()
+        assert "bootstrapping again" in log, pod
+    _assert_nothing_left(result)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import ConnectionReconnectingError, NoRespondersError
+from nats.errors import ConnectionClosedError, ConnectionReconnectingError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import (
     KeyNotFoundError,
@@ -57,13 +57,21 @@ class NatsSubscription:
         await self._sub.unsubscribe()  # type: ignore[attr-defined]
 
 
+class BusClosed(ConnectionError):
+    """The connection is closed for good (e.g. the server closed it when its credentials
+    expired): nothing more goes out on it."""
+
+
 class NatsBus:
     """A connected nats-py client. Reconnects forever; errors (e.g. permission violations) are
-    logged and passed to ``on_error``."""
+    logged and passed to ``on_error``. A connection that closes for good without ``close`` (the
+    server closes it when the credentials expire, and says nothing else) is passed to
+    ``on_closed``."""
 
     def __init__(self, client: Client, url: str = "", creds: UserCreds | None = None) -> None:
         self.client = client
         self.url, self.creds = url, creds  # what it connected with (for the control file)
+        self.closing = False  # close() was called: a closed connection is expected
 
     @classmethod
     async def connect(
@@ -73,13 +81,22 @@ class NatsBus:
         *,
         name: str = "aegis",
         on_error: Callable[[Exception], None] | None = None,
+        on_closed: Callable[[], None] | None = None,
         connect_timeout_s: float = 5.0,
         max_reconnect_attempts: int = -1,
     ) -> NatsBus:
+        made: list[NatsBus] = []
+
         async def error_cb(exc: Exception) -> None:
             log.warning("nats %s: %s", name, exc)
             if on_error is not None:
                 on_error(exc)
+
+        async def closed_cb() -> None:
+            if made and not made[0].closing:
+                log.warning("nats %s: the connection closed for good", name)
+                if on_closed is not None:
+                    on_closed()
 
         options: dict[str, object] = {
             "servers": server_list(url),
@@ -88,6 +105,7 @@ class NatsBus:
             "reconnect_time_wait": 0.25,
             "max_reconnect_attempts": max_reconnect_attempts,
             "error_cb": error_cb,
+            "closed_cb": closed_cb,
             "allow_reconnect": True,
         }
         if creds is not None and creds.jwt:
@@ -95,10 +113,14 @@ class NatsBus:
             options["signature_cb"] = creds.sign_nonce
             options["inbox_prefix"] = creds.inbox_prefix.encode()
         client = await nats.connect(**options)  # type: ignore[arg-type]
-        return cls(client, url, creds)
+        made.append(cls(client, url, creds))
+        return made[0]
 
     async def publish(self, subject: str, payload: bytes) -> None:
-        await self.client.publish(subject, payload)
+        try:
+            await self.client.publish(subject, payload)
+        except ConnectionClosedError as exc:
+            raise BusClosed(f"not sent on {subject}: the connection is closed") from exc
 
     async def subscribe(self, subject: str, handler: Handler) -> NatsSubscription:
         async def on_message(msg: Msg) -> None:
@@ -110,6 +132,7 @@ class NatsBus:
         await self.client.flush(timeout=max(1, round(timeout_s)))
 
     async def close(self) -> None:
+        self.closing = True
         if not self.client.is_closed:
             await self.client.close()
 

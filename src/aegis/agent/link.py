@@ -10,6 +10,7 @@ credentials expire the server closes the connection for good; the link bootstrap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
-from aegis.adapters.nats_bus import NatsBus
+from aegis.adapters.nats_bus import BusClosed, NatsBus
 from aegis.agent import ports, supervisor
 from aegis.checks import host as check_host
 from aegis.checks import suites
@@ -88,6 +89,7 @@ class MasterLink:
                 self.creds.creds,
                 name=f"aegis-agent-{s.pod}",
                 on_error=self._on_nats_error,
+                on_closed=self._on_closed,
                 connect_timeout_s=s.connect_timeout_s,
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
@@ -123,19 +125,35 @@ class MasterLink:
         raise error
 
     def _on_nats_error(self, exc: Exception) -> None:
-        if "expired" in str(exc).lower() and not self._rebootstrapping:
-            self._rebootstrapping = True
-            asyncio.get_running_loop().create_task(self._rebootstrap(), name="rebootstrap")
+        if "expired" in str(exc).lower():
+            self._on_closed()
+
+    def _on_closed(self) -> None:
+        """The connection closed for good without our asking (the server closes it when the
+        credentials expire): bootstrap again, in the background."""
+        if self._rebootstrapping or self.done.done():
+            return
+        self._rebootstrapping = True
+        task = asyncio.get_running_loop().create_task(self._rebootstrap(), name="rebootstrap")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _rebootstrap(self) -> None:
-        """Expired credentials close the connection for good: fetch new ones, reconnect."""
-        log.warning("credentials expired: bootstrapping again")
+        """Fetch new credentials and reconnect, trying again until it works (reports made
+        meanwhile wait in ``pending`` and go out with the next resend)."""
+        log.warning("the NATS connection closed (credentials expired?): bootstrapping again")
         old = self.bus
         try:
-            await self.connect()
+            while not self.done.done():
+                try:
+                    await self.connect()
+                    break
+                except LinkUnavailable as exc:
+                    log.warning("bootstrapping again failed (%s); trying again in 1 s", exc)
+                    await asyncio.sleep(1.0)
         finally:
             self._rebootstrapping = False
-        if old is not None:
+        if old is not None and old is not self.bus:
             await old.close()
 
     def env(self) -> dict[str, str]:
@@ -224,7 +242,16 @@ class MasterLink:
         )
         if kind not in (m.MessageType.HEARTBEAT, m.MessageType.CHECKPOINT):
             self.pending.append(msg)
-        await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
+        await self._publish(msg)
+
+    async def _publish(self, msg: m.Message) -> None:
+        """Out on the worker subject; while the connection is closed (until it is bootstrapped
+        again) nothing goes: a report stays in ``pending`` for the resend."""
+        assert self.bus is not None and self.creds is not None
+        try:
+            await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
+        except BusClosed:
+            log.debug("not sent while disconnected: %s %s", msg.type, msg.id)
 
     async def resend(self) -> None:
         """Reports that may have reached no master (a failover) go again, same id, until a
@@ -237,8 +264,7 @@ class MasterLink:
                 raise_if_cancelled(since)
                 if self.bus is not None and self.creds is not None:
                     for msg in list(self.pending):
-                        subject = f"{self.creds.subject_prefix}.worker"
-                        await self.bus.publish(subject, codec.encode(msg))
+                        await self._publish(msg)
 
     async def beat(self) -> None:
         since = cancellations()
@@ -380,7 +406,8 @@ class MasterLink:
 
     async def close(self) -> None:
         if self.bus is not None:
-            await self.bus.flush()
+            with contextlib.suppress(Exception):  # closed already (expired, never reconnected)
+                await self.bus.flush()
             await self.bus.close()
 
 

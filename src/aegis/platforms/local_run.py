@@ -44,6 +44,7 @@ class RunSettings:
     ckpt_dir: Path | None = None  # default: <log_dir>/checkpoints
     masters: int = 1  # > 1: master replicas in their own processes (ReplicatedRun)
     prewarm: str = "auto"  # the agents' warm restarts (AEGIS_PREWARM): auto, 0, or modules
+    creds_ttl_s: float | None = 3600.0  # the agents' NATS credentials expire (they fetch anew)
 
 
 @dataclass(slots=True)
@@ -83,7 +84,10 @@ async def run_local(settings: RunSettings, *, observe: Observer | None = None) -
         master = await MasterService.connect(
             authority,
             url,
-            MasterSettings(job=JobSettings(heartbeat_timeout_s=settings.heartbeat_timeout_s)),
+            MasterSettings(
+                creds_ttl_s=settings.creds_ttl_s,
+                job=JobSettings(heartbeat_timeout_s=settings.heartbeat_timeout_s),
+            ),
         )
         return await _run_job(settings, master, log_dir, observe)
     finally:
