@@ -4,6 +4,7 @@ and scontrol command lines, the requeue budget, and draining through the SlurmCo
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,17 @@ async def test_failed_drain_is_logged_not_recorded(tmp_path: Path) -> None:
     )
     await platform.blacklist_node("t", "n1", "bad")
     assert platform.drained == [] and "n1" in platform.blacklist
+
+
+async def test_a_real_command_that_fails_on_stderr_is_a_result_not_an_exception() -> None:
+    """The real runner decodes what a failing command says (sbatch, scontrol write errors to
+    stderr), invalid bytes included."""
+    script = (
+        "import sys; sys.stdout.write('out'); sys.stderr.buffer.write(b'bad \\xff'); sys.exit(3)"
+    )
+    result = await commands.SubprocessCommands()([sys.executable, "-c", script])
+    assert (result.returncode, result.stdout) == (3, "out")
+    assert result.stderr.startswith("bad ") and result.stderr.endswith("\ufffd")
 
 
 async def test_allocated_nodes_are_expanded_by_scontrol() -> None:

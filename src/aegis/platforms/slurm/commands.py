@@ -37,7 +37,9 @@ class SubprocessCommands:
         )
         out, err = await proc.communicate()
         assert proc.returncode is not None
-        return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode("replace"))
+        return CommandResult(
+            proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+        )
 
 
 def drain_argv(node: str, reason: str) -> list[str]:
