@@ -73,6 +73,7 @@ class Seen:
     missing: subprocess.CompletedProcess[str] | None = None
     wrong_auth: subprocess.CompletedProcess[str] | None = None
     phase: Phase | None = None
+    log_dir: Path = Path()  # the master's --log-dir
 
 
 def parse(text: str) -> Samples:
@@ -116,6 +117,7 @@ async def _scenario(tmp: Path, seen: Seen) -> None:
     await run.start()
     try:
         seen.nats_url, seen.auth_file = run.server.url, tmp / ".auth.json"
+        seen.log_dir = tmp
         store = ("--nats", seen.nats_url, "--auth-file", str(seen.auth_file))
         await _until(run, lambda s: s.phase is Phase.RUN_COMMAND, 120)
         seen.before = await asyncio.to_thread(scrape, run.metrics_port)
@@ -142,6 +144,16 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
 
 def test_master_job_succeeds_after_a_crash_and_a_gpu_fault(seen: Seen) -> None:
     assert seen.phase is Phase.SUCCEED
+
+
+def test_the_standalone_master_writes_the_fault_log_in_its_log_dir(seen: Seen) -> None:
+    lines = [json.loads(line) for line in (seen.log_dir / "faults.jsonl").open()]
+    assert lines and {line["job"] for line in lines} == {"obsm"}
+    assert {line["kind"] for line in lines} == {"phase_start", "phase_end", "report", "decision"}
+    reports = [line["message"] for line in lines if line["kind"] == "report"]
+    assert "checks failed: gpu: injected fault" in reports
+    moved = [line for line in lines if line["message"].startswith("evict (level 3)")]
+    assert [(line["pod"], line["node"]) for line in moved] == [("obsm-1", "node-1")]
 
 
 def test_status_from_the_store_prints_the_user_line_when_the_master_runs(seen: Seen) -> None:

@@ -148,9 +148,17 @@ class FaultLogSettings:
 class FaultLog:
     """Writes ``faults.jsonl`` for one job from the runner's observer hooks."""
 
-    def __init__(self, path: Path, settings: FaultLogSettings | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        settings: FaultLogSettings | None = None,
+        *,
+        out: RotatingJsonLines | None = None,
+    ) -> None:
+        """``out``: a file shared with other jobs' fault logs (a master leading several; each
+        line names its job), else ``path`` is this job's own."""
         self.settings = settings or FaultLogSettings()
-        self.out = RotatingJsonLines(
+        self.out = out or RotatingJsonLines(
             path, max_bytes=self.settings.max_bytes, backups=self.settings.backups
         )
         self.phase: Phase | None = None

@@ -33,7 +33,7 @@ from aegis.adapters.ports import Subscription
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import control, drained_nodes, env_report, metrics
+from aegis.master import control, drained_nodes, env_report, faultlog, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -74,6 +74,7 @@ class Replica:
         self.metrics: metrics.MasterMetrics | None = None  # set to serve /metrics
         self.grpc_port = 0
         self.leading = asyncio.Event()
+        self._fault_lines: faultlog.RotatingJsonLines | None = None  # log_dir/faults.jsonl
         self._platform_subs: dict[str, NatsSubscription] = {}
 
     async def run(self) -> None:
@@ -214,6 +215,11 @@ class Replica:
             platform.blacklist[node] = f"drained: {reason}"
             await platform.drain_node(node, reason)
         env_report.EnvironmentReport().attach(runner)
+        if self.settings.log_dir is not None:  # one faults.jsonl for every job it leads
+            path = self.settings.log_dir / "faults.jsonl"
+            if self._fault_lines is None:
+                self._fault_lines = faultlog.RotatingJsonLines(path)
+            faultlog.FaultLog(path, out=self._fault_lines).attach(runner)
         if self.metrics is not None:
             self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
         await self._subscribe_platform_events(runner)
