@@ -135,18 +135,23 @@ async def k8s(
         await asyncio.to_thread(server.stop)
 
 
-async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_replacement(
-    k8s: Cluster,
-) -> None:
+async def post_job(k8s: Cluster) -> None:
+    """What the user and the operator leave: the AegisJob, its token Secret, two pods placed."""
     body = job_body(replicas=2)
     del body["status"]
     await k8s.emulator.post(k8s_emulator.JOBS, json=body)
     secret = {"metadata": {"name": "train-aegis-token", "namespace": "ml"},
               "data": {"token": base64.b64encode(b"tok-1").decode()}}  # fmt: skip
     await k8s.emulator.post(k8s_emulator.SECRETS, json=secret)
-    old = "2020-01-01T00:00:00Z"
     for rank, node in enumerate(("node-a", "node-b")):
-        await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(rank, node, f"u{rank}", old))
+        pod = scheduled(rank, node, f"u{rank}", "2020-01-01T00:00:00Z")
+        await k8s.emulator.post(k8s_emulator.PODS, json=pod)
+
+
+async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_replacement(
+    k8s: Cluster,
+) -> None:
+    await post_job(k8s)
 
     async def led() -> bool:
         record = await k8s.record()
@@ -217,15 +222,7 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
 
 
 async def start_job(k8s: Cluster) -> None:
-    body = job_body(replicas=2)
-    del body["status"]
-    await k8s.emulator.post(k8s_emulator.JOBS, json=body)
-    secret = {"metadata": {"name": "train-aegis-token", "namespace": "ml"},
-              "data": {"token": base64.b64encode(b"tok-1").decode()}}  # fmt: skip
-    await k8s.emulator.post(k8s_emulator.SECRETS, json=secret)
-    for rank, node in enumerate(("node-a", "node-b")):
-        pod = scheduled(rank, node, f"u{rank}", "2020-01-01T00:00:00Z")
-        await k8s.emulator.post(k8s_emulator.PODS, json=pod)
+    await post_job(k8s)
 
     async def mirrored() -> bool:
         return k8s.status().get("phase") == "Pending"
