@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.cli import run_cmd
 from aegis.core.phases import Phase
+from aegis.master import control
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
@@ -91,3 +93,22 @@ async def test_ctl_taints_reports_a_hang_and_stops_a_running_job(tmp_path: Path)
     assert not (log_dir / "control.json").exists()  # its credentials die with the run
     events = (log_dir / "events.jsonl").read_text()
     assert '"reason":"operator said so"' in events and '"type":"Hang"' in events
+
+
+async def test_ctl_ends_with_exit_1_when_the_server_goes_away_while_it_waits(
+    tmp_path: Path,
+) -> None:
+    """No master answers and the NATS server stops meanwhile: one line, exit 1, no hang."""
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    target = control.ControlTarget(server.url, None, "default", "job")
+    control.write_control_file(tmp_path / "control.json", target)
+    proc = await asyncio.create_subprocess_exec(
+        *AEGIS, "ctl", "stop", "job", "--log-dir", str(tmp_path), "--timeout-s", "5",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    await asyncio.to_thread(server.stop)
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    assert proc.returncode == 1
+    assert out.decode().strip().splitlines()[-1].startswith("aegis: error: ")

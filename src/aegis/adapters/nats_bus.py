@@ -17,7 +17,12 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError, ConnectionReconnectingError, NoRespondersError
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionReconnectingError,
+    NoRespondersError,
+    NoServersError,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import (
     KeyNotFoundError,
@@ -103,16 +108,21 @@ class NatsBus:
             "name": name,
             "connect_timeout": connect_timeout_s,
             "reconnect_time_wait": 0.25,
-            "max_reconnect_attempts": max_reconnect_attempts,
+            # nats-py reads 0 as "no limit" (it retries a dead server for ever, even on the
+            # first connect): 0 here means one more try at most, and no reconnecting later.
+            "max_reconnect_attempts": max_reconnect_attempts or 1,
             "error_cb": error_cb,
             "closed_cb": closed_cb,
-            "allow_reconnect": True,
+            "allow_reconnect": max_reconnect_attempts != 0,
         }
         if creds is not None and creds.jwt:
             options["user_jwt_cb"] = creds.jwt_bytes
             options["signature_cb"] = creds.sign_nonce
             options["inbox_prefix"] = creds.inbox_prefix.encode()
-        client = await nats.connect(**options)  # type: ignore[arg-type]
+        try:
+            client = await nats.connect(**options)  # type: ignore[arg-type]
+        except NoServersError as exc:  # every server refused (and no reconnecting for ever)
+            raise ConnectionRefusedError(f"no NATS server answers at {url}") from exc
         made.append(cls(client, url, creds))
         return made[0]
 

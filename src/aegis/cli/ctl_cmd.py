@@ -6,6 +6,7 @@ atlctl), sent to the master over NATS with the credentials of its control file (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -43,6 +44,9 @@ def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarge
         raise typer.Exit(2) from None
 
 
+CLOSE_S = 2.0  # at most this long to close the connection after the reply
+
+
 async def _send(
     target: control.ControlTarget,
     build: Callable[[str], control.ControlRequest],
@@ -52,9 +56,14 @@ async def _send(
                                 max_reconnect_attempts=0)  # fmt: skip
     try:
         prefix = target.creds.inbox_prefix if target.creds else "_INBOX"
-        return await control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
+        async with asyncio.timeout(timeout_s):  # the whole exchange, not only the wait
+            return await control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
     finally:
-        await bus.close()
+        # A server that went away meanwhile can leave nats-py's close waiting for ever (an
+        # `aegis ctl drain` was seen idle an hour after its master's run had ended).
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_S):
+                await bus.close()
 
 
 def _run(

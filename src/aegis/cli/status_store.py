@@ -64,7 +64,8 @@ async def read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[s
     except TimeoutError:
         raise StoreReadError(f"no answer from {target.nats_url} within {timeout_s} s") from None
     except (OSError, nats_errors.Error, _Refused) as exc:
-        raise StoreReadError(f"cannot read the store at {target.nats_url}: {exc}") from None
+        reason = _reason(exc)
+        raise StoreReadError(f"cannot read the store at {target.nats_url}: {reason}") from None
     finally:
         quiet.setLevel(level)
 
