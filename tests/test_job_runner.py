@@ -16,10 +16,12 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
+from aegis.master import metrics
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
 from tests.agent_waits import async_wait_until
+from tests.scrape import parse, value
 
 
 class RecordingPlatform:
@@ -160,6 +162,8 @@ async def test_status_is_written_before_each_order_is_published(harness: Harness
 
 @pytest.mark.parametrize("harness", ["memory", "nats"], indirect=True)
 async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness) -> None:
+    hub = metrics.MasterMetrics()
+    hub.attach(harness.runner)
     await _to_running(harness)
     before = harness.runner.status
     for raw in (
@@ -194,6 +198,10 @@ async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness
     assert drops["malformed"] == 1 and drops["schema"] == 2 and drops["oversized"] == 1
     assert drops["stale"] == 1 and drops["wrong_job"] == 1
     assert drops["duplicate"] == 1 and drops["duplicate_id"] == 1
+    scraped = parse(hub.scrape())  # the same counts, as Prometheus sees them
+    for reason in ("malformed", "schema", "oversized", "stale", "wrong_job", "duplicate"):
+        assert value(scraped, "aegis_messages_dropped_total", reason=reason) == drops[reason]
+    assert value(scraped, "aegis_messages_dropped_total") == 8
 
 
 async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:

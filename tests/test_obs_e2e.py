@@ -13,13 +13,11 @@ import json
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from aegis.cli import live_view, run_cmd, run_view
@@ -29,6 +27,7 @@ from aegis.master import metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
+from tests.scrape import parse, scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -37,27 +36,6 @@ TRAIN = ROOT / "examples" / "train_ddp.py"
 HANG = Path(__file__).parent / "bin" / "hang.py"
 DASHBOARD = ROOT / "deploy" / "grafana" / "aegis.json"
 AEGIS = [sys.executable, "-m", "aegis.cli.main"]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    wanted = set(labels.items())
-    return sum(v for (n, lbls), v in samples.items() if n == name and wanted <= lbls)
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
 
 
 @dataclass
@@ -176,6 +154,31 @@ def test_metrics_count_recoveries_and_checks_when_crash_then_gpu_fault(gpu_run: 
         got = value(after, "aegis_check_duration_seconds_count", check=check, round=kind)
         assert got == count, (check, kind)
     assert value(after, "aegis_pods") == 0  # no running job left
+
+
+def test_metrics_count_a_container_restart_when_a_runtime_fault_fails_bootcheck(
+    tmp_path: Path,
+) -> None:
+    """A broken container (``runtime`` injected: it fails in the pod's first container on
+    node-2 only) is restarted on the same node at level 2; bootcheck faults are not counted."""
+    command = (sys.executable, str(TRAIN), "--steps", "6", "--ckpt-every", "2",
+               "--ckpt-dir", str(tmp_path / "ckpt"))  # fmt: skip
+    run = _run(_settings(tmp_path, command, inject={"node-2": frozenset({"runtime"})}))
+    status = run.result.status
+    assert status.phase is Phase.SUCCEED, run.result.log_dir
+    assert status.recover_count == 0 and status.error_nodes == ()
+    assert run.result.placements.count(("obs-2", "node-2")) == 2  # a new container, same node
+    after = parse(run.after)
+    assert value(after, "aegis_recoveries_total", level="container") == 1
+    assert value(after, "aegis_recoveries_total") == 1
+    assert value(after, "aegis_recovery_duration_seconds_count", level="container") == 1
+    assert value(after, "aegis_check_failures_total", check="runtime", round="bootcheck") == 1
+    # two bootcheck rounds of three pods, in one stay in BootChecking (the bootcheck total)
+    assert (
+        value(after, "aegis_check_duration_seconds_count", check="runtime", round="bootcheck") == 6
+    )
+    assert value(after, "aegis_round_duration_seconds_count", round="bootcheck") == 1
+    assert value(after, "aegis_faults_total", counted="true") == 0
 
 
 def test_dashboard_queries_only_metrics_that_a_real_scrape_has(gpu_run: Run) -> None:

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from aegis.core.phases import Phase
+from aegis.master import metrics
+from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
+from aegis.platforms.local import LocalPlatform
+from tests.scrape import parse, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -42,7 +46,12 @@ async def test_slow_node_is_evicted_after_the_next_checkpoint_commit(tmp_path: P
         log_dir=tmp_path / "logs",
         inject={"node-1": frozenset({"slow"})},
     )
-    result = await local_run.run_local(settings)
+    hub = metrics.MasterMetrics()
+
+    def observe(runner: JobRunner, platform: LocalPlatform) -> None:
+        hub.attach(runner)
+
+    result = await local_run.run_local(settings, observe=observe)
     assert result.status.phase is Phase.SUCCEED, result.log_dir
     assert [e.node for e in result.status.error_nodes] == ["node-1"]
     assert "slow" in result.status.error_nodes[0].reason
@@ -79,3 +88,9 @@ async def test_slow_node_is_evicted_after_the_next_checkpoint_commit(tmp_path: P
     # the master asked for that checkpoint (the periodic ones are every 5 steps): the slow node
     # left at the next step boundary, not at the next periodic checkpoint
     assert records[commit]["step"] % 5 != 0, records[commit]
+    # the metrics count one recovery of each kind: the crash (in place) and the eviction
+    samples = parse(hub.scrape())
+    assert value(samples, "aegis_recoveries_total", level="slow_evicted") == 1
+    assert value(samples, "aegis_recovery_duration_seconds_count", level="slow_evicted") == 1
+    assert value(samples, "aegis_recoveries_total", level="node_replaced") == 0
+    assert value(samples, "aegis_faults_total", counted="true") == 1

@@ -130,7 +130,10 @@ def run(
     log_dir: Annotated[Path | None, typer.Option(help="events.jsonl, pod logs.")] = None,
     nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
     inject_fault: Annotated[
-        list[str] | None, typer.Option(help="NODE:CHECK, e.g. node-1:gpu (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="NODE:CHECK, e.g. node-1:gpu (repeatable; runtime: a new container heals it)."
+        ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     masters: Annotated[

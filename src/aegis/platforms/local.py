@@ -28,6 +28,10 @@ from aegis.core.recovery import RecoveryLevel
 log = logging.getLogger(__name__)
 
 SLOW = "slow"  # --inject-fault NODE:slow: the local platform slows that node's pods down
+# A broken container, not a broken node: the fault is in the pod's first container on the node
+# and gone from the next one (a container restart, level 2, heals it; a gpu or io fault stays
+# with the node until the pod moves off it).
+CONTAINER_FAULTS = frozenset({"runtime"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class _Pod:
     node: str
     process: asyncio.subprocess.Process | None = None
     incarnation: int = 0
+    containers_on_node: int = 0  # this pod's containers (agents) started on ``node`` so far
 
 
 class LocalPlatform:
@@ -126,6 +131,8 @@ class LocalPlatform:
             self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))
             return
         self.used_nodes.discard(state.node)
+        if node != state.node:
+            state.containers_on_node = 0
         state.node = node
         await self._spawn(state)
         assert self.sink is not None
@@ -150,6 +157,7 @@ class LocalPlatform:
     async def _spawn(self, state: _Pod) -> None:
         assert self.token_file is not None
         state.incarnation += 1
+        state.containers_on_node += 1
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
         s = self.settings
@@ -166,6 +174,8 @@ class LocalPlatform:
         env = lifecycle.child_env()
         env.pop("AEGIS_INJECT_FAULT", None)
         injected = s.inject.get(state.node, frozenset()) - {SLOW}
+        if state.containers_on_node > 1:
+            injected -= CONTAINER_FAULTS
         if injected:
             env["AEGIS_INJECT_FAULT"] = ",".join(sorted(injected))
         if s.ckpt_dir is not None:
