@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from aegis.cli import main as cli
+from aegis.tools import follow, replay
+from aegis.wire import eventlog
 
 TRACE = Path(__file__).parent.parent / "examples" / "traces" / "seed-worked-example.jsonl"
 
@@ -65,3 +67,38 @@ def test_replay_of_missing_file_is_one_line_and_exit_2(
 def test_replay_accepts_a_log_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "events.jsonl").write_text(TRACE.read_text())
     assert cli.main(["replay", str(tmp_path), "--json"]) == 0
+
+
+def test_a_followed_log_reaches_the_replayed_status_whatever_the_pieces_it_is_written_in(
+    tmp_path: Path,
+) -> None:
+    """``FollowedJob`` (the view of ``aegis run --masters N``) reads a log as the leader
+    appends it: half lines wait for their end, a bad line is skipped and counted, and every
+    event reaches the listeners with the status the replay gives."""
+    text = TRACE.read_text()
+    lines = text.splitlines(keepends=True)
+    path = tmp_path / "events.jsonl"
+    path.write_text(lines[0])
+    job = follow.FollowedJob.open(path)
+    seen: list[tuple[str, str]] = []
+    job.listeners.append(
+        lambda j, event, actions: seen.append((type(event).__name__, j.status.phase.value))
+    )
+    rest = "".join(lines[1:4]) + "{not json\n" + "".join(lines[4:])
+    with path.open("a") as log_file:
+        for cut in range(0, len(rest), 97):  # pieces that end mid-line
+            log_file.write(rest[cut : cut + 97])
+            log_file.flush()
+            job.poll()
+    assert job.bad_lines == 1
+    _, expected = replay.final_status(text.splitlines())
+    assert job.status == expected
+    _, _, steps = replay.replay(text.splitlines())
+    assert seen == [(type(s.entry.event).__name__, s.status.phase.value) for s in steps]
+
+
+def test_following_a_log_without_its_header_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(TRACE.read_text().splitlines()[0])  # no newline yet: not a whole line
+    with pytest.raises(eventlog.EventLogError, match="line 1"):
+        follow.FollowedJob.open(path)

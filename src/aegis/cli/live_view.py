@@ -19,11 +19,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from aegis.cli.run_view import WatchedJob
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
-from aegis.master.job_runner import JobRunner
 from aegis.platforms.local import LocalPlatform
 from aegis.wire import messages as m
 
@@ -138,13 +138,11 @@ class LiveView:
         self.tick_s = 0.5
         self._ticker: asyncio.Task[None] | None = None
 
-    def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
+    def attach(self, runner: WatchedJob, platform: LocalPlatform) -> None:
         self.state = ViewState(runner.spec, runner.status, total_steps=self.total_steps)
         runner.listeners.append(self.on_event)
         runner.message_listeners.append(self.on_message)
-        heartbeats = getattr(runner, "heartbeat_listeners", None)
-        if isinstance(heartbeats, list):
-            heartbeats.append(self.on_message)
+        runner.heartbeat_listeners.append(self.on_message)
         # Refreshed from the event loop (no refresh thread): agents are forked from this
         # thread, and a second thread writing the terminal at fork time is asking for trouble.
         self.live = Live(self, console=self.console, auto_refresh=False, transient=False)
@@ -155,7 +153,9 @@ class LiveView:
         assert self.state is not None
         return render(self.state)
 
-    def on_event(self, runner: JobRunner, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
+    def on_event(
+        self, runner: WatchedJob, event: ev.Event, actions: tuple[act.Action, ...]
+    ) -> None:
         assert self.state is not None
         self.state.status = runner.status
         now = runner.clock()
@@ -177,7 +177,7 @@ class LiveView:
             await asyncio.sleep(self.tick_s)
             self.live.refresh()
 
-    def on_message(self, runner: JobRunner, msg: m.Message) -> None:
+    def on_message(self, runner: WatchedJob, msg: m.Message) -> None:
         assert self.state is not None
         match msg.data:
             case m.HeartbeatData(step=step) if step is not None:

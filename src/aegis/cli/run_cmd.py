@@ -17,6 +17,7 @@ from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
+from aegis.tools.follow import FollowedJob
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,12 @@ class RunObservers:
         self.control_file: Path | None = None
         self.control_ready: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def follow(self, job: FollowedJob, platform: LocalPlatform) -> None:
+        """A job led by master processes (``--masters N``): only the view is this process's;
+        the masters write the fault log and the control file and serve ``/metrics``."""
+        if self.view is not None:
+            self.view.attach(job, platform)
 
     def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
         log_dir = platform.settings.log_dir
@@ -143,7 +150,12 @@ def run(
         str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
     ] = "auto",
     metrics_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics here (0: off).")
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics here (0: off; --masters N: master i on PORT+i).",
+        ),
     ] = 0,
     metrics_addr: Annotated[str, typer.Option(help="Address of /metrics.")] = "127.0.0.1",
     view: Annotated[
@@ -169,6 +181,8 @@ def run(
         inject=parse_injections(inject_fault or []),
         masters=masters,
         prewarm=prewarm,
+        metrics_port=metrics_port if masters > 1 else 0,
+        metrics_addr=metrics_addr,
     )
     logging.basicConfig(
         stream=sys.stderr,
@@ -177,14 +191,19 @@ def run(
     )
     if view not in ("auto", "live", "plain"):
         raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
-    hub = metrics.MasterMetrics() if metrics_port else None
+    hub = metrics.MasterMetrics() if metrics_port and masters == 1 else None
     server = hub.serve(metrics_port, metrics_addr) if hub is not None else None
+    if metrics_port and masters > 1:
+        where = ", ".join(f"master-{i} :{metrics_port + i}" for i in range(masters))
+        print(f"aegis run: /metrics on {metrics_addr} ({where})", file=sys.stderr)
     observers = RunObservers(
         choose_view(view, Console(), total_steps),  # type: ignore[arg-type]
         metrics_hub=hub,
     )
     try:
-        result = asyncio.run(local_run.run_local(settings, observe=observers.attach))
+        result = asyncio.run(
+            local_run.run_local(settings, observe=observers.attach, follow=observers.follow)
+        )
     finally:
         observers.close()
         if server is not None:

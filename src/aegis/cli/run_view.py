@@ -5,13 +5,31 @@ from __future__ import annotations
 
 import datetime
 import sys
-from typing import TextIO
+from typing import Any, Protocol, TextIO
 
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
-from aegis.master.job_runner import JobRunner
 from aegis.platforms.local import LocalPlatform
+
+
+class WatchedJob(Protocol):
+    """What a view watches: a ``JobRunner`` in this process, or a ``FollowedJob`` (a job led by
+    master processes, read from its event log). Listeners are called with the job, the event
+    and the core's actions, after the status moved."""
+
+    @property
+    def spec(self) -> JobSpec: ...
+    @property
+    def status(self) -> JobStatus: ...
+    @property
+    def listeners(self) -> list[Any]: ...
+    @property
+    def message_listeners(self) -> list[Any]: ...
+    @property
+    def heartbeat_listeners(self) -> list[Any]: ...
+    def clock(self) -> float: ...
 
 
 class PlainView:
@@ -19,14 +37,16 @@ class PlainView:
         self.out = out
         self.phase: Phase | None = None
 
-    def attach(self, runner: JobRunner, platform: LocalPlatform) -> None:
+    def attach(self, runner: WatchedJob, platform: LocalPlatform) -> None:
         runner.listeners.append(self.on_event)
         self._line(
             f"job {runner.spec.job}: {runner.spec.worker_num} pods, "
             f"max_retry {runner.spec.max_retry}"
         )
 
-    def on_event(self, runner: JobRunner, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
+    def on_event(
+        self, runner: WatchedJob, event: ev.Event, actions: tuple[act.Action, ...]
+    ) -> None:
         status = runner.status
         for action in actions:
             match action:

@@ -20,6 +20,7 @@ from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.service import MasterService, MasterSettings
 from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.tools.follow import FollowedJob
 from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class RunSettings:
     masters: int = 1  # > 1: master replicas in their own processes (ReplicatedRun)
     prewarm: str = "auto"  # the agents' warm restarts (AEGIS_PREWARM): auto, 0, or modules
     creds_ttl_s: float | None = 3600.0  # the agents' NATS credentials expire (they fetch anew)
+    metrics_port: int = 0  # with masters > 1: master i serves /metrics on metrics_port + i
+    metrics_addr: str = "127.0.0.1"
 
 
 @dataclass(slots=True)
@@ -62,15 +65,23 @@ class RunResult:
 
 
 Observer = Callable[[JobRunner, LocalPlatform], None]
+Follower = Callable[[FollowedJob, LocalPlatform], None]
 
 
-async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
+async def run_local(
+    settings: RunSettings, *, observe: Observer | None = None, follow: Follower | None = None
+) -> RunResult:
+    """``observe`` is called with the runner of a job led in this process; ``follow`` with the
+    event log's view of a job led by master processes (``masters`` > 1)."""
     log_dir = settings.log_dir or Path(tempfile.mkdtemp(prefix="aegis-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     if settings.masters > 1:
         from aegis.platforms.replicated_run import ReplicatedRun
 
-        replicated = ReplicatedRun(settings, settings.masters, log_dir)
+        replicated = ReplicatedRun(
+            settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
+            metrics_addr=settings.metrics_addr, follow=follow,
+        )  # fmt: skip
         await replicated.start()
         return await replicated.wait()
     authority = None if settings.nats_url else Authority()

@@ -7,6 +7,10 @@ replica can drive it. Killing the leader exercises the takeover path on one mach
 ``nats_servers=3`` runs a JetStream cluster of three loopback servers instead of one: the buckets
 get three copies, the lease the clustered default (longer than a cluster failover), and every
 client (this process, the masters, the agents through their credentials) all three URLs.
+
+The masters keep what an in-process run's observers keep (``faults.jsonl`` and the control file
+in the log directory; ``/metrics`` on ``metrics_port + i`` for master i when a port is given);
+a view follows the job through the leader's ``events.jsonl`` (``aegis.tools.follow``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aegis.adapters import lifecycle
@@ -35,6 +40,7 @@ from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.platform_server import PlatformServer
+from aegis.tools.follow import FollowedJob
 from aegis.wire import eventlog, status_json
 
 
@@ -47,6 +53,9 @@ class ReplicatedRun:
         lease_s: float | None = None,
         master_env: dict[str, str] | None = None,
         nats_servers: int = 1,
+        metrics_port: int = 0,
+        metrics_addr: str = "127.0.0.1",
+        follow: Callable[[FollowedJob, LocalPlatform], None] | None = None,
     ) -> None:
         self.settings, self.count, self.log_dir = settings, masters, log_dir
         self.nats_servers = nats_servers
@@ -56,6 +65,14 @@ class ReplicatedRun:
         self.spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
         self.masters: list[subprocess.Popen[bytes]] = []
         self.authority = Authority()
+        self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
+        self.observe = follow
+        self._stop_following = asyncio.Event()
+        self._following: asyncio.Task[None] | None = None
+
+    def metrics_ports(self) -> list[int]:
+        """Master i serves ``/metrics`` on the i-th port (none without ``metrics_port``)."""
+        return [self.metrics_port + i for i in range(self.count)] if self.metrics_port else []
 
     async def start(self) -> None:
         self.server: EmbeddedNats | NatsCluster
@@ -79,6 +96,7 @@ class ReplicatedRun:
         ports = [free_port() for _ in range(self.count)]
         for index, port in enumerate(ports):
             self.masters.append(self._spawn_master(index, port, auth_file))
+        followed = FollowedJob.open(self.log_dir / "events.jsonl")
         s = self.settings
         self.platform = LocalPlatform(
             LocalSettings(
@@ -106,6 +124,11 @@ class ReplicatedRun:
             grpc_target=",".join(f"127.0.0.1:{p}" for p in ports),
             token=token,
         )
+        if self.observe is not None:
+            self.observe(followed, self.platform)
+            self._following = asyncio.get_running_loop().create_task(
+                followed.follow(self._stop_following), name="follow-events"
+            )
         await self.platform.launch_all()
 
     def _spawn_master(self, index: int, port: int, auth_file: Path) -> subprocess.Popen[bytes]:
@@ -131,6 +154,9 @@ class ReplicatedRun:
             "--log-dir",
             str(self.log_dir),
         ]
+        if self.metrics_port:
+            argv += ["--metrics-port", str(self.metrics_port + index),
+                     "--metrics-host", self.metrics_addr]  # fmt: skip
         out = (self.log_dir / f"master-{index}.log").open("ab")
         try:
             return subprocess.Popen(
@@ -165,6 +191,9 @@ class ReplicatedRun:
 
     async def finish(self) -> RunResult:
         status = await self.status()
+        self._stop_following.set()
+        if self._following is not None:
+            await self._following  # the lines the leader wrote up to the end
         await self.platform.stop_all()
         for proc in self.masters:
             if proc.poll() is None:

@@ -161,32 +161,36 @@ def read(lines: Iterator[str]) -> tuple[JobSpec, JobStatus, Iterator[Entry]]:
 
 def _entries(spec: JobSpec, lines: Iterator[str]) -> Iterator[Entry]:
     for number, text in enumerate(lines, start=2):
-        if not text.strip():
-            continue
-        record = _decode_line(number, text)
-        match record:
-            case JobCreated():
-                raise EventLogError(number, "a second JobCreated record")
-            case PodRestartedRecord(pod=pod, ts=ts, node=node, pod_ip=ip):
-                event: ev.Event | None = ev.PodRestarted(
-                    PodName(pod), NodeName(node) if node is not None else None, ip
-                )
-            case HeartbeatLostRecord(pod=pod, ts=ts):
-                event = ev.HeartbeatLost(PodName(pod))
-            case QuitRequestedRecord(ts=ts, reason=reason):
-                event = ev.QuitRequested(reason)
-            case CheckpointCommittedRecord(ts=ts, step=step):
-                event = ev.CheckpointCommitted(step)
-            case DrainRequestedRecord(pods=pods, ts=ts, reason=reason):
-                event = ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
-            case DrainForcedRecord(pods=pods, ts=ts, reason=reason):
-                event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
-            case m.Message(ts=ts):
-                try:
-                    event = to_event(record, job=spec.job, namespace=spec.namespace)
-                except WireError as exc:
-                    raise EventLogError(number, str(exc)) from None
-        yield Entry(line=number, ts=ts, event=event, text=text.strip())
+        if text.strip():
+            yield entry(spec, number, text)
+
+
+def entry(spec: JobSpec, number: int, text: str) -> Entry:
+    """Line ``number`` (after the header) of ``spec``'s log. Raises ``EventLogError``."""
+    record = _decode_line(number, text)
+    match record:
+        case JobCreated():
+            raise EventLogError(number, "a second JobCreated record")
+        case PodRestartedRecord(pod=pod, ts=ts, node=node, pod_ip=ip):
+            event: ev.Event | None = ev.PodRestarted(
+                PodName(pod), NodeName(node) if node is not None else None, ip
+            )
+        case HeartbeatLostRecord(pod=pod, ts=ts):
+            event = ev.HeartbeatLost(PodName(pod))
+        case QuitRequestedRecord(ts=ts, reason=reason):
+            event = ev.QuitRequested(reason)
+        case CheckpointCommittedRecord(ts=ts, step=step):
+            event = ev.CheckpointCommitted(step)
+        case DrainRequestedRecord(pods=pods, ts=ts, reason=reason):
+            event = ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
+        case DrainForcedRecord(pods=pods, ts=ts, reason=reason):
+            event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
+        case m.Message(ts=ts):
+            try:
+                event = to_event(record, job=spec.job, namespace=spec.namespace)
+            except WireError as exc:
+                raise EventLogError(number, str(exc)) from None
+    return Entry(line=number, ts=ts, event=event, text=text.strip())
 
 
 def _decode_line(number: int, text: str) -> PlatformRecord | m.Message:
