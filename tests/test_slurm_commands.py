@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from aegis.adapters.memory import MemoryStore
 from aegis.cli import slurm_cmd
 from aegis.core.model import JobSpec, initial_status
@@ -45,10 +47,23 @@ def test_batch_script_requeues_and_asks_for_pods_plus_spares(tmp_path: Path) -> 
     assert last.endswith("-- python train.py") and "--max-retry 3" in last
 
 
-def test_sbatch_options_are_the_leading_dashed_words() -> None:
-    options, command = slurm_cmd.split_sbatch_options(["-pgpu", "--time=10", "python", "-u", "x"])
-    assert options == ["-pgpu", "--time=10"]
-    assert command == ["python", "-u", "x"]
+@pytest.mark.parametrize(
+    ("args", "options", "command"),
+    [
+        (["-pgpu", "--time=10", "python", "-u"], ["-pgpu", "--time=10"], ["python", "-u"]),
+        (["-p", "gpu", "python", "x"], ["-p", "gpu"], ["python", "x"]),  # a separate value
+        (["--partition", "gpu", "-t", "10", "torchrun", "x"],
+         ["--partition", "gpu", "-t", "10"], ["torchrun", "x"]),
+        (["--exclusive", "--hold", "python"], ["--exclusive", "--hold"], ["python"]),  # flags
+        (["-H", "-k", "python"], ["-H", "-k"], ["python"]),  # short flags
+        (["-p", "gpu", "--", "-weird-name", "x"], ["-p", "gpu"], ["-weird-name", "x"]),
+        (["-p"], ["-p"], []),  # no command: the caller says so
+    ],
+)  # fmt: skip
+def test_sbatch_options_and_their_values_come_before_the_command(
+    args: list[str], options: list[str], command: list[str]
+) -> None:
+    assert slurm_cmd.split_sbatch_options(args) == (options, command)
 
 
 def test_srun_pins_one_agent_to_its_node() -> None:

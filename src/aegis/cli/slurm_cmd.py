@@ -24,14 +24,40 @@ def register(app: typer.Typer) -> None:
     app.add_typer(slurm)
 
 
+# sbatch's short options that take a value (``-p gpu`` or ``-pgpu``), and its long options that
+# take none (every other long option takes one: ``--time 10`` or ``--time=10``; those whose
+# value is optional, such as --exclusive, take it only as ``--opt=value``).
+_SHORT_WITH_VALUE = frozenset("AaBbCcDdeFGiJLMmNnopqStwx")
+_LONG_FLAGS = frozenset({
+    "--contiguous", "--exclusive", "--get-user-env", "--hold", "--ignore-pbs", "--no-kill",
+    "--no-requeue", "--overcommit", "--oversubscribe", "--parsable", "--quiet", "--reboot",
+    "--requeue", "--spread-job", "--test-only", "--use-min-nodes", "--verbose", "--wait",
+    "--exact", "--help", "--usage", "--version",
+})  # fmt: skip
+
+
 def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
-    """Leading ``-x``/``--opt=value`` words are sbatch options; the rest is the command."""
+    """Leading sbatch options (with their values, attached or not) and then the command; an
+    explicit ``--`` ends the options."""
     options: list[str] = []
-    for index, word in enumerate(args):
-        if not word.startswith("-"):
-            return options, args[index:]
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "--":
+            return options, args[index + 1 :]
+        if not word.startswith("-") or word == "-":
+            break
         options.append(word)
-    return options, []
+        index += 1
+        takes_value = (
+            word not in _LONG_FLAGS and "=" not in word
+            if word.startswith("--")
+            else len(word) == 2 and word[1] in _SHORT_WITH_VALUE
+        )
+        if takes_value and index < len(args):
+            options.append(args[index])
+            index += 1
+    return options, args[index:]
 
 
 def _command(cmd: list[str]) -> tuple[str, ...]:
@@ -40,7 +66,7 @@ def _command(cmd: list[str]) -> tuple[str, ...]:
 
 def submit(
     cmd: Annotated[
-        list[str], typer.Argument(help="[sbatch options as --opt=value] then the command.")
+        list[str], typer.Argument(help="[sbatch options, e.g. -p gpu --time=10] then the command.")
     ],
     nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
