@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from aegis.checks import config as checks_config
 from aegis.platforms.kubernetes import crd_status, handlers, manifests
 from tests import k8s_schema
 
@@ -81,6 +82,21 @@ def test_operator_pods_fit_the_pod_schema_in_both_agent_modes(mode: str) -> None
         assert k8s_schema.check_builtin(manifests.pod_manifest(job, rank)) == []
     assert k8s_schema.check_builtin(handlers.token_secret(job)) == []
     assert k8s_schema.check_builtin(handlers.headless_service(job)) == []
+
+
+def test_spec_checks_reach_every_pods_agent_as_its_check_configuration() -> None:
+    doc = _example()
+    doc["metadata"]["uid"] = "uid-1"
+    job = manifests.view(doc)
+    expected = checks_config.parse(doc["spec"]["checks"])
+    assert expected.enabled is not None and len(expected.enabled) == 5
+    for rank in range(job.replicas):
+        main = manifests.pod_manifest(job, rank)["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert checks_config.from_env(env) == expected
+    del doc["spec"]["checks"]
+    main = manifests.pod_manifest(manifests.view(doc), 0)["spec"]["containers"][0]
+    assert checks_config.ENV not in {e["name"] for e in main["env"]}  # none: the defaults
 
 
 def test_the_status_the_master_writes_fits_the_crd() -> None:

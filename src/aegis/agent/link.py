@@ -17,16 +17,17 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosed, NatsBus
 from aegis.agent import ports, supervisor
+from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
-from aegis.checks.base import CheckSettings, GroupInfo
+from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo
 from aegis.core.phases import Order, Phase
 from aegis.wire import codec
 from aegis.wire import messages as m
@@ -49,6 +50,7 @@ class LinkSettings:
     connect_timeout_s: float = 10.0
     scratch_dir: Path = Path("/tmp")
     inject: frozenset[str] = frozenset()
+    checks: checks_config.ChecksConfig = field(default_factory=checks_config.ChecksConfig)
     ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
     decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
 
@@ -393,8 +395,11 @@ class MasterLink:
                 master_addr=order.env.get("MASTER_ADDR", "127.0.0.1"),
                 master_port=int(order.env["CHECK_MASTER_PORT"]),
             )
+        configured = self.settings.checks
         settings = CheckSettings(
             scratch_dir=self.settings.scratch_dir,
+            budgets_s={**DEFAULT_BUDGETS_S, **configured.budgets_s},
+            enabled=configured.enabled,
             inject=self.settings.inject,
             group=group,
             hung=self.hung,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from aegis.adapters import lifecycle
 from aegis.agent import group, link, linked, ports, reaper, supervisor
+from aegis.checks import config as checks_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,12 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
     if settings.master is not None:
         master = settings.master
         if master.job and master.pod and master.token_file:
-            code = await linked.run_linked(settings.supervisor, _link_settings(master), argv)
+            try:
+                link_settings = _link_settings(master)
+            except ValueError as exc:  # a misconfigured job: say so, do not run half-configured
+                print(f"aegis agent: error: {exc}", file=sys.stderr, flush=True)
+                return 2
+            code = await linked.run_linked(settings.supervisor, link_settings, argv)
             if code is not None:
                 return code
         else:
@@ -124,6 +130,7 @@ def _link_settings(master: MasterSettings) -> link.LinkSettings:
         heartbeat_s=master.heartbeat_s,
         connect_timeout_s=master.connect_timeout_s,
         inject=link.inject_from_env(),
+        checks=checks_config.from_env(os.environ),
         ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,
     )
 

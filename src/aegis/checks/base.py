@@ -63,6 +63,7 @@ class CheckSettings:
     scratch_dir: Path = Path("/tmp")
     budgets_s: Mapping[CheckType, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS_S))
     inject: frozenset[str] = frozenset()  # check names that fail as broken hardware would
+    enabled: frozenset[CheckType] | None = None  # troubleshooting runs only these (None: all)
     require_gpu: bool = False
     expect_rdma: bool = False
     io_size_mb: int = 16

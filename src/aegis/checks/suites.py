@@ -54,7 +54,10 @@ async def bootcheck(settings: CheckSettings) -> list[CheckResult]:
 async def troubleshoot(settings: CheckSettings) -> list[CheckResult]:
     """Every check in turn; allreduce_perf is skipped (not applicable) when allreduce_connect
     failed, so a missing pod costs one collective budget, not two."""
-    return await _run_round(TROUBLESHOOT, settings)
+    wanted = settings.enabled
+    return await _run_round(
+        tuple(t for t in TROUBLESHOOT if wanted is None or t in wanted), settings
+    )
 
 
 def collective_round(

@@ -17,9 +17,12 @@ and an owner reference to the AegisJob (deleting the job deletes its pods).
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from aegis.checks import config as checks_config
 
 GROUP = "aegis.dev"
 VERSION = "v1"
@@ -113,6 +116,8 @@ def worker_env(job: JobView, rank: int) -> list[Body]:
         "PET_MASTER_ADDR": addr, "PET_MASTER_PORT": str(RENDEZVOUS_PORT),
         "AEGIS_JOB": job.name, "AEGIS_POD": pod_name(job.name, rank),
     }  # fmt: skip
+    if job.checks:  # spec.checks, read by the agent (aegis.checks.config)
+        plain[checks_config.ENV] = json.dumps(dict(job.checks), sort_keys=True)
     env: list[Body] = [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": "AEGIS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     return env
