@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -31,17 +29,14 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
 from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
-from aegis.core.phases import TERMINAL_PHASES
 from aegis.master.eventlog_writer import EventLogWriter
-from aegis.master.job_runner import status_key
 from aegis.master.lease import LeaseSettings, default_lease_s
-from aegis.master.replica import submit_job
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
-from aegis.platforms.platform_server import PlatformServer
+from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
-from aegis.wire import eventlog, status_json
+from aegis.wire import eventlog
 
 
 class ReplicatedRun:
@@ -88,15 +83,9 @@ class ReplicatedRun:
         self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
         self.store = await KvStore.open(self.bus, STATUS_BUCKET, replicas=self.replicas)
         nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
-        token = secrets.token_urlsafe(24)
         header = EventLogWriter(self.log_dir / "events.jsonl")
         header.write(eventlog.job_created(self.spec, nodes, 0.0))
         header.close()
-        await submit_job(self.store, self.spec, nodes, token)
-        ports = [free_port() for _ in range(self.count)]
-        for index, port in enumerate(ports):
-            self.masters.append(self._spawn_master(index, port, auth_file))
-        followed = FollowedJob.open(self.log_dir / "events.jsonl")
         s = self.settings
         self.platform = LocalPlatform(
             LocalSettings(
@@ -112,17 +101,18 @@ class ReplicatedRun:
                 prewarm=s.prewarm,
             )
         )
-        self.served = PlatformServer(
-            self.bus, self.platform, namespace=self.spec.namespace, job=self.spec.job
-        )
-        await self.served.start()
+        self.served = await ServedJob.submit(self.bus, self.store, self.spec, nodes, self.platform)
+        ports = [free_port() for _ in range(self.count)]
+        for index, port in enumerate(ports):
+            self.masters.append(self._spawn_master(index, port, auth_file))
+        followed = FollowedJob.open(self.log_dir / "events.jsonl")
         self.platform.attach(
-            self.served.sink,
+            self.served.server.sink,
             namespace=self.spec.namespace,
             job=self.spec.job,
             pods=dict(zip(pod_names(self.spec), nodes, strict=True)),
             grpc_target=",".join(f"127.0.0.1:{p}" for p in ports),
-            token=token,
+            token=self.served.token,
         )
         if self.observe is not None:
             self.observe(followed, self.platform)
@@ -170,9 +160,7 @@ class ReplicatedRun:
             out.close()
 
     async def status(self) -> JobStatus:
-        got = await self.store.get(status_key(self.spec))
-        assert got is not None
-        return status_json.from_dict(json.loads(got[0]))[1]
+        return await self.served.status()
 
     async def leader(self) -> int | None:
         """The index of the replica holding the lease, if any."""
@@ -185,8 +173,7 @@ class ReplicatedRun:
         return None
 
     async def wait(self, poll_s: float = 0.2) -> RunResult:
-        while (await self.status()).phase not in TERMINAL_PHASES:
-            await asyncio.sleep(poll_s)
+        await self.served.wait(poll_s=poll_s)
         return await self.finish()
 
     async def finish(self) -> RunResult:

@@ -168,7 +168,10 @@ async def _run_attempt(
     runner, token = await master.create_job(
         spec, nodes[: settings.nodes], platform, log_dir=log_dir
     )
-    platform.attach(runner, f"{settings.advertise}:{master.grpc_port}", token)
+    platform.attach(
+        runner.platform_event, namespace=spec.namespace, job=spec.job, pods=runner.pod_nodes(),
+        master=f"{settings.advertise}:{master.grpc_port}", token=token,
+    )  # fmt: skip
     control_file = await _serve_control(master, runner, platform, log_dir)
     loop = asyncio.get_running_loop()
     lost = asyncio.Event()

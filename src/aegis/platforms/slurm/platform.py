@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,6 @@ from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master.job_runner import JobRunner
 from aegis.platforms.slurm import commands
 
 log = logging.getLogger(__name__)
@@ -62,22 +61,35 @@ class SlurmPlatform:
         self.used_nodes: set[str] = set()
         self.placements: list[tuple[PodName, str]] = []
         self.drained: list[tuple[str, str]] = []
-        self.runner: JobRunner | None = None
+        self.sink: Callable[[ev.Event], None] | None = None
+        self.namespace, self.job = "default", ""
+        self.initial: dict[PodName, str] = {}
         self.master = ""
         self.token_file: Path | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def attach(self, runner: JobRunner, master: str, token: str) -> None:
-        """``master``: HOST:PORT of the credentials server as the agents reach it."""
-        self.runner, self.master = runner, master
+    def attach(
+        self,
+        sink: Callable[[ev.Event], None],
+        *,
+        namespace: str,
+        job: str,
+        pods: Mapping[PodName, str],
+        master: str,
+        token: str,
+    ) -> None:
+        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
+        publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
+        HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
+        self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
+        self.master = master
         self.token_file = self.settings.log_dir / ".bootstrap-token"
         self.token_file.write_text(token)
         self.token_file.chmod(0o600)
 
     async def launch_all(self) -> None:
-        assert self.runner is not None
-        for pod, info in sorted(self.runner.status.pod_infos.items()):
-            self.pods[pod] = _Pod(pod, info.node)
+        for pod, node in sorted(self.initial.items()):
+            self.pods[pod] = _Pod(pod, node)
             await self._spawn(self.pods[pod])
 
     # -- the Platform port ---------------------------------------------------------------------
@@ -124,15 +136,15 @@ class SlurmPlatform:
         state = self.pods[pod]
         await self._retire(state, wait_for_exit=wait)
         node = state.node if same_node and state.node not in self.blacklist else self._spare()
-        assert self.runner is not None
+        assert self.sink is not None
         if node is None:
             log.error("no healthy node left in the allocation for %s", pod)
-            self.runner.platform_event(ev.QuitRequested(f"no healthy node left for {pod}"))
+            self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))
             return
         self.used_nodes.discard(state.node)
         state.node = node
         await self._spawn(state)
-        self.runner.platform_event(ev.PodRestarted(pod, NodeName(node), node))
+        self.sink(ev.PodRestarted(pod, NodeName(node), node))
         log.info("%s placed on %s (%s)", pod, node, reason)
 
     def _spare(self) -> str | None:
@@ -151,14 +163,14 @@ class SlurmPlatform:
         await _stop_step(proc, self.settings.grace_s)
 
     async def _spawn(self, state: _Pod) -> None:
-        assert self.token_file is not None and self.runner is not None
+        assert self.token_file is not None
         state.incarnation += 1
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
         s = self.settings
         inject = s.inject.get(state.node, frozenset())
         step = commands.AgentStep(
-            job=self.runner.spec.job, namespace=self.runner.spec.namespace, pod=state.name,
+            job=self.job, namespace=self.namespace, pod=state.name,
             node=state.node, master=self.master, token_file=self.token_file, command=s.command,
             grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
         )  # fmt: skip
