@@ -133,9 +133,12 @@ class SlurmCluster:
         return result
 
     def _daemon(self, argv: Sequence[str], log_name: str) -> None:
-        out = (self.root / "log" / log_name).open("ab")
-        self.daemons.append(
-            subprocess.Popen(
+        self.daemons.append(self.spawn(argv, log_name))
+
+    def spawn(self, argv: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
+        """A long-running process inside the namespace (it dies with the test process)."""
+        with (self.root / "log" / log_name).open("ab") as out:
+            return subprocess.Popen(
                 self._ns(argv),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -144,8 +147,6 @@ class SlurmCluster:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        )
-        out.close()
 
     def start(self, timeout_s: float = 60.0) -> None:
         for sub in ("munge", "state", "run", "log", *(f"spool/{n}" for n in NODES)):

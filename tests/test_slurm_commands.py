@@ -4,6 +4,7 @@ and scontrol command lines, the requeue budget, and draining through the SlurmCo
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -45,6 +46,39 @@ def test_batch_script_requeues_and_asks_for_pods_plus_spares(tmp_path: Path) -> 
     last = script.strip().splitlines()[-1]
     assert last.startswith("exec ") and " slurm coordinator " in last
     assert last.endswith("-- python train.py") and "--max-retry 3" in last
+
+
+def test_batch_script_hands_the_job_to_an_existing_master_when_asked(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    script = commands.batch_script(
+        _spec(tmp_path, master="m1:7000,m2:7000", nats_url="nats://n:4222", auth_file=auth)
+    )
+    last = script.strip().splitlines()[-1]
+    for option in ("--master m1:7000,m2:7000", "--nats nats://n:4222", f"--auth-file {auth}"):
+        assert f" {option} " in last
+    assert last.endswith("-- python train.py")
+    plain = commands.batch_script(_spec(tmp_path)).strip().splitlines()[-1]
+    assert "--master" not in plain and "--nats" not in plain  # default: all in the batch step
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--master", "h:1"], "needs --nats"),
+        (["--auth-file", "/nonexistent"], "only with --master"),
+        (["--master", "h:1", "--nats", "nats://h:4222", "--auth-file", "/nonexistent"],
+         "no such file: /nonexistent"),
+    ],
+)  # fmt: skip
+def test_submit_refuses_master_options_that_cannot_work_in_one_line(
+    args: list[str], message: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aegis", "slurm", "submit", "--dry-run", *args, "--", "python"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from aegis.adapters.nats_server import free_port
 from tests.agent_waits import processes_with, wait_until
 from tests.slurm_fixture import NODES, SlurmCluster, why_unavailable
 
@@ -156,6 +157,58 @@ def test_slurm_requeued_job_resumes_with_what_is_left_of_its_budget(
     assert record["spec"]["max_retry"] == 1  # 2 - the fault counted before the requeue
     assert record["status"]["phase"] == "Succeed"
     assert (state / "attempt-0" / "events.jsonl").exists()
+
+
+# A NATS server with auth, its keys saved for the master and the coordinator, until SIGTERM.
+_NATS = """
+import signal, sys
+from pathlib import Path
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_server import EmbeddedNats
+authority = Authority()
+authority.save(Path(sys.argv[1]))
+server = EmbeddedNats(authority)
+server.start()
+Path(sys.argv[2] + ".tmp").write_text(server.url)
+Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
+signal.sigwait({signal.SIGTERM})
+server.stop()
+"""
+
+
+def test_slurm_job_runs_on_an_existing_master_that_drains_the_bad_node(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """``aegis slurm submit --master``: no master and no NATS server in the batch step; the
+    running ``aegis master`` leads the job, its requests (move the pod, drain the node) reach
+    the allocation over NATS, and the job's end is read from its store."""
+    auth, url_file, grpc = tmp_path / "auth.json", tmp_path / "nats.url", free_port()
+    started = [slurm.spawn([sys.executable, "-c", _NATS, str(auth), str(url_file)], "nats.out")]
+    try:
+        wait_until(url_file.exists, 30, "the NATS server")
+        url = url_file.read_text()
+        started.append(slurm.spawn(
+            [sys.executable, "-m", "aegis", "master", "--nats", url, "--auth-file", str(auth),
+             "--grpc-port", str(grpc), "--replica-id", "m0", "--log-dir", str(tmp_path / "m")],
+            "master.out",
+        ))  # fmt: skip
+        state = tmp_path / "ext"
+        job_id = _submit(slurm, state, "--master", f"127.0.0.1:{grpc}", "--nats", url,
+                         "--auth-file", str(auth), "--inject-fault", "n2:gpu",
+                         "--crash-once")  # fmt: skip
+        record = _finished(slurm, state, job_id)
+        assert record["status"]["phase"] == "Succeed", _diagnostics(slurm, state)
+        assert [e["node"] for e in record["status"]["error_nodes"]] == ["n2"]
+        assert _nodes(record) == {"ext-0": "n1", "ext-1": "n3"}
+        assert slurm.node_state("n2")[0] in ("drained", "draining")
+        assert not (state / "nats").exists()  # the batch step started no NATS server
+        faults = (tmp_path / "m" / "faults.jsonl").read_text()  # the master led it
+        assert '"job":"ext"' in faults.replace(" ", ""), faults
+    finally:
+        for proc in started:
+            proc.terminate()
+        for proc in started:
+            proc.wait(timeout=30)
 
 
 def _job_state(slurm: SlurmCluster, job_id: str) -> str:

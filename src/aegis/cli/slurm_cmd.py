@@ -79,17 +79,33 @@ def submit(
     hang_timeout_s: Annotated[float, typer.Option(min=0, help="0: no hang watchdog.")] = 0.0,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
+    nats: Annotated[
+        str | None, typer.Option(help="A NATS server every node reaches (default: embedded).")
+    ] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="How the agents reach the batch step's master.")
+    ] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(help="Use this running aegis master (HOST:GRPC_PORT,...); needs --nats."),
+    ] = None,
+    auth_file: Annotated[
+        Path | None, typer.Option(help="With --master: its --auth-file (on a shared filesystem).")
+    ] = None,
 ) -> None:
     """Write an sbatch script that runs CMD on --nodes nodes under Aegis and submit it."""
     options, command = split_sbatch_options(cmd)
     if not command:
         raise typer.BadParameter("no command given", param_hint="CMD")
     run_cmd.parse_injections(inject_fault or [])
+    _check_master_options(master, nats, auth_file)
     state = (state_dir or Path.cwd() / ".aegis" / job).resolve()
     spec = commands.SubmitSpec(
         job=job, nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, state_dir=state,
         command=_command(command), sbatch_options=tuple(options),
-        inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s,
+        inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s, nats_url=nats,
+        advertise=advertise, master=master,
+        auth_file=auth_file.resolve() if auth_file is not None else None,
     )  # fmt: skip
     script = commands.batch_script(spec)
     if dry_run:
@@ -105,6 +121,17 @@ def submit(
     print(f"aegis slurm: submitted job {result.stdout.strip()} ({path}); state in {state}")
 
 
+def _check_master_options(master: str | None, nats: str | None, auth_file: Path | None) -> None:
+    if master is not None and nats is None:
+        raise typer.BadParameter(
+            "needs --nats (the NATS server of that master)", param_hint="--master"
+        )
+    if auth_file is not None and master is None:
+        raise typer.BadParameter("only with --master", param_hint="--auth-file")
+    if auth_file is not None and not auth_file.is_file():
+        raise typer.BadParameter(f"no such file: {auth_file}", param_hint="--auth-file")
+
+
 def run_coordinator(
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
     job: Annotated[str, typer.Option(help="Job name.")],
@@ -118,13 +145,19 @@ def run_coordinator(
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
     status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Use this running aegis master (HOST:GRPC_PORT,...).")
+    ] = None,
+    auth_file: Annotated[Path | None, typer.Option(help="With --master: its keys.")] = None,
 ) -> None:
-    """Inside an allocation: the master and one srun step per pod, until Succeed or Failed."""
+    """Inside an allocation: the master (or --master's) and one srun step per pod, until
+    Succeed or Failed."""
+    _check_master_options(master, nats, auth_file)
     settings = coordinator.CoordinatorSettings(
         command=_command(cmd), job=job, nodes=nodes, max_retry=max_retry, state_dir=state_dir,
         advertise=advertise, nats_url=nats, hang_timeout_s=hang_timeout_s,
         heartbeat_timeout_s=heartbeat_timeout_s, grace_s=grace_s, status_file=status_file,
-        inject=run_cmd.parse_injections(inject_fault or []),
+        inject=run_cmd.parse_injections(inject_fault or []), master=master, auth_file=auth_file,
     )  # fmt: skip
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO,

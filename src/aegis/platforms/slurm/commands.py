@@ -111,6 +111,10 @@ class SubmitSpec:
     inject: tuple[str, ...] = ()  # NODE:CHECK
     hang_timeout_s: float = 0.0
     python: str = field(default=sys.executable)
+    nats_url: str | None = None  # a NATS server the nodes reach (default: one in the batch step)
+    advertise: str | None = None  # how the agents reach the batch step's master
+    master: str | None = None  # an existing aegis master (HOST:PORT,...): none in the batch step
+    auth_file: Path | None = None  # that master's keys
 
 
 def batch_script(spec: SubmitSpec) -> str:
@@ -123,6 +127,10 @@ def batch_script(spec: SubmitSpec) -> str:
     ]  # fmt: skip
     for item in spec.inject:
         coordinator += ["--inject-fault", item]
+    for option, given in (("--nats", spec.nats_url), ("--advertise", spec.advertise),
+                          ("--master", spec.master), ("--auth-file", spec.auth_file)):  # fmt: skip
+        if given is not None:
+            coordinator += [option, str(given)]
     coordinator += ["--", *spec.command]
     lines = [
         "#!/bin/bash",
@@ -132,9 +140,9 @@ def batch_script(spec: SubmitSpec) -> str:
         "#SBATCH --requeue",
         f"#SBATCH --output={spec.state_dir}/slurm-%j.out",
         *(f"#SBATCH {option}" for option in spec.sbatch_options),
-        "# Written by 'aegis slurm submit'. The coordinator runs the Aegis master and one srun",
-        "# step per pod; its state (the fault budget) lives under the state directory, so a",
-        "# requeued allocation resumes with what is left of the budget.",
+        "# Written by 'aegis slurm submit'. The coordinator runs the Aegis master (or hands the",
+        "# job to an existing one: --master) and one srun step per pod; the fault budget lives in",
+        "# the store, so a requeued allocation resumes with what is left of it.",
         f"exec {shlex.join(coordinator)}",
         "",
     ]

@@ -4,6 +4,12 @@ Like ``aegis run`` but with ``SlurmPlatform``: an embedded NATS server (its JetS
 the state directory, so it survives a requeue) or ``--nats URL``, the master, one ``srun`` step
 per pod. The first ``nodes`` allocated nodes carry the pods, the rest are spares.
 
+With ``--master HOST:PORT[,HOST:PORT]`` (and ``--nats``, ``--auth-file``) the job goes to an
+``aegis master`` that is already running (one for many allocations, with its replicas): the
+coordinator starts no master and no NATS server; it submits the job to the master's store,
+serves it this allocation (``ServedJob``: the master's requests to replace, evict or drain come
+over NATS) and waits for the job's end in the store.
+
 Requeue: Slurm restarts the batch script (``SLURM_RESTART_COUNT`` > 0) when the allocation is
 lost. Each attempt is a job of its own in the store (``<job>``, ``<job>-r1``, ...); a new attempt
 reads the previous attempt's status from the store and starts with what is left of the fault
@@ -23,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StatusStore
-from aegis.core.model import JobSpec, JobStatus
+from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
 from aegis.master import control
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
-from aegis.master.service import MasterService, MasterSettings
+from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
+from aegis.platforms.served_job import ServedJob
 from aegis.platforms.slurm import commands
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
 from aegis.wire import status_json
@@ -52,6 +60,8 @@ class CoordinatorSettings:
     grace_s: float = 5.0
     status_file: Path | None = None
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    master: str | None = None  # an existing aegis master's credentials server(s), HOST:PORT,...
+    auth_file: Path | None = None  # that master's keys (aegis master --auth-file), if NATS has auth
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +126,9 @@ async def run_coordinator(
     if len(nodes) < settings.nodes:
         raise SystemExit(f"the allocation has {len(nodes)} nodes, the job needs {settings.nodes}")
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    if settings.master is not None:
+        return await _run_on_master(settings, nodes, attempt, slurm)
     authority = None if settings.nats_url else _authority(settings.state_dir)
     server = None
     if authority is not None:
@@ -136,7 +149,6 @@ async def run_coordinator(
                 ),
             ),
         )
-        attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
         return await _run_attempt(settings, master, nodes, attempt, slurm)
     finally:
         if master is not None:
@@ -153,15 +165,10 @@ async def _run_attempt(
     slurm: commands.SlurmCommands,
 ) -> CoordinatorResult:
     budget, previous = await budget_left(master.store, settings, attempt)
-    job = attempt_job(settings.job, attempt)
-    if previous is not None:
-        log.warning(
-            "requeued (attempt %d): %d of %d faults left", attempt, budget, settings.max_retry
-        )
-    if previous is not None and (previous.phase in (Phase.SUCCEED, Phase.FAILED) or budget < 0):
-        spec = JobSpec(job, settings.namespace, settings.nodes, max(budget, 0))
-        return CoordinatorResult(spec, previous, [], [])
-    spec = JobSpec(job, settings.namespace, settings.nodes, budget)
+    early = _already_over(settings, attempt, budget, previous)
+    if early is not None:
+        return early
+    spec = JobSpec(attempt_job(settings.job, attempt), settings.namespace, settings.nodes, budget)
     log_dir = settings.state_dir / f"attempt-{attempt}"
     log_dir.mkdir(parents=True, exist_ok=True)
     platform = _platform(settings, nodes, log_dir, slurm)
@@ -196,6 +203,68 @@ async def _run_attempt(
         _write_status(settings.status_file, spec, runner.status)
     placements = [(str(p), n) for p, n in platform.placements]
     return CoordinatorResult(spec, runner.status, placements, list(platform.drained))
+
+
+async def _run_on_master(
+    settings: CoordinatorSettings, nodes: list[str], attempt: int, slurm: commands.SlurmCommands
+) -> CoordinatorResult:
+    """The job on an existing master: submit it, serve this allocation, wait for its end."""
+    assert settings.master is not None and settings.nats_url is not None
+    creds = Authority.load(settings.auth_file).master_creds() if settings.auth_file else None
+    bus = await NatsBus.connect(settings.nats_url, creds, name=f"slurm-{settings.job}")
+    try:
+        store = await KvStore.open(bus, STATUS_BUCKET)
+        budget, previous = await budget_left(store, settings, attempt)
+        early = _already_over(settings, attempt, budget, previous)
+        if early is not None:
+            return early
+        spec = JobSpec(attempt_job(settings.job, attempt), settings.namespace, settings.nodes,
+                       budget)  # fmt: skip
+        log_dir = settings.state_dir / f"attempt-{attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        platform = _platform(settings, nodes, log_dir, slurm)
+        placed = nodes[: settings.nodes]
+        served = await ServedJob.submit(bus, store, spec, placed, platform)
+        platform.attach(
+            served.server.sink, namespace=spec.namespace, job=spec.job,
+            pods=dict(zip(pod_names(spec), placed, strict=True)), master=settings.master,
+            token=served.token,
+        )  # fmt: skip
+        lost = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, _on_lost, lost)
+        try:
+            await platform.launch_all()
+            status = await served.wait(lost)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            await platform.stop_all()
+        if settings.status_file is not None and not lost.is_set():
+            _write_status(settings.status_file, spec, status)
+        placements = [(str(p), n) for p, n in platform.placements]
+        return CoordinatorResult(spec, status, placements, list(platform.drained))
+    finally:
+        await bus.close()
+
+
+def _on_lost(lost: asyncio.Event) -> None:
+    log.warning("SIGTERM: the allocation is going away; the job's status stays in the store")
+    lost.set()
+
+
+def _already_over(
+    settings: CoordinatorSettings, attempt: int, budget: int, previous: JobStatus | None
+) -> CoordinatorResult | None:
+    """A requeued attempt of a job that ended (or spent its budget) runs nothing."""
+    if previous is not None:
+        log.warning(
+            "requeued (attempt %d): %d of %d faults left", attempt, budget, settings.max_retry
+        )
+    if previous is not None and (previous.phase in (Phase.SUCCEED, Phase.FAILED) or budget < 0):
+        job = attempt_job(settings.job, attempt)
+        spec = JobSpec(job, settings.namespace, settings.nodes, max(budget, 0))
+        return CoordinatorResult(spec, previous, [], [])
+    return None
 
 
 async def _serve_control(
