@@ -39,10 +39,10 @@ def _spec(tmp_path: Path, **extra: object) -> commands.SubmitSpec:
 
 
 def test_batch_script_requeues_and_asks_for_pods_plus_spares(tmp_path: Path) -> None:
-    script = commands.batch_script(_spec(tmp_path, sbatch_options=("--partition=gpu",)))
+    script = commands.batch_script(_spec(tmp_path, sbatch_options=("--partition=gpu", "-t 10")))
     assert script.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --requeue\n" in script
-    assert "#SBATCH --partition=gpu\n" in script
+    assert "#SBATCH --partition=gpu\n" in script and "#SBATCH -t 10\n" in script
     last = script.strip().splitlines()[-1]
     assert last.startswith("exec ") and " slurm coordinator " in last
     assert last.endswith("-- python train.py") and "--max-retry 3" in last
@@ -65,6 +65,8 @@ def test_batch_script_hands_the_job_to_an_existing_master_when_asked(tmp_path: P
     ("args", "message"),
     [
         (["--master", "h:1"], "needs --nats"),
+        (["-p", "gpu", "--nodes", "2"], "--nodes after an sbatch option; put aegis's options"),
+        (["--time=5", "-N", "2"], "-N after an sbatch option"),
         (["--auth-file", "/nonexistent"], "only with --master"),
         (["--master", "h:1", "--nats", "nats://h:4222", "--auth-file", "/nonexistent"],
          "no such file: /nonexistent"),
@@ -85,12 +87,12 @@ def test_submit_refuses_master_options_that_cannot_work_in_one_line(
     ("args", "options", "command"),
     [
         (["-pgpu", "--time=10", "python", "-u"], ["-pgpu", "--time=10"], ["python", "-u"]),
-        (["-p", "gpu", "python", "x"], ["-p", "gpu"], ["python", "x"]),  # a separate value
+        (["-p", "gpu", "python", "x"], ["-p gpu"], ["python", "x"]),  # a separate value
         (["--partition", "gpu", "-t", "10", "torchrun", "x"],
-         ["--partition", "gpu", "-t", "10"], ["torchrun", "x"]),
+         ["--partition gpu", "-t 10"], ["torchrun", "x"]),
         (["--exclusive", "--hold", "python"], ["--exclusive", "--hold"], ["python"]),  # flags
         (["-H", "-k", "python"], ["-H", "-k"], ["python"]),  # short flags
-        (["-p", "gpu", "--", "-weird-name", "x"], ["-p", "gpu"], ["-weird-name", "x"]),
+        (["-p", "gpu", "--", "-weird-name", "x"], ["-p gpu"], ["-weird-name", "x"]),
         (["-p"], ["-p"], []),  # no command: the caller says so
     ],
 )  # fmt: skip

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         print(exc.format_message() if hasattr(exc, "format_message") else str(exc))
         return 2
     except click_errors.UsageError as exc:
-        name = exc.ctx.command.name if exc.ctx and exc.ctx.command else None
-        hint = f" (see 'aegis {name} --help')" if name and name != "aegis" else ""
+        path = exc.ctx.command_path if exc.ctx else ""  # "aegis slurm submit"
+        hint = f" (see '{path} --help')" if path and path != "aegis" else ""
         print(f"aegis: error: {exc.format_message()}{hint}", file=sys.stderr)
         return 2
     except typer.Exit as exc:

@@ -37,8 +37,8 @@ _LONG_FLAGS = frozenset({
 
 
 def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
-    """Leading sbatch options (with their values, attached or not) and then the command; an
-    explicit ``--`` ends the options."""
+    """Leading sbatch options, each with its value (``-p gpu``, ``-pgpu``, ``--time=10``: one
+    ``#SBATCH`` line each), and then the command; an explicit ``--`` ends the options."""
     options: list[str] = []
     index = 0
     while index < len(args):
@@ -47,7 +47,6 @@ def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
             return options, args[index + 1 :]
         if not word.startswith("-") or word == "-":
             break
-        options.append(word)
         index += 1
         takes_value = (
             word not in _LONG_FLAGS and "=" not in word
@@ -55,9 +54,28 @@ def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
             else len(word) == 2 and word[1] in _SHORT_WITH_VALUE
         )
         if takes_value and index < len(args):
-            options.append(args[index])
+            word = f"{word} {args[index]}"
             index += 1
+        options.append(word)
     return options, args[index:]
+
+
+# submit's own options: after an sbatch option they would reach sbatch (and -N/--nodes is ours)
+_OWN_OPTIONS = frozenset({
+    "--nodes", "-N", "--max-retry", "--spare-nodes", "--job", "--state-dir", "--hang-timeout-s",
+    "--inject-fault", "--dry-run", "--nats", "--advertise", "--master", "--auth-file",
+})  # fmt: skip
+
+
+def _refuse_own_options(options: list[str]) -> None:
+    for option in options:
+        name = option.split("=", 1)[0].split(" ", 1)[0]
+        if name in _OWN_OPTIONS or (name.startswith("-N") and not name.startswith("--")):
+            raise typer.BadParameter(
+                f"{name} after an sbatch option; put aegis's options first "
+                "(aegis slurm submit --nodes 2 -p gpu -- CMD)",
+                param_hint="CMD",
+            )
 
 
 def _command(cmd: list[str]) -> tuple[str, ...]:
@@ -95,6 +113,7 @@ def submit(
 ) -> None:
     """Write an sbatch script that runs CMD on --nodes nodes under Aegis and submit it."""
     options, command = split_sbatch_options(cmd)
+    _refuse_own_options(options)
     if not command:
         raise typer.BadParameter("no command given", param_hint="CMD")
     run_cmd.parse_injections(inject_fault or [])
