@@ -14,10 +14,12 @@ import pytest
 
 from aegis.adapters.memory import MemoryStore
 from aegis.cli import slurm_cmd
-from aegis.core.model import JobSpec, initial_status
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.master import control
 from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
+from aegis.platforms.slurm.platform import _Pod as _SlurmPod
 from aegis.wire import status_json
 
 
@@ -138,6 +140,79 @@ async def test_blacklisted_node_is_drained_and_never_used_again(tmp_path: Path) 
     assert platform.drained == [("n2", "gpu check failed")]
     platform.used_nodes.discard("n2")
     assert platform._spare() == "n3"
+
+
+class ScriptedSlurm:
+    """Answers by command name (sbatch, squeue, scancel), recording every call."""
+
+    def __init__(self, answers: dict[str, commands.CommandResult]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    async def __call__(self, argv: Sequence[str]) -> commands.CommandResult:
+        self.calls.append(list(argv))
+        return self.answers.get(argv[0], commands.CommandResult(0, "", ""))
+
+
+def _no_spare(tmp_path: Path, slurm: ScriptedSlurm) -> tuple[SlurmPlatform, list[object]]:
+    events: list[object] = []
+    platform = SlurmPlatform(
+        SlurmSettings(nodes=("n1", "n2"), spares=(), command=("true",), log_dir=tmp_path,
+                      node_request_s=0.3, node_poll_s=0.01, partition="gpu"),
+        slurm,
+    )  # fmt: skip
+    platform.attach(events.append, namespace="default", job="t",
+                    pods={PodName("t-0"): "n1", PodName("t-1"): "n2"}, master="h:1",
+                    token="tok")  # fmt: skip
+    platform.pods = {p: _SlurmPod(p, n) for p, n in platform.initial.items()}
+    platform.used_nodes |= {"n1", "n2"}
+    platform.blacklist["n2"] = "gpu"
+    return platform, events
+
+
+@pytest.mark.parametrize(
+    ("answers", "cancelled"),
+    [
+        ({"sbatch": commands.CommandResult(1, "", "sbatch: error: QOSMaxNodeLimit")}, False),
+        ({"sbatch": commands.CommandResult(0, "77;cluster\n", ""),
+          "squeue": commands.CommandResult(0, "PENDING ", "")}, True),  # never granted in time
+        ({"sbatch": commands.CommandResult(0, "77\n", ""),
+          "squeue": commands.CommandResult(0, "", "")}, True),  # gone from the queue (refused)
+    ],
+)  # fmt: skip
+async def test_a_node_that_slurm_does_not_grant_stops_the_job_with_its_reason(
+    tmp_path: Path, answers: dict[str, commands.CommandResult], cancelled: bool
+) -> None:
+    slurm = ScriptedSlurm(answers)
+    platform, events = _no_spare(tmp_path, slurm)
+    await platform._replace(PodName("t-1"), same_node=False, reason="gpu")
+    assert events == [ev.QuitRequested("no healthy node left for t-1")]
+    request = slurm.calls[0]
+    assert request[0] == "sbatch" and "--exclude=n1,n2" in request and "--nodes=1" in request
+    assert "--partition=gpu" in request
+    assert (["scancel", "77"] in slurm.calls) is cancelled
+    assert platform.requested == {}
+
+
+async def test_a_granted_node_gets_the_pods_step_in_the_holding_job(tmp_path: Path) -> None:
+    slurm = ScriptedSlurm({"sbatch": commands.CommandResult(0, "77\n", ""),
+                           "squeue": commands.CommandResult(0, "RUNNING n9\n", "")})  # fmt: skip
+    platform, events = _no_spare(tmp_path, slurm)
+    spawned: list[str] = []
+
+    async def spawn(state: _SlurmPod) -> None:
+        spawned.append(f"{state.name}@{state.node}:{platform.requested.get(state.node)}")
+
+    platform._spawn = spawn  # type: ignore[method-assign]
+    await platform._replace(PodName("t-1"), same_node=False, reason="gpu")
+    assert spawned == ["t-1@n9:77"] and platform.requested == {"n9": "77"}
+    assert events == [ev.PodRestarted(PodName("t-1"), NodeName("n9"), "n9")]
+    assert "n9" in platform.known_nodes()
+    await platform.stop_all()
+    assert slurm.calls[-1] == ["scancel", "77"] and platform.requested == {}
+    step = commands.AgentStep(job="t", namespace="default", pod="t-1", node="n9", master="h:1",
+                              token_file=tmp_path, command=("x",), job_id="77")  # fmt: skip
+    assert commands.srun_argv(step)[:2] == ["srun", "--jobid=77"]
 
 
 async def test_failed_drain_is_logged_not_recorded(tmp_path: Path) -> None:

@@ -159,6 +159,27 @@ def test_slurm_requeued_job_resumes_with_what_is_left_of_its_budget(
     assert (state / "attempt-0" / "events.jsonl").exists()
 
 
+def test_slurm_pod_moves_to_a_newly_requested_node_when_the_allocation_has_no_spare(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Two nodes, no spare: the gpu fault on n2 makes the coordinator ask Slurm for one more
+    node (a one-node job holding it); the pod's new step runs there, and the holder job is
+    gone when the job is."""
+    state = tmp_path / "grow"
+    job_id = _submit(slurm, state, "--spare-nodes", "0", "--inject-fault", "n2:gpu",
+                     "--crash-once")  # fmt: skip
+    record = _finished(slurm, state, job_id)
+    assert record["status"]["phase"] == "Succeed", _diagnostics(slurm, state)
+    assert _nodes(record) == {"grow-0": "n1", "grow-1": "n3"}
+    assert [e["node"] for e in record["status"]["error_nodes"]] == ["n2"]
+    holders = list((state / "attempt-0").glob("requested-node-*.out"))
+    assert len(holders) == 1, _diagnostics(slurm, state)
+    holder = holders[0].stem.rsplit("-", 1)[1]
+    assert holder != job_id and not _job_state(slurm, holder)  # cancelled with the job
+    rank1 = json.loads((tmp_path / "grow-out" / "rank-1.jsonl").read_text().splitlines()[-1])
+    assert rank1["AEGIS_NODE"] == "n3" and rank1["SLURM_JOB_ID"] == holder
+
+
 # A NATS server with auth, its keys saved for the master and the coordinator, until SIGTERM.
 _NATS = """
 import signal, sys

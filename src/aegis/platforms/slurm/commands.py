@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -58,6 +58,30 @@ def hostnames_argv(nodelist: str) -> list[str]:
     return ["scontrol", "show", "hostnames", nodelist]
 
 
+def request_node_argv(
+    name: str, exclude: Iterable[str], output: Path, partition: str | None = None
+) -> list[str]:
+    """A one-node job that only holds its node (``sleep infinity``), so that a pod with no
+    healthy spare left in the allocation gets an ``srun --jobid`` step there."""
+    argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--job-name={name}",
+            f"--output={output}", "--no-requeue"]  # fmt: skip
+    excluded = sorted(exclude)
+    if excluded:
+        argv.append(f"--exclude={','.join(excluded)}")
+    if partition:
+        argv.append(f"--partition={partition}")
+    return [*argv, "--wrap=exec sleep infinity"]
+
+
+def job_state_argv(job_id: str) -> list[str]:
+    """``STATE NODE`` of one job (empty once it left the queue)."""
+    return ["squeue", "-h", "-j", job_id, "-o", "%T %N"]
+
+
+def cancel_argv(job_id: str) -> list[str]:
+    return ["scancel", job_id]
+
+
 @dataclass(frozen=True, slots=True)
 class AgentStep:
     """One pod's agent as an ``srun`` step pinned to one node of the allocation."""
@@ -73,13 +97,15 @@ class AgentStep:
     hang_timeout_s: float = 0.0
     heartbeat_s: float = 1.0
     python: str = field(default=sys.executable)
+    job_id: str | None = None  # a step of this Slurm job (a requested node), not the allocation's
 
 
 def srun_argv(step: AgentStep) -> list[str]:
     """``--overlap`` lets the step share the batch step's CPUs (the coordinator is tiny)."""
     exports = ["ALL", f"AEGIS_NODE={step.node}"]
+    elsewhere = [f"--jobid={step.job_id}"] if step.job_id else []
     return [
-        "srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={step.node}",
+        "srun", *elsewhere, "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={step.node}",
         f"--job-name={step.pod}", "--kill-on-bad-exit=0", f"--export={','.join(exports)}",
         step.python, "-m", "aegis", "agent",
         "--master", step.master, "--namespace", step.namespace, "--job", step.job,

@@ -20,6 +20,7 @@ budget (``max_retry - recover_count``; after an in-place restart every pod's ret
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ class CoordinatorSettings:
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
     master: str | None = None  # an existing aegis master's credentials server(s), HOST:PORT,...
     auth_file: Path | None = None  # that master's keys (aegis master --auth-file), if NATS has auth
+    partition: str | None = None  # of a requested node (default: the allocation's partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,8 @@ async def run_coordinator(
     slurm: commands.SlurmCommands | None = None,
 ) -> CoordinatorResult:
     env = dict(os.environ if env is None else env)
+    if settings.partition is None and env.get("SLURM_JOB_PARTITION"):
+        settings = dataclasses.replace(settings, partition=env["SLURM_JOB_PARTITION"])
     slurm = slurm or commands.SubprocessCommands()
     nodes = await allocated_nodes(slurm, env)
     if len(nodes) < settings.nodes:
@@ -298,6 +302,7 @@ def _platform(
             inject=settings.inject,
             grace_s=settings.grace_s,
             hang_timeout_s=settings.hang_timeout_s,
+            partition=settings.partition,
         ),
         slurm,
     )

@@ -1,7 +1,9 @@
 """``SlurmPlatform``: the Platform port inside one Slurm allocation.
 
 Each pod is an ``srun`` step pinned to one allocated node, running ``aegis agent``. A pod that
-must move (level 3, slow eviction) gets a new step on a healthy spare node of the allocation;
+must move (level 3, slow eviction) gets a new step on a healthy spare node of the allocation, or,
+with none left, on a newly requested node: a one-node Slurm job that holds it (excluding every
+node this job has or has given up) gets the step (``srun --jobid``), and is cancelled with the job;
 a container restart (level 2) and a lost pod get a new step on the same node. A blacklisted node
 is drained in Slurm (``scontrol update ... state=drain reason="aegis: <reason>"``), so neither
 this job nor any other (nor this job after a requeue) is placed on it again.
@@ -38,6 +40,10 @@ class SlurmSettings:
     hang_timeout_s: float = 0.0
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
+    request_nodes: bool = True  # no healthy spare left: ask Slurm for one more node
+    node_request_s: float = 300.0  # how long to wait for it before giving up on the job
+    node_poll_s: float = 0.5
+    partition: str | None = None  # the requested node's partition (default: Slurm's)
 
 
 @dataclass(slots=True)
@@ -61,6 +67,7 @@ class SlurmPlatform:
         self.used_nodes: set[str] = set()
         self.placements: list[tuple[PodName, str]] = []
         self.drained: list[tuple[str, str]] = []
+        self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
         self.sink: Callable[[ev.Event], None] | None = None
         self.namespace, self.job = "default", ""
         self.initial: dict[PodName, str] = {}
@@ -109,7 +116,7 @@ class SlurmPlatform:
     # -- aegis ctl drain / undrain (control.NodeDrainer, control.KnownNodes) ---------------------
 
     def known_nodes(self) -> frozenset[str]:
-        return frozenset((*self.settings.nodes, *self.settings.spares))
+        return frozenset((*self.settings.nodes, *self.settings.spares, *self.requested))
 
     async def drain_node(self, node: str, reason: str) -> None:
         result = await self.slurm(commands.drain_argv(node, reason))
@@ -135,7 +142,12 @@ class SlurmPlatform:
     ) -> None:
         state = self.pods[pod]
         await self._retire(state, wait_for_exit=wait)
+        left = state.node
         node = state.node if same_node and state.node not in self.blacklist else self._spare()
+        if node is None and self.settings.request_nodes:
+            node = await self._request_node(pod)
+        if left in self.requested and left in self.blacklist and node != left:
+            await self._release(left)
         assert self.sink is not None
         if node is None:
             log.error("no healthy node left in the allocation for %s", pod)
@@ -148,10 +160,46 @@ class SlurmPlatform:
         log.info("%s placed on %s (%s)", pod, node, reason)
 
     def _spare(self) -> str | None:
-        for node in (*self.settings.nodes, *self.settings.spares):
+        for node in (*self.settings.nodes, *self.settings.spares, *self.requested):
             if node not in self.blacklist and node not in self.used_nodes:
                 return node
         return None
+
+    async def _request_node(self, pod: PodName) -> str | None:
+        """A new node from Slurm for ``pod``, or None when it was refused or not granted in
+        ``node_request_s``."""
+        s = self.settings
+        exclude = self.known_nodes() | set(self.blacklist)
+        output = s.log_dir / "requested-node-%j.out"
+        argv = commands.request_node_argv(f"{self.job}-node", exclude, output, s.partition)
+        result = await self.slurm(argv)
+        if result.returncode != 0:
+            log.error("requesting a node for %s failed: %s", pod, result.stderr.strip())
+            return None
+        job_id = result.stdout.strip().split(";")[0]
+        log.warning("no healthy spare for %s: requested a node (Slurm job %s)", pod, job_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.node_request_s
+        while loop.time() < deadline:
+            state, _, node = (await self.slurm(commands.job_state_argv(job_id))).stdout.partition(
+                " "
+            )
+            node = node.strip()
+            if state == "RUNNING" and node:
+                self.requested[node] = job_id
+                return node
+            if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                break  # refused, cancelled or failed
+            await asyncio.sleep(s.node_poll_s)
+        log.error("Slurm job %s did not give %s a node in time", job_id, pod)
+        await self.slurm(commands.cancel_argv(job_id))
+        return None
+
+    async def _release(self, node: str) -> None:
+        job_id = self.requested.pop(node)
+        result = await self.slurm(commands.cancel_argv(job_id))
+        if result.returncode != 0:
+            log.error("cancelling Slurm job %s (node %s) failed: %s", job_id, node, result.stderr)
 
     async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
         proc = state.process
@@ -173,6 +221,7 @@ class SlurmPlatform:
             job=self.job, namespace=self.namespace, pod=state.name,
             node=state.node, master=self.master, token_file=self.token_file, command=s.command,
             grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
+            job_id=self.requested.get(state.node),
         )  # fmt: skip
         log_path = s.log_dir / "pods" / f"{state.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +245,8 @@ class SlurmPlatform:
             await asyncio.gather(*waits, return_exceptions=True)
         for proc in procs:
             await _stop_step(proc, self.settings.grace_s)
+        for node in list(self.requested):  # the requested nodes go back with the job
+            await self._release(node)
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name="slurm-platform")
