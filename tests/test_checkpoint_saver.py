@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,9 @@ async def test_saver_alternates_buffers_and_keeps_newest_when_saving_repeatedly(
     await committed(daemon, 5)
     loaded = api.Saver(saver.settings).load_latest()
     assert loaded is not None and loaded[0] == 5 and float(loaded[1]["w"][0]) == 5.0
-    assert saver.committed_steps() == [5]
+    assert saver.committed_steps() == [4, 5]  # the previous one stays whole in the other buffer
+    earlier = api.Saver(replace(saver.settings, resume_step=4)).load_latest()
+    assert earlier is not None and earlier[0] == 4 and float(earlier[1]["w"][0]) == 4.0
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-3", "step-4", "step-5"]
 
 

@@ -212,3 +212,28 @@ async def test_agents_fetch_new_credentials_when_theirs_expire_and_training_goes
         log = (result.log_dir / "pods" / f"{pod}.log").read_text()
         assert "bootstrapping again" in log, pod
     _assert_nothing_left(result)
+
+
+async def test_a_rank_killed_mid_training_resumes_from_shared_memory_without_a_disk_read(
+    tmp_path: Path,
+) -> None:
+    """Under real agents, rank 1 dies at step 5; every rank is restarted in place and resumes
+    from step 4 in its agent's shared memory: no file of the checkpoint directory is opened,
+    though step 4 is committed there too."""
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    settings = local_run.RunSettings(
+        command=(sys.executable, str(Path(__file__).parent / "bin" / "ckpt_resume.py"),
+                 str(out), str(ckpt)),
+        nodes=2, spare_nodes=0, max_retry=1, job="shm", grace_s=2.0, log_dir=tmp_path / "logs",
+        ckpt_dir=ckpt,
+    )  # fmt: skip
+    result = await local_run.run_local(settings)
+    assert result.status.phase is Phase.SUCCEED and result.status.recover_count == 1
+    for rank in ("0", "1"):
+        first, second = map(json.loads, (out / f"rank-{rank}.jsonl").read_text().splitlines())
+        assert first["incarnation"] == 0 and first["resumed_from"] == 0
+        assert second["incarnation"] == 1 and second["opened"] == [], second
+        assert second["resumed_from"] >= 4 and second["found"] == second["resumed_from"]
+    assert second["resumed_from"] == 4  # rank 1 died before its step 6
+    assert any(p.name == "data.bin" for p in ckpt.rglob("*")), "nothing committed on disk"

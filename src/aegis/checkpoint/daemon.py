@@ -1,7 +1,10 @@
 """The saver daemon: ``python -m aegis.checkpoint.daemon --shm-dir D --ckpt-dir C``.
 
 It polls the shared-memory directory for handed-off slots (``slot-<step>.json``), persists each
-one (:func:`store.persist`), then drops older slots, writes ``committed-<step>`` and appends a
+one (:func:`store.persist`), then drops older slots but the previous committed one (it is
+still whole in the other buffer: a rank that saved past the step its peers committed resumes
+from it without a disk read; ``Saver.save`` drops it before reusing that buffer), writes
+``committed-<step>`` and appends a
 line to ``commits.jsonl``. Killed at any point, it leaves at most a ``.tmp-step-*`` directory
 (removed at the next start) and the slot it was writing is persisted again after the restart.
 It imports no torch.
@@ -32,11 +35,13 @@ def commit_one(shm: Path, ckpt: Path, step: int, max_write_mb_s: float, keep: in
     started = time.monotonic()
     final = store.persist(shm, ckpt, step, max_write_mb_s)
     store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
-    for older in lay.slot_steps(shm):
-        if older < step:
-            for path in (lay.slot_json(shm, older), lay.slot_pkl(shm, older)):
+    older = [s for s in lay.slot_steps(shm) if s < step]
+    previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)
+    for stale in older:
+        if stale != previous:
+            for path in (lay.slot_json(shm, stale), lay.slot_pkl(shm, stale)):
                 path.unlink(missing_ok=True)
-            lay.committed_marker(shm, older).unlink(missing_ok=True)
+            lay.committed_marker(shm, stale).unlink(missing_ok=True)
     lay.committed_marker(shm, step).write_bytes(b"")
     line = json.dumps({"step": step, "path": str(final), "ts": time.time()})
     with (shm / lay.COMMITS_LOG).open("a") as out:

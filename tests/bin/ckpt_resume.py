@@ -1,0 +1,43 @@
+"""A training stand-in for the checkpoint end-to-end test: ``ckpt_resume.py OUT CKPT``.
+
+Resumes with ``aegis.checkpoint.load_latest()`` while an audit hook records every file it opens
+under CKPT (the disk copies), then counts to step 6, saving at every even step; rank 1 crashes
+at step 5 in its first incarnation. Each incarnation appends one JSON line to OUT/rank-R.jsonl:
+its restart count, the step it resumed from, the value it found, and the files it opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+out, ckpt = Path(sys.argv[1]), sys.argv[2]
+opened: list[str] = []
+
+
+def audit(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and isinstance(args[0], str | Path) and str(args[0]).startswith(ckpt):
+        opened.append(str(args[0]))
+
+
+sys.addaudithook(audit)
+
+import torch  # noqa: E402
+
+import aegis.checkpoint  # noqa: E402
+
+rank, incarnation = os.environ["RANK"], int(os.environ.get("AEGIS_RESTART_COUNT", "0"))
+restored = aegis.checkpoint.load_latest()
+start, found = (restored[0], float(restored[1]["w"][0])) if restored else (0, None)
+record = {"incarnation": incarnation, "resumed_from": start, "found": found, "opened": opened}
+for step in range(start + 1, 7):
+    if step % 2 == 0:
+        aegis.checkpoint.save(step, {"w": torch.full((4096,), float(step))})
+    if step == 5 and rank == "1" and incarnation == 0:
+        with (out / f"rank-{rank}.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        sys.exit(3)
+with (out / f"rank-{rank}.jsonl").open("a") as f:
+    f.write(json.dumps(record) + "\n")
