@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from aegis.checks import base, gpu, rdma
+from tests import fake_pynvml
 
 DATA = Path(__file__).parent / "data"
 
@@ -58,6 +60,31 @@ async def test_gpu_real_nvml_is_not_applicable_when_node_has_no_gpu() -> None:
         pytest.skip("this machine has an NVIDIA driver")
     outcome = await gpu.gpu_check(base.CheckSettings())
     assert outcome.passed and outcome.not_applicable
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nvml_a100_healthy.json", "nvml_a100_uncorrected_ecc.json", "nvml_v100_retired_pending.json"],
+)
+@pytest.mark.parametrize("driver_as_bytes", [False, True])  # older nvidia-ml-py returns bytes
+async def test_real_nvml_reads_what_the_recorded_gpus_reported(
+    name: str, driver_as_bytes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RealNvml's calls, answered by a pynvml stand-in from the recording (unsupported readings
+    raise "Not Supported"), give back exactly the recorded snapshot and its verdict."""
+    raw = json.loads((DATA / name).read_text())
+    fake = fake_pynvml.module(raw["snapshot"], driver_as_bytes=driver_as_bytes)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    snapshot = gpu.RealNvml(xid_wait_ms=1).read()
+    assert snapshot == msgspec.convert(raw["snapshot"], gpu.GpuSnapshot)
+    assert fake.calls == ["init", "shutdown"]  # type: ignore[attr-defined]
+    outcome = await gpu.gpu_check_with(gpu.RealNvml(xid_wait_ms=1), base.CheckSettings())
+    assert outcome.passed is raw["expect"]["passed"]
+
+
+def test_real_nvml_is_none_when_the_driver_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.failing_init())
+    assert gpu.RealNvml().read() is None
 
 
 def fake_sysfs(root: Path, only: tuple[str, ...] | None = None) -> Path:

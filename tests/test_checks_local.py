@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +63,42 @@ async def test_io_fails_below_floor_when_rate_is_under_floor(tmp_path: Path) -> 
     settings = base.CheckSettings(scratch_dir=tmp_path, io_size_mb=1, io_floor_mb_s=1e12)
     outcome = await local.io_check(settings)
     assert not outcome.passed and "below the floor" in outcome.result
+
+
+def test_io_fails_naming_the_megabyte_when_the_device_returns_other_bytes(tmp_path: Path) -> None:
+    """The file is really written and fsynced; the reader flips one byte of MB 2 on the way
+    back, as a failing device or controller would."""
+
+    def corrupting(path: Path) -> io.BytesIO:
+        data = bytearray(path.read_bytes())
+        data[2 * 1024 * 1024 + 17] ^= 0xFF
+        return io.BytesIO(bytes(data))
+
+    outcome = local._io(tmp_path, 4, 0.0, read_back=corrupting)
+    assert not outcome.passed
+    assert outcome.result == f"read back differs at MB 2 in {tmp_path}"
+    assert not list(tmp_path.glob(".aegis-io-check-*"))  # the probe file is removed anyway
+
+
+def test_runtime_fails_with_the_reason_when_torch_does_not_import(tmp_path: Path) -> None:
+    """A broken install (torch that raises on import, as with a missing CUDA library) seen by
+    ``aegis check runtime`` in its own process: failed, with the import error as the reason."""
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        'raise ImportError("libcudart.so.12: cannot open shared object file")\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "aegis", "check", "runtime", "--json"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["passed"] is False
+    assert result["result"] == (
+        "torch does not import: ImportError: libcudart.so.12: cannot open shared object file"
+    )
 
 
 async def test_run_one_fails_with_timeout_when_check_overruns_budget() -> None:

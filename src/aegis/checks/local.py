@@ -7,7 +7,9 @@ import contextlib
 import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from aegis.checks import env
 from aegis.checks.base import CheckSettings, Outcome
@@ -27,7 +29,14 @@ async def io_check(settings: CheckSettings) -> Outcome:
     )
 
 
-def _io(directory: Path, size_mb: int, floor_mb_s: float) -> Outcome:
+def _io(
+    directory: Path,
+    size_mb: int,
+    floor_mb_s: float,
+    read_back: Callable[[Path], BinaryIO] = lambda path: path.open("rb"),
+) -> Outcome:
+    """``read_back`` opens the written file for the comparison (a test's corrupting reader
+    stands in for a device that returns other bytes than it was given)."""
     path = directory / f".aegis-io-check-{os.getpid()}"
     block = os.urandom(1024 * 1024)
     started = time.monotonic()
@@ -40,7 +49,7 @@ def _io(directory: Path, size_mb: int, floor_mb_s: float) -> Outcome:
             os.fsync(out.fileno())
             # Drop the clean pages so the read below comes from the device, not the page cache.
             os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        with path.open("rb") as back:
+        with read_back(path) as back:
             for number in range(size_mb):
                 if back.read(len(block)) != block:
                     return Outcome(False, f"read back differs at MB {number} in {directory}")
