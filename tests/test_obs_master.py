@@ -10,7 +10,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from aegis.adapters.nats_server import free_port
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
+from tests.scrape import parse, scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -36,8 +36,6 @@ FAMILIES = {
     "aegis_check_duration_seconds", "aegis_round_duration_seconds", "aegis_check_failures",
     "aegis_pods", "aegis_jobs",
 }  # fmt: skip
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 class MeteredRun(ReplicatedRun):
@@ -74,24 +72,6 @@ class Seen:
     wrong_auth: subprocess.CompletedProcess[str] | None = None
     phase: Phase | None = None
     log_dir: Path = Path()  # the master's --log-dir
-
-
-def parse(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, lbls), v in samples.items() if n == name and wanted <= lbls)
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
 
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:

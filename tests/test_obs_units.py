@@ -3,10 +3,12 @@ log's rotation and incident rule, and the control channel over the in-memory bus
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from aegis.adapters.memory import MemoryBus
@@ -15,7 +17,9 @@ from aegis.core import actions as act
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import control, faultlog
+from aegis.master import control, eventlog_writer, faultlog
+from aegis.master.replica import Replica, ReplicaSettings
+from aegis.tools import joblog
 
 SPEC = JobSpec("demo", "default", 3, 2)
 
@@ -129,3 +133,27 @@ def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:
     back = control.read_control_file(path)
     assert back.creds is not None and back.creds.jwt == creds.jwt
     assert (back.nats_url, back.job, back.creds.seed) == (target.nats_url, "demo", creds.seed)
+
+
+def test_a_master_keeps_one_replayable_event_log_per_job_it_leads(tmp_path: Path) -> None:
+    """Under ``aegis master --log-dir D``: a job no one has led gets D/<ns>/<job>/events.jsonl
+    begun with its JobCreated line; a log begun elsewhere is continued, never begun twice; a
+    job that ran elsewhere before (no beginning here) is not logged at all."""
+    replica = Replica(None, "nats://unused", ReplicaSettings("r", log_dir=tmp_path))
+    spec = JobSpec("a", "ns1", 2, 1)
+    fresh = initial_status(spec, [NodeName("n0"), NodeName("n1")])
+    record = {"nodes": ["n0", "n1"]}
+    directory = replica._event_log_dir(spec, fresh, record)
+    assert directory == tmp_path / "ns1" / "a"
+    lines = (directory / "events.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["nodes"] == ["n0", "n1"]
+    assert replica._event_log_dir(spec, fresh, record) == directory  # a second replica
+    assert len((directory / "events.jsonl").read_text().splitlines()) == 1
+    other = JobSpec("b", "ns1", 2, 1)
+    midway = dataclasses.replace(initial_status(other, None), seq=3, phase=Phase.RUN_COMMAND)
+    assert replica._event_log_dir(other, midway, {}) is None
+    assert not (tmp_path / "ns1" / "b").exists()
+    assert joblog.find_log_dir("a", tmp_path) == directory
+    eventlog_writer.start_log(tmp_path / "ns2" / "a", JobSpec("a", "ns2", 1, 0), ["n"], 0.0)
+    with pytest.raises(joblog.LogDirError, match=r"several namespaces \(ns1, ns2\)"):
+        joblog.find_log_dir("a", tmp_path)

@@ -112,3 +112,12 @@ def test_aegis_run_with_two_masters_shows_the_view_and_serves_the_leaders_metric
     faults = [json.loads(line) for line in (tmp_path / "logs" / "faults.jsonl").open()]
     assert any(f["pod"] == "job-0" and f["kind"] == "report" for f in faults), faults
     assert _scrape_or_empty(port) == "" and _scrape_or_empty(port + 1) == ""
+    # the leader kept the job's own event log (logs/default/job/): the run's directory is
+    # enough for aegis status and incidents
+    status = subprocess.run([*AEGIS, "status", "job", "--log-dir", str(tmp_path / "logs")],
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert (
+        "max restarts 3, restarted 1 times; hardware problems rescheduled 0 times" in status.stdout
+    )
+    assert (tmp_path / "logs" / "default" / "job" / "events.jsonl").is_file()

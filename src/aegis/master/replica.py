@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,9 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.adapters.ports import Subscription
 from aegis.core import events as ev
-from aegis.core.model import JobSpec, NodeName, PodName, initial_status
-from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import control, drained_nodes, env_report, faultlog, metrics
+from aegis.core.model import JobSpec, JobStatus, NodeName, PodName, initial_status, pods_by_rank
+from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.master import control, drained_nodes, env_report, eventlog_writer, faultlog, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -185,6 +186,27 @@ class Replica:
             del self.runners[key]
             await self._unsubscribe(runner, key)
 
+    def _event_log_dir(
+        self, spec: JobSpec, status: JobStatus, record: dict[str, Any]
+    ) -> Path | None:
+        """The job's own event log under ``--log-dir``: begun here for a job no one has led
+        yet, continued when it was begun (by the submitter or another replica sharing the
+        directory); none when the job ran elsewhere before (its beginning is not here, and a
+        log that cannot be replayed is worse than none)."""
+        if self.settings.log_dir is None:
+            return None
+        directory = eventlog_writer.job_log_dir(self.settings.log_dir, spec)
+        events = directory / eventlog_writer.EVENTS
+        if events.is_file() and events.stat().st_size > 0:
+            return directory
+        if status.seq == 0 and status.phase is Phase.PENDING:
+            nodes = record.get("nodes") or [info.node for _, info in pods_by_rank(status)]
+            eventlog_writer.start_log(directory, spec, [str(n) for n in nodes], time.time())
+            return directory
+        log.warning("job %s: led elsewhere before, no event log of it in %s; not logging it",
+                    spec.job, directory)  # fmt: skip
+        return None
+
     async def _adopt(self, key: str, epoch: int) -> None:
         got = await self.store.get(key)
         if got is None:
@@ -204,7 +226,7 @@ class Replica:
             store=self.store,
             platform=platform,
             settings=self.settings.job,
-            log_dir=self.settings.log_dir,
+            log_dir=self._event_log_dir(spec, status, record),
             epoch=epoch,
             fence=self._fence,
         )

@@ -29,14 +29,13 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
 from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
-from aegis.master.eventlog_writer import EventLogWriter
+from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
-from aegis.wire import eventlog
 
 
 class ReplicatedRun:
@@ -83,9 +82,8 @@ class ReplicatedRun:
         self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
         self.store = await KvStore.open(self.bus, STATUS_BUCKET, replicas=self.replicas)
         nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
-        header = EventLogWriter(self.log_dir / "events.jsonl")
-        header.write(eventlog.job_created(self.spec, nodes, 0.0))
-        header.close()
+        self.job_log_dir = eventlog_writer.job_log_dir(self.log_dir, self.spec)
+        eventlog_writer.start_log(self.job_log_dir, self.spec, nodes, 0.0)  # the masters append
         s = self.settings
         self.platform = LocalPlatform(
             LocalSettings(
@@ -105,7 +103,7 @@ class ReplicatedRun:
         ports = [free_port() for _ in range(self.count)]
         for index, port in enumerate(ports):
             self.masters.append(self._spawn_master(index, port, auth_file))
-        followed = FollowedJob.open(self.log_dir / "events.jsonl")
+        followed = FollowedJob.open(self.job_log_dir / eventlog_writer.EVENTS)
         self.platform.attach(
             self.served.server.sink,
             namespace=self.spec.namespace,

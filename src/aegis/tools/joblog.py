@@ -48,10 +48,19 @@ def _job_of(events: Path) -> str | None:
 
 def find_log_dir(job: str, log_dir: Path | None = None) -> Path:
     """``log_dir`` (or ``$AEGIS_LOG_DIR``) when given, else the newest ``aegis run`` directory of
-    the job in the temporary directory."""
+    the job in the temporary directory. A master's log directory holds one directory per job
+    (``<namespace>/<job>/``, also under ``aegis run --masters N``): the job's is found there."""
     given = log_dir or (Path(os.environ[LOG_DIR_ENV]) if os.environ.get(LOG_DIR_ENV) else None)
     if given is not None:
         if not (given / EVENTS).is_file():
+            led = [p.parent for p in given.glob(f"*/{job}/{EVENTS}") if _job_of(p) == job]
+            if len(led) == 1:
+                return led[0]
+            if len(led) > 1:
+                spaces = ", ".join(sorted(d.parent.name for d in led))
+                where = f"{given}/NAMESPACE/{job}"
+                detail = f"job {job!r} in several namespaces ({spaces}): pass --log-dir {where}"
+                raise LogDirError("no_log", detail=detail)
             raise LogDirError("no_log", detail=f"no {EVENTS} in {given}")
         owner = _job_of(given / EVENTS)
         if owner != job:
