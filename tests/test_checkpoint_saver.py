@@ -141,6 +141,35 @@ async def test_saver_alternates_buffers_and_keeps_newest_when_saving_repeatedly(
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-3", "step-4", "step-5"]
 
 
+async def test_a_step_saved_again_after_a_rollback_is_persisted_and_reported_anew(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    """A rank saved 2, 4, 6, then the job rolled back to 4 (its peers had 4): it resumes from
+    4 in shared memory and saves 6 again with new values. That 6 is persisted (disk holds the
+    new values), reported again, and no marker of the abandoned timeline is left behind."""
+    ckpt = tmp_path / "ckpt"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
+    for step in (2, 4, 6):
+        saver.save(step, {"w": torch.full((1000,), float(step))})
+    await committed(daemon, 6)
+    resumed = api.Saver(replace(saver.settings, resume_step=4))
+    loaded = resumed.load_latest()
+    assert loaded is not None and loaded[0] == 4
+    resumed.save(6, {"w": torch.full((1000,), 66.0)})
+    reported: list[int] = []
+    end = time.monotonic() + 30
+    while not reported:  # the re-commit is a new line: reported although 6 was before
+        assert time.monotonic() < end, "the new step 6 was not reported"
+        reported = await daemon.poll_commits()
+        await asyncio.sleep(0.01)
+    assert reported == [6]
+    from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "none", ckpt_dir=ckpt))
+    on_disk = from_disk.load_latest()
+    assert on_disk is not None and on_disk[0] == 6 and float(on_disk[1]["w"][0]) == 66.0
+    markers = sorted(p.name for p in shm.glob("committed-*"))
+    assert markers == ["committed-4", "committed-6"]
+
+
 def test_saver_raises_busy_when_previous_save_is_not_persisted(shm: Path, tmp_path: Path) -> None:
     settings = api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path, policy=api.BusyPolicy.RAISE)
     saver = api.Saver(settings)

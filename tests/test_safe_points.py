@@ -30,6 +30,20 @@ def test_the_job_is_committed_at_the_lowest_step_every_pod_committed_once_per_st
     assert safe.committed_step == 10
 
 
+def test_after_a_rewind_a_step_a_pod_committed_before_counts_only_when_committed_again() -> None:
+    """Rank a committed 6 before the restart; the job had 4. Training restarts from 4: a's
+    old 6 belongs to the abandoned timeline, so b's 6 alone does not commit the job."""
+    job, safe = running(), SafePoints("job")
+    a, b, c = job.pods
+    for pod, step in ((a, 6), (b, 4), (c, 4)):
+        safe.committed(job.status, pod, step)
+    assert safe.committed_step == 4
+    safe.rewound()
+    assert safe.committed(job.status, b, 6) is None
+    assert safe.committed(job.status, c, 6) is None  # a has not committed its new 6 yet
+    assert safe.committed(job.status, a, 6) == 6
+
+
 def test_target_step_lies_ahead_of_the_furthest_rank_by_the_lead_time() -> None:
     job, safe = running(), SafePoints("job", RequestSettings(lead_s=1.0))
     a, b, _ = job.pods

@@ -105,13 +105,17 @@ class Saver:
         self.wait_idle(step)
         shm = self.settings.shm_dir
         shm.mkdir(parents=True, exist_ok=True)
-        committed = self.committed_steps()
+        # A step saved again after a rollback (the rank resumed from an earlier step): the
+        # slots of that step and later belong to an abandoned timeline and go, so that the
+        # daemon persists this one anew (a left marker would make it look committed already).
+        for abandoned in (s for s in lay.slot_steps(shm) if s >= step):
+            _drop_slot(shm, abandoned)
+        committed = [s for s in self.committed_steps() if s < step]
         buffer = 0
         if committed:
             buffer = 1 - lay.read_layout(shm, committed[-1]).buffer
         for old in committed[:-1]:  # stale slots may point at the buffer we overwrite
-            for path in (lay.slot_json(shm, old), lay.slot_pkl(shm, old)):
-                path.unlink(missing_ok=True)
+            _drop_slot(shm, old)
         tensors: list[Any] = []
         skeleton = _flatten(state, tensors, torch)
         entries, offset = [], 0
@@ -214,6 +218,15 @@ class Saver:
         """A rank may have committed a step its peers have not: it resumes with them."""
         limit = self.settings.resume_step
         return steps if limit is None else [s for s in steps if s <= limit]
+
+
+def _drop_slot(shm: Path, step: int) -> None:
+    for path in (
+        lay.slot_json(shm, step),
+        lay.slot_pkl(shm, step),
+        lay.committed_marker(shm, step),
+    ):
+        path.unlink(missing_ok=True)
 
 
 def _dumps(layout: lay.Layout) -> bytes:

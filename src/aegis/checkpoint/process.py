@@ -124,7 +124,8 @@ class DaemonProcess:
         await self.start()
 
     async def poll_commits(self) -> list[int]:
-        """New commit lines since the last call; calls ``on_commit`` for each newer step."""
+        """New commit lines since the last call; calls ``on_commit`` for each (a step at or
+        below the last one is a commit of a new timeline, after the rank rolled back)."""
         path = self.settings.shm_dir / lay.COMMITS_LOG
         try:
             with path.open("rb") as src:
@@ -138,11 +139,10 @@ class DaemonProcess:
         for line in complete.splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 step = int(json.loads(line)["step"])
-                if self.last_committed is None or step > self.last_committed:
-                    self.last_committed = step
-                    steps.append(step)
-                    if self._on_commit is not None:
-                        await self._on_commit(step)
+                self.last_committed = step
+                steps.append(step)
+                if self._on_commit is not None:
+                    await self._on_commit(step)
         return steps
 
     async def supervise(self) -> None:

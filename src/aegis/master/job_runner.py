@@ -376,6 +376,8 @@ class JobRunner:
                     else ("CHECK_MASTER_PORT")
                 )
                 env = {"MASTER_ADDR": self.settings.master_addr, key: str(free_port())}
+                if key == "MASTER_PORT":
+                    self.safe.rewound()
                 if key == "MASTER_PORT" and self.safe.committed_step >= 0:
                     # every rank resumes from the step all pods committed, never a newer one
                     # only some of them have

@@ -51,6 +51,11 @@ class SafePoints:
         self.committed_step = committed
         return committed
 
+    def rewound(self) -> None:
+        """Training (re)starts from the job's committed step: what a pod committed beyond it
+        belongs to an abandoned timeline and counts again only when committed anew."""
+        self.pod_steps = {p: min(s, self.committed_step) for p, s in self.pod_steps.items()}
+
     def step_seen(self, status: JobStatus, pod: PodName, seq: int, step: int, now: float) -> None:
         """A heartbeat's training step (of the current round only: a restart rewinds)."""
         if seq != status.seq:
