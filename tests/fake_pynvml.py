@@ -19,9 +19,12 @@ NOT_SUPPORTED = "Not Supported"
 TIMEOUT = "Timeout"
 
 
-@dataclass(frozen=True)
 class _Handle:
-    index: int
+    """Like pynvml's handles (ctypes pointers): equal only to itself, so code that looks a
+    handle up by equality finds nothing, as it would on a real GPU."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,9 @@ def module(snapshot: dict[str, Any], *, driver_as_bytes: bool = False) -> types.
 
     def register(h: _Handle, types_: int, event_set: str) -> None:
         expect(types_, "nvmlEventTypeXidCriticalError")
-        state["events"].extend(_EventData(h, x) for x in devices[h.index].get("xid_events", []))
+        # each event carries a new handle object for its GPU, as NVML's do
+        events = devices[h.index].get("xid_events", [])
+        state["events"].extend(_EventData(_Handle(h.index), x) for x in events)
 
     def wait(event_set: str, timeout_ms: int) -> _EventData:
         if not state["events"]:
@@ -114,6 +119,7 @@ def module(snapshot: dict[str, Any], *, driver_as_bytes: bool = False) -> types.
         "nvmlDeviceGetRemappedRows": remapped, "nvmlEventSetCreate": event_set_create,
         "nvmlDeviceRegisterEvents": register, "nvmlEventSetWait_v2": wait,
         "nvmlEventSetFree": lambda event_set: None,
+        "nvmlDeviceGetIndex": lambda h: h.index,
     }  # fmt: skip
     for name, fn in table.items():
         setattr(nvml, name, fn)

@@ -128,8 +128,12 @@ class RealNvml:
                     nvml.nvmlDeviceRegisterEvents, h, nvml.nvmlEventTypeXidCriticalError, event_set
                 )
             while data := _optional(nvml.nvmlEventSetWait_v2, event_set, self._xid_wait_ms):
-                index = handles.index(data.device) if data.device in handles else -1
-                found.setdefault(index, []).append(int(data.eventData))
+                # NVML hands back a new handle object (a ctypes pointer, equal to ours only
+                # by address): ask NVML which GPU it is.
+                index = _optional(nvml.nvmlDeviceGetIndex, data.device)
+                found.setdefault(-1 if index is None else int(index), []).append(
+                    int(data.eventData)
+                )
         finally:
             _optional(nvml.nvmlEventSetFree, event_set)
         return found
