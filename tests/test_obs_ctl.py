@@ -4,6 +4,7 @@ master's control subscription, the CLI as a separate process with the run's cont
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import stat
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.cli import run_cmd
 from aegis.core.phases import Phase
@@ -98,17 +101,51 @@ async def test_ctl_taints_reports_a_hang_and_stops_a_running_job(tmp_path: Path)
 async def test_ctl_ends_with_exit_1_when_the_server_goes_away_while_it_waits(
     tmp_path: Path,
 ) -> None:
-    """No master answers and the NATS server stops meanwhile: one line, exit 1, no hang."""
+    """No master answers; the NATS server stops once ctl's request has reached it (ctl is then
+    waiting for the reply): one line, exit 1, no hang."""
     server = EmbeddedNats(None)
     await asyncio.to_thread(server.start)
+    listener = await NatsBus.connect(server.url, None, name="test")
+    arrived = asyncio.Event()
+
+    async def on_request(subject: str, payload: bytes) -> None:
+        arrived.set()
+
+    await listener.subscribe(control.CONTROL_SUBJECT, on_request)
     target = control.ControlTarget(server.url, None, "default", "job")
     control.write_control_file(tmp_path / "control.json", target)
     proc = await asyncio.create_subprocess_exec(
         *AEGIS, "ctl", "stop", "job", "--log-dir", str(tmp_path), "--timeout-s", "5",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    await asyncio.to_thread(server.stop)
+    try:
+        await asyncio.wait_for(arrived.wait(), 60)
+    finally:
+        with contextlib.suppress(Exception):
+            await listener.close()
+        await asyncio.to_thread(server.stop)
     async with asyncio.timeout(60):
         out, _ = await proc.communicate()
     assert proc.returncode == 1
     assert out.decode().strip().splitlines()[-1].startswith("aegis: error: ")
+
+
+async def test_ctl_refused_by_the_server_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """Credentials of another authority: the server refuses them; ctl says so in one line."""
+    server = EmbeddedNats(Authority())
+    await asyncio.to_thread(server.start)
+    try:
+        stranger = Authority().master_creds()
+        target = control.ControlTarget(server.url, stranger, "default", "job")
+        control.write_control_file(tmp_path / "control.json", target)
+        proc = await asyncio.create_subprocess_exec(
+            *AEGIS, "ctl", "stop", "job", "--log-dir", str(tmp_path), "--timeout-s", "5",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert proc.returncode == 1, (out, err)
+    lines = err.decode().strip().splitlines()
+    assert lines == [f"aegis: error: {server.url} refused: Authorization Violation"], lines

@@ -10,9 +10,10 @@ finds its own bytes already stored (the first try landed, its ack was lost) coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import nats
 from nats.aio.client import Client
@@ -65,6 +66,24 @@ class NatsSubscription:
 class BusClosed(ConnectionError):
     """The connection is closed for good (e.g. the server closed it when its credentials
     expired): nothing more goes out on it."""
+
+
+@contextlib.contextmanager
+def errors_unlogged() -> Iterator[None]:
+    """For a one-shot command that reports the connection's error itself, once."""
+    quiet = logging.getLogger(__name__)
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+
+
+def error_text(exc: BaseException) -> str:
+    """What the server said, without nats-py's wrapping: ``nats: 'Authorization Violation'``
+    -> ``Authorization Violation``."""
+    text = str(exc).strip().removeprefix("nats:").strip(" '\"")
+    return text or type(exc).__name__
 
 
 class NatsBus:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from nats import errors as nats_errors
 
+from aegis.adapters import nats_bus
 from aegis.adapters.nats_bus import NatsBus
 from aegis.master import control
 
@@ -74,12 +76,17 @@ def _run(
 ) -> None:
     target = _target(log_dir, ctl_file)
     try:
-        reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))
+        with nats_bus.errors_unlogged():  # a refusal is reported once, below
+            reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))
     except TimeoutError:
         print(f"aegis: error: no answer from the master within {timeout_s} s", file=sys.stderr)
         raise typer.Exit(1) from None
     except OSError as exc:
         print(f"aegis: error: cannot reach {target.nats_url}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except nats_errors.Error as exc:  # the server refused (credentials, permissions)
+        reason = nats_bus.error_text(exc)
+        print(f"aegis: error: {target.nats_url} refused: {reason}", file=sys.stderr)
         raise typer.Exit(1) from None
     print(f"aegis ctl: {reply.message}", file=sys.stdout if reply.ok else sys.stderr)
     raise typer.Exit(0 if reply.ok else 1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,15 +39,18 @@ class StoreTarget:
 
 async def read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[str, Any] | None:
     """The job's record, or None when the store holds no such job. A refused connection (bad
-    credentials) fails at once, with the server's reason."""
+    credentials) fails at once, with the server's reason (reported once, by the caller)."""
+    with nats_bus.errors_unlogged():
+        return await _read_record(target, job, timeout_s)
+
+
+async def _read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[str, Any] | None:
     refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
 
     def on_error(exc: Exception) -> None:
         if not refused.done():
             refused.set_result(exc)
 
-    quiet = logging.getLogger(nats_bus.__name__)
-    level, quiet.level = quiet.level, logging.CRITICAL  # the reason is reported once, below
     try:
         async with asyncio.timeout(timeout_s):
             bus = await _first(
@@ -64,10 +66,8 @@ async def read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[s
     except TimeoutError:
         raise StoreReadError(f"no answer from {target.nats_url} within {timeout_s} s") from None
     except (OSError, nats_errors.Error, _Refused) as exc:
-        reason = _reason(exc)
+        reason = nats_bus.error_text(exc)
         raise StoreReadError(f"cannot read the store at {target.nats_url}: {reason}") from None
-    finally:
-        quiet.setLevel(level)
 
 
 class _Refused(Exception):
@@ -84,13 +84,7 @@ async def _first(work: Coroutine[Any, Any, T], refused: asyncio.Future[Exception
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
-    raise _Refused(_reason(refused.result()))
-
-
-def _reason(exc: Exception) -> str:
-    """``nats: 'Authorization Violation'`` -> ``Authorization Violation``."""
-    text = str(exc).strip().removeprefix("nats:").strip(" '\"")
-    return text or type(exc).__name__
+    raise _Refused(nats_bus.error_text(refused.result()))
 
 
 async def _get(bus: NatsBus, key: str) -> dict[str, Any] | None:
