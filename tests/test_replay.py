@@ -102,3 +102,18 @@ def test_following_a_log_without_its_header_is_an_error(tmp_path: Path) -> None:
     path.write_text(TRACE.read_text().splitlines()[0])  # no newline yet: not a whole line
     with pytest.raises(eventlog.EventLogError, match="line 1"):
         follow.FollowedJob.open(path)
+
+
+def test_a_failing_listener_does_not_stop_the_followed_log(tmp_path: Path) -> None:
+    lines = TRACE.read_text().splitlines(keepends=True)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(lines))
+    job = follow.FollowedJob.open(path)
+    seen: list[str] = []
+
+    def broken(j: follow.FollowedJob, event: object, actions: object) -> None:
+        raise RuntimeError("a view bug")
+
+    job.listeners += [broken, lambda j, event, actions: seen.append(type(event).__name__)]
+    assert job.poll() == len(lines) - 1
+    assert len(seen) == len(lines) - 1 and job.status.phase.value == "Failed"

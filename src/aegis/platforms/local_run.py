@@ -82,8 +82,12 @@ async def run_local(
             settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
             metrics_addr=settings.metrics_addr, follow=follow,
         )  # fmt: skip
-        await replicated.start()
-        return await replicated.wait()
+        try:
+            await replicated.start()
+            return await replicated.wait()
+        except BaseException:
+            await replicated.close()  # nothing it started is left running
+            raise
     authority = None if settings.nats_url else Authority()
     server = None
     if settings.nats_url is None:

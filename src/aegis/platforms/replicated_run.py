@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,8 @@ from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
+
+log = logging.getLogger(__name__)
 
 
 class ReplicatedRun:
@@ -63,6 +66,7 @@ class ReplicatedRun:
         self.observe = follow
         self._stop_following = asyncio.Event()
         self._following: asyncio.Task[None] | None = None
+        self._closed = False
 
     def metrics_ports(self) -> list[int]:
         """Master i serves ``/metrics`` on the i-th port (none without ``metrics_port``)."""
@@ -175,18 +179,16 @@ class ReplicatedRun:
         return await self.finish()
 
     async def finish(self) -> RunResult:
-        status = await self.status()
-        self._stop_following.set()
-        if self._following is not None:
-            await self._following  # the lines the leader wrote up to the end
-        await self.platform.stop_all()
-        for proc in self.masters:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.masters:
-            await asyncio.to_thread(_wait_or_kill, proc)
-        await self.bus.close()
-        await asyncio.to_thread(self.server.stop)
+        try:
+            status = await self.status()
+            self._stop_following.set()
+            if self._following is not None:
+                try:
+                    await self._following  # the lines the leader wrote up to the end
+                except Exception:
+                    log.exception("following the event log failed")
+        finally:
+            await self.close()
         if self.settings.status_file is not None:
             from aegis.platforms.local_run import write_status_file
 
@@ -199,6 +201,30 @@ class ReplicatedRun:
             agent_pids_seen={str(p): [pid] for p, pid in self.platform.agent_pids().items()},
             drops={},
         )
+
+    async def close(self) -> None:
+        """Stop everything this run started, whatever state it got to (also after an error);
+        once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._following is not None and not self._following.done():
+            self._following.cancel()
+        platform = getattr(self, "platform", None)
+        if platform is not None:
+            await platform.stop_all()
+        for proc in self.masters:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.masters:
+            await asyncio.to_thread(_wait_or_kill, proc)
+        bus = getattr(self, "bus", None)
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        server = getattr(self, "server", None)
+        if server is not None:
+            await asyncio.to_thread(server.stop)
 
     def agent_pids(self) -> dict[PodName, int]:
         return self.platform.agent_pids()

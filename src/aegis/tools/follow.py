@@ -36,7 +36,8 @@ class FollowedJob:
         """Use ``open``."""
         self.path, self.spec, self.status = path, spec, status
         self.listeners: list[Listener] = []
-        # the log keeps the core's events, not the agents' other messages: never called
+        # the log keeps the core's events, not the agents' messages or heartbeats: these are
+        # never called (a view shows no per-pod step; checkpoint commits still advance it)
         self.message_listeners: list[Callable[[FollowedJob, Any], None]] = []
         self.heartbeat_listeners: list[Callable[[FollowedJob, Any], None]] = []
         self.bad_lines = 0
@@ -90,7 +91,10 @@ class FollowedJob:
         self._now = entry.ts
         self.status, actions = machine.step(self.spec, self.status, entry.event, entry.ts)
         for listener in self.listeners:
-            listener(self, entry.event, actions)
+            try:
+                listener(self, entry.event, actions)
+            except Exception:  # a view that fails must not stop the run it shows
+                log.exception("%s: a listener failed on line %d", self.path, self._line)
         return 1
 
     async def follow(self, stop: asyncio.Event, poll_s: float = 0.1) -> None:
