@@ -40,6 +40,7 @@ def test_the_configuration_parses_names_and_budgets() -> None:
             "AEGIS_CHECKS: enabled: unknown check 'disk' (one of io, gpu,",
         ),
         ('{"enabled": "io"}', "AEGIS_CHECKS: enabled: expected a list"),
+        ('{"enabled": []}', "AEGIS_CHECKS: enabled: name at least one check"),
         (
             '{"budgets_s": {"gpu": -1}}',
             "AEGIS_CHECKS: budgets_s.gpu: expected seconds above 0, got -1",

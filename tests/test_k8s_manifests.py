@@ -84,6 +84,21 @@ def test_operator_pods_fit_the_pod_schema_in_both_agent_modes(mode: str) -> None
     assert k8s_schema.check_builtin(handlers.headless_service(job)) == []
 
 
+@pytest.mark.parametrize(
+    "checks",
+    [{"enabled": []}, {"enabled": ["disk"]}, {"budgets_s": {"io": 0}}, {"budgets_s": {"io": -5}}],
+)
+def test_the_crd_refuses_a_check_configuration_the_agent_would_refuse(
+    checks: dict[str, Any],
+) -> None:
+    doc = _example()
+    doc["spec"]["checks"] = checks
+    with pytest.raises(jsonschema.ValidationError):
+        k8s_schema.check_custom(doc, _crd())
+    with pytest.raises(ValueError):
+        checks_config.parse(checks)
+
+
 def test_spec_checks_reach_every_pods_agent_as_its_check_configuration() -> None:
     doc = _example()
     doc["metadata"]["uid"] = "uid-1"

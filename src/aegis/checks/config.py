@@ -38,6 +38,8 @@ def parse(value: Any) -> ChecksConfig:
         names = value["enabled"]
         if not isinstance(names, list):
             raise ValueError("enabled: expected a list of check names")
+        if not names:  # troubleshooting with no check would restart a broken node in place
+            raise ValueError("enabled: name at least one check (or leave it out for all)")
         enabled = frozenset(_check(name, "enabled") for name in names)
     budgets = value.get("budgets_s", {})
     if not isinstance(budgets, dict):
