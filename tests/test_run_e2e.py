@@ -154,6 +154,7 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
         (["--inject-fault", "node-1:nosuchcheck"], "got 'node-1:nosuchcheck'"),
         (["--view", "fancy"], "one of auto, live, plain"),
         (["--max-retry", "-1"], "'--max-retry'"),
+        (["--masters", "3", "--metrics-port", "65534"], "master 2 would serve on 65536"),
     ],
 )
 def test_aegis_run_refuses_a_bad_argument_with_one_line_and_exit_2(

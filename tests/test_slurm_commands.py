@@ -96,6 +96,7 @@ def test_submit_refuses_master_options_that_cannot_work_in_one_line(
         (["-H", "-k", "python"], ["-H", "-k"], ["python"]),  # short flags
         (["-p", "gpu", "--", "-weird-name", "x"], ["-p gpu"], ["-weird-name", "x"]),
         (["-p"], ["-p"], []),  # no command: the caller says so
+        (["-J", "my job", "--nice", "python"], ["-J 'my job'", "--nice"], ["python"]),
     ],
 )  # fmt: skip
 def test_sbatch_options_and_their_values_come_before_the_command(

@@ -191,6 +191,11 @@ def run(
     )
     if view not in ("auto", "live", "plain"):
         raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
+    if metrics_port and metrics_port + masters - 1 > 65535:
+        raise typer.BadParameter(
+            f"master {masters - 1} would serve on {metrics_port + masters - 1}",
+            param_hint="--metrics-port",
+        )
     hub = metrics.MasterMetrics() if metrics_port and masters == 1 else None
     server = hub.serve(metrics_port, metrics_addr) if hub is not None else None
     if metrics_port and masters > 1:

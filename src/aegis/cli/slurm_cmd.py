@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -32,7 +33,7 @@ _LONG_FLAGS = frozenset({
     "--contiguous", "--exclusive", "--get-user-env", "--hold", "--ignore-pbs", "--no-kill",
     "--no-requeue", "--overcommit", "--oversubscribe", "--parsable", "--quiet", "--reboot",
     "--requeue", "--spread-job", "--test-only", "--use-min-nodes", "--verbose", "--wait",
-    "--exact", "--help", "--usage", "--version",
+    "--exact", "--help", "--usage", "--version", "--nice", "--propagate",
 })  # fmt: skip
 
 
@@ -54,7 +55,7 @@ def split_sbatch_options(args: list[str]) -> tuple[list[str], list[str]]:
             else len(word) == 2 and word[1] in _SHORT_WITH_VALUE
         )
         if takes_value and index < len(args):
-            word = f"{word} {args[index]}"
+            word = f"{word} {shlex.quote(args[index])}"  # one #SBATCH line: quoted if spaced
             index += 1
         options.append(word)
     return options, args[index:]
