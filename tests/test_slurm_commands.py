@@ -3,10 +3,11 @@ and scontrol command lines, the requeue budget, and draining through the SlurmCo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -193,6 +194,39 @@ async def test_a_node_that_slurm_does_not_grant_stops_the_job_with_its_reason(
     assert "--partition=gpu" in request
     assert (["scancel", "77"] in slurm.calls) is cancelled
     assert platform.requested == {}
+
+
+async def test_stopping_the_job_gives_up_a_pending_node_request_and_cancels_it(
+    tmp_path: Path,
+) -> None:
+    slurm = ScriptedSlurm({"sbatch": commands.CommandResult(0, "77\n", ""),
+                           "squeue": commands.CommandResult(0, "PENDING\n", "")})  # fmt: skip
+    platform, events = _no_spare(tmp_path, slurm)
+    platform.settings = replace(platform.settings, node_request_s=600.0)
+    moving = asyncio.create_task(platform._replace(PodName("t-1"), same_node=False, reason="x"))
+    await _until(lambda: any(c[0] == "squeue" for c in slurm.calls))
+    async with asyncio.timeout(10):  # not the 600 s the request would wait
+        await platform.stop_all()
+        await moving
+    assert ["scancel", "77"] in slurm.calls and platform.requesting == set()
+    assert events == [ev.QuitRequested("no healthy node left for t-1")]  # moot, job is over
+
+
+def test_a_requested_node_asks_for_what_the_allocation_has() -> None:
+    env = {"SLURM_JOB_ACCOUNT": "ml", "SLURM_JOB_QOS": "high", "SLURM_MEM_PER_NODE": "64000",
+           "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_CPUS_ON_NODE": "32"}  # fmt: skip
+    options = commands.holder_options(env)
+    assert set(options) == {"--account=ml", "--qos=high", "--mem=64000M",
+                            "--gpus-per-node=4", "--cpus-per-task=32"}  # fmt: skip
+    argv = commands.request_node_argv("t-node", ["n1"], Path("/o"), "gpu", options)
+    assert argv[-1] == "--wrap=exec sleep infinity" and "--gpus-per-node=4" in argv
+    assert commands.holder_options({}) == ()
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not cond():
+            await asyncio.sleep(0.01)
 
 
 async def test_a_granted_node_gets_the_pods_step_in_the_holding_job(tmp_path: Path) -> None:

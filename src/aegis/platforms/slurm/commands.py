@@ -58,8 +58,28 @@ def hostnames_argv(nodelist: str) -> list[str]:
     return ["scontrol", "show", "hostnames", nodelist]
 
 
+def holder_options(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The allocation's per-node resources, as sbatch options for a requested node: its
+    account, QoS, memory, GPUs and CPUs (from the batch step's environment)."""
+    out = []
+    for var, option in (("SLURM_JOB_ACCOUNT", "--account"), ("SLURM_JOB_QOS", "--qos"),
+                        ("SLURM_GPUS_PER_NODE", "--gpus-per-node"),
+                        ("SLURM_CPUS_ON_NODE", "--cpus-per-task")):  # fmt: skip
+        if env.get(var):
+            out.append(f"{option}={env[var]}")
+    if env.get("SLURM_MEM_PER_NODE"):
+        out.append(f"--mem={env['SLURM_MEM_PER_NODE']}M")
+    if not env.get("SLURM_GPUS_PER_NODE") and env.get("SLURM_JOB_GPUS"):
+        out.append(f"--gpus-per-node={len(env['SLURM_JOB_GPUS'].split(','))}")
+    return tuple(out)
+
+
 def request_node_argv(
-    name: str, exclude: Iterable[str], output: Path, partition: str | None = None
+    name: str,
+    exclude: Iterable[str],
+    output: Path,
+    partition: str | None = None,
+    resources: Sequence[str] = (),
 ) -> list[str]:
     """A one-node job that only holds its node (``sleep infinity``), so that a pod with no
     healthy spare left in the allocation gets an ``srun --jobid`` step there."""
@@ -70,7 +90,7 @@ def request_node_argv(
         argv.append(f"--exclude={','.join(excluded)}")
     if partition:
         argv.append(f"--partition={partition}")
-    return [*argv, "--wrap=exec sleep infinity"]
+    return [*argv, *resources, "--wrap=exec sleep infinity"]
 
 
 def job_state_argv(job_id: str) -> list[str]:

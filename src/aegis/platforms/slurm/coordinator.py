@@ -64,6 +64,7 @@ class CoordinatorSettings:
     master: str | None = None  # an existing aegis master's credentials server(s), HOST:PORT,...
     auth_file: Path | None = None  # that master's keys (aegis master --auth-file), if NATS has auth
     partition: str | None = None  # of a requested node (default: the allocation's partition)
+    holder_options: tuple[str, ...] = ()  # a requested node's resources (default: the allocation's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,8 @@ async def run_coordinator(
     env = dict(os.environ if env is None else env)
     if settings.partition is None and env.get("SLURM_JOB_PARTITION"):
         settings = dataclasses.replace(settings, partition=env["SLURM_JOB_PARTITION"])
+    if not settings.holder_options:
+        settings = dataclasses.replace(settings, holder_options=commands.holder_options(env))
     slurm = slurm or commands.SubprocessCommands()
     nodes = await allocated_nodes(slurm, env)
     if len(nodes) < settings.nodes:
@@ -303,6 +306,7 @@ def _platform(
             grace_s=settings.grace_s,
             hang_timeout_s=settings.hang_timeout_s,
             partition=settings.partition,
+            holder_options=settings.holder_options,
         ),
         slurm,
     )

@@ -44,6 +44,7 @@ class SlurmSettings:
     node_request_s: float = 300.0  # how long to wait for it before giving up on the job
     node_poll_s: float = 0.5
     partition: str | None = None  # the requested node's partition (default: Slurm's)
+    holder_options: tuple[str, ...] = ()  # the allocation's resources, for a requested node
 
 
 @dataclass(slots=True)
@@ -68,6 +69,8 @@ class SlurmPlatform:
         self.placements: list[tuple[PodName, str]] = []
         self.drained: list[tuple[str, str]] = []
         self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
+        self.requesting: set[str] = set()  # Slurm jobs asked for a node, not granted yet
+        self._stopping = False
         self.sink: Callable[[ev.Event], None] | None = None
         self.namespace, self.job = "default", ""
         self.initial: dict[PodName, str] = {}
@@ -144,8 +147,10 @@ class SlurmPlatform:
         await self._retire(state, wait_for_exit=wait)
         left = state.node
         node = state.node if same_node and state.node not in self.blacklist else self._spare()
-        if node is None and self.settings.request_nodes:
+        if node is None and self.settings.request_nodes and not self._stopping:
             node = await self._request_node(pod)
+        if node is not None:
+            self.used_nodes.add(node)  # taken now: a concurrent move must not pick it too
         if left in self.requested and left in self.blacklist and node != left:
             await self._release(left)
         assert self.sink is not None
@@ -166,34 +171,42 @@ class SlurmPlatform:
         return None
 
     async def _request_node(self, pod: PodName) -> str | None:
-        """A new node from Slurm for ``pod``, or None when it was refused or not granted in
-        ``node_request_s``."""
+        """A new node from Slurm for ``pod``, or None when it was refused, not granted in
+        ``node_request_s``, or the job is stopping (the request is cancelled then, also when
+        this task is)."""
         s = self.settings
         exclude = self.known_nodes() | set(self.blacklist)
         output = s.log_dir / "requested-node-%j.out"
-        argv = commands.request_node_argv(f"{self.job}-node", exclude, output, s.partition)
+        argv = commands.request_node_argv(
+            f"{self.job}-node", exclude, output, s.partition, s.holder_options
+        )
         result = await self.slurm(argv)
         if result.returncode != 0:
             log.error("requesting a node for %s failed: %s", pod, result.stderr.strip())
             return None
         job_id = result.stdout.strip().split(";")[0]
+        self.requesting.add(job_id)
         log.warning("no healthy spare for %s: requested a node (Slurm job %s)", pod, job_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.node_request_s
-        while loop.time() < deadline:
-            state, _, node = (await self.slurm(commands.job_state_argv(job_id))).stdout.partition(
-                " "
-            )
-            node = node.strip()
-            if state == "RUNNING" and node:
-                self.requested[node] = job_id
-                return node
-            if state not in ("PENDING", "CONFIGURING", "RUNNING"):
-                break  # refused, cancelled or failed
-            await asyncio.sleep(s.node_poll_s)
-        log.error("Slurm job %s did not give %s a node in time", job_id, pod)
-        await self.slurm(commands.cancel_argv(job_id))
-        return None
+        granted = None
+        try:
+            while loop.time() < deadline and not self._stopping:
+                words = (await self.slurm(commands.job_state_argv(job_id))).stdout.split()
+                state, node = [*words, "", ""][:2]
+                if state == "RUNNING" and node:
+                    granted = node
+                    self.requested[node] = job_id
+                    return node
+                if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                    break  # refused, cancelled or failed
+                await asyncio.sleep(s.node_poll_s)
+            log.error("Slurm job %s did not give %s a node in time", job_id, pod)
+            return None
+        finally:
+            self.requesting.discard(job_id)
+            if granted is None:
+                await self.slurm(commands.cancel_argv(job_id))
 
     async def _release(self, node: str) -> None:
         job_id = self.requested.pop(node)
@@ -235,7 +248,9 @@ class SlurmPlatform:
             )  # fmt: skip
 
     async def stop_all(self) -> None:
-        """Wait (bounded) for the steps to end with their agents, then stop what is left."""
+        """Wait (bounded) for the steps to end with their agents, then stop what is left; a
+        node request in flight is given up (and cancelled in Slurm)."""
+        self._stopping = True
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await task
