@@ -137,23 +137,31 @@ def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:
 
 def test_a_master_keeps_one_replayable_event_log_per_job_it_leads(tmp_path: Path) -> None:
     """Under ``aegis master --log-dir D``: a job no one has led gets D/<ns>/<job>/events.jsonl
-    begun with its JobCreated line; a log begun elsewhere is continued, never begun twice; a
-    job that ran elsewhere before (no beginning here) is not logged at all."""
+    begun with its JobCreated line; a log begun for this submission is continued, never begun
+    twice; one of an earlier submission of the same name is set aside; a job that ran
+    elsewhere before (no beginning here) is not logged at all."""
     replica = Replica(None, "nats://unused", ReplicaSettings("r", log_dir=tmp_path))
     spec = JobSpec("a", "ns1", 2, 1)
     fresh = initial_status(spec, [NodeName("n0"), NodeName("n1")])
-    record = {"nodes": ["n0", "n1"]}
+    record = {"nodes": ["n0", "n1"], "token": "first"}
     directory = replica._event_log_dir(spec, fresh, record)
     assert directory == tmp_path / "ns1" / "a"
     lines = (directory / "events.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["nodes"] == ["n0", "n1"]
+    assert "first" not in (directory / ".submission").read_text()  # a digest, not the token
     assert replica._event_log_dir(spec, fresh, record) == directory  # a second replica
     assert len((directory / "events.jsonl").read_text().splitlines()) == 1
+    with (directory / "events.jsonl").open("a") as log_file:
+        log_file.write('{"more": 1}\n')
+    again = {"nodes": ["n1", "n0"], "token": "second"}  # the same name submitted anew
+    assert replica._event_log_dir(spec, fresh, again) == directory
+    assert len((directory / "events.1.jsonl").read_text().splitlines()) == 2  # kept aside
+    assert json.loads((directory / "events.jsonl").read_text())["nodes"] == ["n1", "n0"]
     other = JobSpec("b", "ns1", 2, 1)
     midway = dataclasses.replace(initial_status(other, None), seq=3, phase=Phase.RUN_COMMAND)
-    assert replica._event_log_dir(other, midway, {}) is None
+    assert replica._event_log_dir(other, midway, {"token": "t"}) is None
     assert not (tmp_path / "ns1" / "b").exists()
     assert joblog.find_log_dir("a", tmp_path) == directory
-    eventlog_writer.start_log(tmp_path / "ns2" / "a", JobSpec("a", "ns2", 1, 0), ["n"], 0.0)
+    eventlog_writer.start_log(tmp_path / "ns2" / "a", JobSpec("a", "ns2", 1, 0), ["n"], 0.0, "t")
     with pytest.raises(joblog.LogDirError, match=r"several namespaces \(ns1, ns2\)"):
         joblog.find_log_dir("a", tmp_path)

@@ -7,6 +7,7 @@ A master that leads many jobs (``aegis master --log-dir D``) keeps one log per j
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import BinaryIO
 
@@ -15,6 +16,7 @@ from aegis.wire import eventlog
 from aegis.wire import messages as m
 
 EVENTS = "events.jsonl"
+SUBMISSION = ".submission"  # which submission of the job the log belongs to
 
 
 def job_log_dir(root: Path, spec: JobSpec) -> Path:
@@ -22,16 +24,43 @@ def job_log_dir(root: Path, spec: JobSpec) -> Path:
     return root / spec.namespace / spec.job
 
 
-def start_log(directory: Path, spec: JobSpec, nodes: list[str], ts: float) -> bool:
-    """Write the JobCreated line of a new job's log unless the log has begun already; False
-    when it had (another replica, or the submitter, began it)."""
+def _mark(token: str) -> str:
+    """Which submission a log belongs to (a digest: the token itself lets agents in)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def start_log(directory: Path, spec: JobSpec, nodes: list[str], ts: float, token: str) -> bool:
+    """Write the JobCreated line of a new job's log unless this submission's log has begun
+    already (False then). A log left there by an earlier submission of the same name (another
+    token) is kept aside as ``events.<n>.jsonl`` first."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / EVENTS
-    with path.open("ab") as out:
-        if out.tell() > 0:
-            return False
+    if belongs_to(directory, token):
+        return False
+    _set_aside(directory)
+    with (directory / EVENTS).open("ab") as out:
         out.write(eventlog.encode(eventlog.job_created(spec, nodes, ts)))
+    (directory / SUBMISSION).write_text(_mark(token))
     return True
+
+
+def belongs_to(directory: Path, token: str) -> bool:
+    """The log in ``directory`` has begun, for this submission of the job."""
+    events, mark = directory / EVENTS, directory / SUBMISSION
+    try:
+        return events.stat().st_size > 0 and mark.read_text().strip() == _mark(token)
+    except FileNotFoundError:
+        return False
+
+
+def _set_aside(directory: Path) -> None:
+    events = directory / EVENTS
+    if not events.exists():
+        return
+    n = 1
+    while (directory / f"events.{n}.jsonl").exists():
+        n += 1
+    events.rename(directory / f"events.{n}.jsonl")
+    (directory / SUBMISSION).unlink(missing_ok=True)
 
 
 class EventLogWriter:

@@ -196,12 +196,12 @@ class Replica:
         if self.settings.log_dir is None:
             return None
         directory = eventlog_writer.job_log_dir(self.settings.log_dir, spec)
-        events = directory / eventlog_writer.EVENTS
-        if events.is_file() and events.stat().st_size > 0:
+        token = str(record.get("token", ""))
+        if eventlog_writer.belongs_to(directory, token):
             return directory
         if status.seq == 0 and status.phase is Phase.PENDING:
             nodes = record.get("nodes") or [info.node for _, info in pods_by_rank(status)]
-            eventlog_writer.start_log(directory, spec, [str(n) for n in nodes], time.time())
+            eventlog_writer.start_log(directory, spec, [str(n) for n in nodes], time.time(), token)
             return directory
         log.warning("job %s: led elsewhere before, no event log of it in %s; not logging it",
                     spec.job, directory)  # fmt: skip

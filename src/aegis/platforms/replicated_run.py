@@ -86,8 +86,6 @@ class ReplicatedRun:
         self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
         self.store = await KvStore.open(self.bus, STATUS_BUCKET, replicas=self.replicas)
         nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
-        self.job_log_dir = eventlog_writer.job_log_dir(self.log_dir, self.spec)
-        eventlog_writer.start_log(self.job_log_dir, self.spec, nodes, 0.0)  # the masters append
         s = self.settings
         self.platform = LocalPlatform(
             LocalSettings(
@@ -104,6 +102,10 @@ class ReplicatedRun:
             )
         )
         self.served = await ServedJob.submit(self.bus, self.store, self.spec, nodes, self.platform)
+        self.job_log_dir = eventlog_writer.job_log_dir(self.log_dir, self.spec)
+        eventlog_writer.start_log(  # begun here (the view follows it), the leader appends
+            self.job_log_dir, self.spec, nodes, 0.0, self.served.token
+        )
         ports = [free_port() for _ in range(self.count)]
         for index, port in enumerate(ports):
             self.masters.append(self._spawn_master(index, port, auth_file))
