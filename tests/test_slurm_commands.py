@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from aegis.adapters.memory import MemoryStore
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.cli import slurm_cmd
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.master import control
+from aegis.master.replica import submit_job
+from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
 from aegis.platforms.slurm.platform import _Pod as _SlurmPod
@@ -319,3 +323,27 @@ async def test_ctl_drain_drains_the_node_in_slurm_and_undrain_resumes_it(tmp_pat
     reply = await control.handle(ask("drain", "n9"), lambda ns, job: None, lambda: [platform])
     assert reply == control.ControlReply(False, "unknown node 'n9' (known: n1, n2, n3)")
     assert len(slurm.calls) == 2
+
+
+async def test_a_job_name_already_in_the_masters_store_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Two allocations submitting the same --job to one running master: the second is told
+    so, before any step starts (no traceback, nothing overwritten)."""
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    try:
+        bus = await NatsBus.connect(server.url, None, name="test")
+        store = await KvStore.open(bus, STATUS_BUCKET)
+        await submit_job(store, JobSpec("t", "default", 1, 3), ["n1"], "tok")
+        await bus.close()
+        settings = coordinator.CoordinatorSettings(
+            command=("true",), job="t", nodes=1, max_retry=3, state_dir=tmp_path,
+            master="h:1", nats_url=server.url,
+        )  # fmt: skip
+        slurm = ScriptedSlurm({})
+        with pytest.raises(SystemExit, match="job t is already in the master's store"):
+            await coordinator._run_on_master(settings, ["n1"], 0, slurm)
+        assert not any(call[0] == "srun" for call in slurm.calls)
+    finally:
+        await asyncio.to_thread(server.stop)

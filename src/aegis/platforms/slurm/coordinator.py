@@ -32,7 +32,7 @@ from pathlib import Path
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.adapters.ports import StatusStore
+from aegis.adapters.ports import StatusStore, StoreConflict
 from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
 from aegis.master import control
@@ -231,7 +231,13 @@ async def _run_on_master(
         log_dir.mkdir(parents=True, exist_ok=True)
         platform = _platform(settings, nodes, log_dir, slurm)
         placed = nodes[: settings.nodes]
-        served = await ServedJob.submit(bus, store, spec, placed, platform)
+        try:
+            served = await ServedJob.submit(bus, store, spec, placed, platform)
+        except StoreConflict:
+            raise SystemExit(
+                f"aegis slurm: job {spec.job} is already in the master's store (namespace "
+                f"{spec.namespace}); submit it under another --job"
+            ) from None
         platform.attach(
             served.server.sink, namespace=spec.namespace, job=spec.job,
             pods=dict(zip(pod_names(spec), placed, strict=True)), master=settings.master,
