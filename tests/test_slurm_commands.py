@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from aegis.adapters.memory import MemoryStore
@@ -345,5 +346,39 @@ async def test_a_job_name_already_in_the_masters_store_is_refused_in_one_line(
         with pytest.raises(SystemExit, match="job t is already in the master's store"):
             await coordinator._run_on_master(settings, ["n1"], 0, slurm)
         assert not any(call[0] == "srun" for call in slurm.calls)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_requeued_attempt_stops_the_one_the_running_master_still_leads(
+    tmp_path: Path,
+) -> None:
+    """With --master, the lost allocation's attempt lives on in the master (nobody serves
+    it): the requeued attempt asks the master to stop it, naming itself as the reason."""
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    try:
+        bus = await NatsBus.connect(server.url, None, name="test")
+        store = await KvStore.open(bus, STATUS_BUCKET)
+        await submit_job(store, JobSpec("t", "default", 1, 3), ["n1"], "tok")
+        asked: list[control.ControlRequest] = []
+
+        async def master(subject: str, payload: bytes) -> None:
+            request = msgspec.json.decode(payload, type=control.ControlRequest)
+            asked.append(request)
+            await bus.publish(
+                request.reply_to, msgspec.json.encode(control.ControlReply(True, "stopped"))
+            )
+
+        await bus.subscribe(control.CONTROL_SUBJECT, master)
+        settings = coordinator.CoordinatorSettings(
+            command=("true",), job="t", nodes=1, max_retry=3, state_dir=tmp_path,
+            master="h:1", nats_url=server.url,
+        )  # fmt: skip
+        await coordinator._supersede(bus, store, None, settings, 2)  # t-r1 absent: t is last
+        assert [(r.command, r.job, r.reason) for r in asked] == [
+            ("stop", "t", "requeued: attempt 2 (t-r2) took over")
+        ]
+        await bus.close()
     finally:
         await asyncio.to_thread(server.stop)

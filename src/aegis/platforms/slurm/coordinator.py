@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_auth import Authority, UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StatusStore, StoreConflict
@@ -225,6 +225,8 @@ async def _run_on_master(
         early = _already_over(settings, attempt, budget, previous)
         if early is not None:
             return early
+        if previous is not None:  # the lost allocation's attempt: the master still leads it
+            await _supersede(bus, store, creds, settings, attempt)
         spec = JobSpec(attempt_job(settings.job, attempt), settings.namespace, settings.nodes,
                        budget)  # fmt: skip
         log_dir = settings.state_dir / f"attempt-{attempt}"
@@ -258,6 +260,35 @@ async def _run_on_master(
         return CoordinatorResult(spec, status, placements, list(platform.drained))
     finally:
         await bus.close()
+
+
+async def _supersede(
+    bus: NatsBus,
+    store: KvStore,
+    creds: UserCreds | None,
+    settings: CoordinatorSettings,
+    attempt: int,
+) -> None:
+    """Stop the last earlier attempt, which the running master still leads (its allocation
+    is gone, nobody serves it; this attempt has taken its budget over). A failure is logged:
+    the new attempt runs anyway."""
+    prefix = creds.inbox_prefix if creds is not None else "_INBOX"
+    for earlier in range(attempt - 1, -1, -1):
+        name = attempt_job(settings.job, earlier)
+        if await store.get(status_key(JobSpec(name, settings.namespace, 1, 0))) is None:
+            continue
+        reason = f"requeued: attempt {attempt} ({attempt_job(settings.job, attempt)}) took over"
+
+        def build(inbox: str, name: str = name, reason: str = reason) -> control.ControlRequest:
+            return control.ControlRequest("stop", inbox, settings.namespace, job=name,
+                                          reason=reason)  # fmt: skip
+
+        try:
+            reply = await control.request(bus, build, inbox_prefix=prefix, timeout_s=10.0)
+            log.warning("earlier attempt %s: %s", name, reply.message)
+        except (TimeoutError, OSError) as exc:
+            log.error("could not stop %s on the master: %r", name, exc)
+        return
 
 
 def _on_lost(lost: asyncio.Event) -> None:
