@@ -4,10 +4,11 @@ and scontrol command lines, the requeue budget, and draining through the SlurmCo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -326,59 +327,56 @@ async def test_ctl_drain_drains_the_node_in_slurm_and_undrain_resumes_it(tmp_pat
     assert len(slurm.calls) == 2
 
 
+@pytest.fixture
+async def master_store() -> AsyncIterator[tuple[str, NatsBus, KvStore]]:
+    """A NATS server whose status bucket holds job t (attempt 0), as a running master's."""
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    bus = await NatsBus.connect(server.url, None, name="test")
+    try:
+        store = await KvStore.open(bus, STATUS_BUCKET)
+        await submit_job(store, JobSpec("t", "default", 1, 3), ["n1"], "tok")
+        yield server.url, bus, store
+    finally:
+        with contextlib.suppress(Exception):
+            await bus.close()
+        await asyncio.to_thread(server.stop)
+
+
+def _on_master(tmp_path: Path, url: str) -> coordinator.CoordinatorSettings:
+    return coordinator.CoordinatorSettings(
+        command=("true",), job="t", nodes=1, max_retry=3, state_dir=tmp_path, master="h:1",
+        nats_url=url,
+    )  # fmt: skip
+
+
 async def test_a_job_name_already_in_the_masters_store_is_refused_in_one_line(
-    tmp_path: Path,
+    tmp_path: Path, master_store: tuple[str, NatsBus, KvStore]
 ) -> None:
     """Two allocations submitting the same --job to one running master: the second is told
     so, before any step starts (no traceback, nothing overwritten)."""
-    server = EmbeddedNats(None)
-    await asyncio.to_thread(server.start)
-    try:
-        bus = await NatsBus.connect(server.url, None, name="test")
-        store = await KvStore.open(bus, STATUS_BUCKET)
-        await submit_job(store, JobSpec("t", "default", 1, 3), ["n1"], "tok")
-        await bus.close()
-        settings = coordinator.CoordinatorSettings(
-            command=("true",), job="t", nodes=1, max_retry=3, state_dir=tmp_path,
-            master="h:1", nats_url=server.url,
-        )  # fmt: skip
-        slurm = ScriptedSlurm({})
-        with pytest.raises(SystemExit, match="job t is already in the master's store"):
-            await coordinator._run_on_master(settings, ["n1"], 0, slurm)
-        assert not any(call[0] == "srun" for call in slurm.calls)
-    finally:
-        await asyncio.to_thread(server.stop)
+    slurm = ScriptedSlurm({})
+    with pytest.raises(SystemExit, match="job t is already in the master's store"):
+        await coordinator._run_on_master(_on_master(tmp_path, master_store[0]), ["n1"], 0, slurm)
+    assert not any(call[0] == "srun" for call in slurm.calls)
 
 
 async def test_a_requeued_attempt_stops_the_one_the_running_master_still_leads(
-    tmp_path: Path,
+    tmp_path: Path, master_store: tuple[str, NatsBus, KvStore]
 ) -> None:
     """With --master, the lost allocation's attempt lives on in the master (nobody serves
     it): the requeued attempt asks the master to stop it, naming itself as the reason."""
-    server = EmbeddedNats(None)
-    await asyncio.to_thread(server.start)
-    try:
-        bus = await NatsBus.connect(server.url, None, name="test")
-        store = await KvStore.open(bus, STATUS_BUCKET)
-        await submit_job(store, JobSpec("t", "default", 1, 3), ["n1"], "tok")
-        asked: list[control.ControlRequest] = []
+    url, bus, store = master_store
+    asked: list[control.ControlRequest] = []
 
-        async def master(subject: str, payload: bytes) -> None:
-            request = msgspec.json.decode(payload, type=control.ControlRequest)
-            asked.append(request)
-            await bus.publish(
-                request.reply_to, msgspec.json.encode(control.ControlReply(True, "stopped"))
-            )
+    async def master(subject: str, payload: bytes) -> None:
+        request = msgspec.json.decode(payload, type=control.ControlRequest)
+        asked.append(request)
+        reply = msgspec.json.encode(control.ControlReply(True, "stopped"))
+        await bus.publish(request.reply_to, reply)
 
-        await bus.subscribe(control.CONTROL_SUBJECT, master)
-        settings = coordinator.CoordinatorSettings(
-            command=("true",), job="t", nodes=1, max_retry=3, state_dir=tmp_path,
-            master="h:1", nats_url=server.url,
-        )  # fmt: skip
-        await coordinator._supersede(bus, store, None, settings, 2)  # t-r1 absent: t is last
-        assert [(r.command, r.job, r.reason) for r in asked] == [
-            ("stop", "t", "requeued: attempt 2 (t-r2) took over")
-        ]
-        await bus.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+    await bus.subscribe(control.CONTROL_SUBJECT, master)
+    await coordinator._supersede(bus, store, None, _on_master(tmp_path, url), 2)  # t is last
+    assert [(r.command, r.job, r.reason) for r in asked] == [
+        ("stop", "t", "requeued: attempt 2 (t-r2) took over")
+    ]
