@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from aegis.checkpoint import api, process
+from tests.agent_waits import async_wait_until_async
 
 PY = sys.executable
 
@@ -157,11 +158,12 @@ async def test_a_step_saved_again_after_a_rollback_is_persisted_and_reported_ane
     assert loaded is not None and loaded[0] == 4
     resumed.save(6, {"w": torch.full((1000,), 66.0)})
     reported: list[int] = []
-    end = time.monotonic() + 30
-    while not reported:  # the re-commit is a new line: reported although 6 was before
-        assert time.monotonic() < end, "the new step 6 was not reported"
-        reported = await daemon.poll_commits()
-        await asyncio.sleep(0.01)
+
+    async def recommitted() -> bool:  # a new line: reported although 6 was before
+        reported.extend(await daemon.poll_commits())
+        return bool(reported)
+
+    await async_wait_until_async(recommitted, 30, "the new step 6 reported")
     assert reported == [6]
     from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "none", ckpt_dir=ckpt))
     on_disk = from_disk.load_latest()

@@ -8,7 +8,7 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
 from aegis.platforms.slurm.platform import _Pod as _SlurmPod
 from aegis.wire import status_json
+from tests.agent_waits import async_wait_until
 
 
 class RecordingSlurm:
@@ -210,11 +211,11 @@ async def test_stopping_the_job_gives_up_a_pending_node_request_and_cancels_it(
     platform, events = _no_spare(tmp_path, slurm)
     platform.settings = replace(platform.settings, node_request_s=600.0)
     moving = asyncio.create_task(platform._replace(PodName("t-1"), same_node=False, reason="x"))
-    await _until(lambda: any(c[0] == "squeue" for c in slurm.calls))
+    await async_wait_until(lambda: any(c[0] == "squeue" for c in slurm.calls), 10, "a poll")
     async with asyncio.timeout(10):  # not the 600 s the request would wait
         await platform.stop_all()
         await moving
-    assert ["scancel", "77"] in slurm.calls and platform.requesting == set()
+    assert ["scancel", "77"] in slurm.calls
     assert events == [ev.QuitRequested("no healthy node left for t-1")]  # moot, job is over
 
 
@@ -227,12 +228,6 @@ def test_a_requested_node_asks_for_what_the_allocation_has() -> None:
     argv = commands.request_node_argv("t-node", ["n1"], Path("/o"), "gpu", options)
     assert argv[-1] == "--wrap=exec sleep infinity" and "--gpus-per-node=4" in argv
     assert commands.holder_options({}) == ()
-
-
-async def _until(cond: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not cond():
-            await asyncio.sleep(0.01)
 
 
 async def test_a_granted_node_gets_the_pods_step_in_the_holding_job(tmp_path: Path) -> None:

@@ -69,7 +69,6 @@ class SlurmPlatform:
         self.placements: list[tuple[PodName, str]] = []
         self.drained: list[tuple[str, str]] = []
         self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
-        self.requesting: set[str] = set()  # Slurm jobs asked for a node, not granted yet
         self._stopping = False
         self.sink: Callable[[ev.Event], None] | None = None
         self.namespace, self.job = "default", ""
@@ -185,7 +184,6 @@ class SlurmPlatform:
             log.error("requesting a node for %s failed: %s", pod, result.stderr.strip())
             return None
         job_id = result.stdout.strip().split(";")[0]
-        self.requesting.add(job_id)
         log.warning("no healthy spare for %s: requested a node (Slurm job %s)", pod, job_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.node_request_s
@@ -204,7 +202,6 @@ class SlurmPlatform:
             log.error("Slurm job %s did not give %s a node in time", job_id, pod)
             return None
         finally:
-            self.requesting.discard(job_id)
             if granted is None:
                 await self.slurm(commands.cancel_argv(job_id))
 
