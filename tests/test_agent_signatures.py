@@ -107,6 +107,37 @@ SAMPLES = [
         FC.SEGFAULT,
         id="segfault-bash",
     ),
+    pytest.param(
+        # a checkpoint write on a failing disk (CPython's OSError text for EIO)
+        "OSError: [Errno 5] Input/output error: '/ckpt/step-400/model.pt'",
+        FC.IO_ERROR,
+        id="io-eio",
+    ),
+    pytest.param(
+        "RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter failed "
+        "writing file data/0: file write failed: No space left on device",
+        FC.IO_ERROR,
+        id="io-enospc",
+    ),
+    pytest.param(
+        # a gloo collective whose peer vanished (gloo's unbound_buffer.cc timeout)
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+        "waiting 1800000ms for recv operation to complete",
+        FC.CONNECTION,
+        id="gloo-timeout",
+    ),
+    pytest.param(
+        # the rendezvous store's host is gone (torch.distributed's DistStoreError)
+        "torch.distributed.DistStoreError: Socket Timeout",
+        FC.CONNECTION,
+        id="store-timeout",
+    ),
+    pytest.param(
+        # torchrun's summary of a worker the OOM killer took
+        "  exitcode  : -9 (pid: 4242)",
+        FC.KILLED,
+        id="torchrun-killed",
+    ),
 ]
 
 

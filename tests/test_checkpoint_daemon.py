@@ -155,3 +155,31 @@ async def test_restarted_training_process_resumes_from_shm_without_disk_read(
     result = json.loads(out.stdout)
     assert result["step"] == 2 and result["w"] == 200.0
     assert any(path.endswith("data.bin") for path in result["opened"])
+
+
+def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
+    tmp_path: Path,
+) -> None:
+    """A new job of the same name on the same node never loads what a killed agent of an
+    earlier submission left in shared memory (its directory is removed); other pods' stay."""
+    from aegis.agent import link, linked
+
+    def settings(token: str, pod: str = "j-0") -> link.LinkSettings:
+        return link.LinkSettings(
+            grpc_target="127.0.0.1:1", namespace="ns", job="j", pod=pod, token=token,
+            node="node-0", ckpt_dir=tmp_path / "ckpt",
+        )  # fmt: skip
+
+    first = linked._saver_settings(settings("token-1"), shm_root=tmp_path)
+    other_pod = linked._saver_settings(settings("token-1", pod="j-1"), shm_root=tmp_path)
+    assert first is not None and other_pod is not None
+    assert first.shm_dir != other_pod.shm_dir and first.ckpt_dir == tmp_path / "ckpt" / "j-0"
+    for made in (first, other_pod):
+        made.shm_dir.mkdir()
+        (made.shm_dir / "slot-0").write_bytes(b"state")
+    again = linked._saver_settings(settings("token-1"), shm_root=tmp_path)
+    assert again is not None and again.shm_dir == first.shm_dir and first.shm_dir.exists()
+    second = linked._saver_settings(settings("token-2"), shm_root=tmp_path)
+    assert second is not None and second.shm_dir != first.shm_dir
+    assert not first.shm_dir.exists()  # the earlier submission's memory is gone
+    assert (other_pod.shm_dir / "slot-0").exists()  # another pod's is not touched

@@ -75,6 +75,7 @@ class MasterLink:
         self.hung = False
         # (pid, restart count) of incarnations whose fault went ahead of their exit
         self.dying_reported: set[tuple[int, int]] = set()
+        self.ever_stepped = False  # some incarnation reported a step (aegis.progress)
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
         self.check_host: check_host.CheckHost | None = None  # warm collective checks (issue 9)
@@ -190,7 +191,14 @@ class MasterLink:
             await self._send(m.MessageType.FINISH, phase, seq, m.ExitData(0))
             return
         reason = f"exit status {report.exit_status}"
-        await self._send_error(phase, seq, reason, report.exit_status, report.evidence)
+        cls = report.evidence.fault_class or ""
+        if cls == ports.FaultClass.PYTHON_TRACEBACK and (
+            report.signal is not None or report.exit_status != 1
+        ):
+            # a traceback in its log is not what ended it: a signal (the OOM killer, ...) or an
+            # exit status of its own (Python exits 1 on an uncaught exception)
+            cls = ports.FaultClass.KILLED if report.signal is not None else ""
+        await self._send_error(phase, seq, reason, report.exit_status, report.evidence, cls)
 
     async def child_dying(self, report: ports.DyingReport) -> None:
         """The training process is exiting on an uncaught exception: report the fault now (the
@@ -201,13 +209,18 @@ class MasterLink:
         await self._send_error(phase, seq, reason, 1, report.evidence)
 
     async def _send_error(
-        self, phase: Phase, seq: int, reason: str, exit_code: int, evidence: ports.Evidence
+        self,
+        phase: Phase,
+        seq: int,
+        reason: str,
+        exit_code: int,
+        evidence: ports.Evidence,
+        fault_class: str | None = None,
     ) -> None:
         lines = [f"{x.fault_class}: {x.line}" for x in evidence.matches[-5:]]
         lines += list(evidence.last_lines[-20:])
-        data = m.ErrorData(
-            reason=reason, fault_class=evidence.fault_class or "", exit_code=exit_code, lines=lines
-        )
+        cls = evidence.fault_class or "" if fault_class is None else fault_class
+        data = m.ErrorData(reason=reason, fault_class=cls, exit_code=exit_code, lines=lines)
         await self._send(m.MessageType.ERROR, phase, seq, data)
 
     async def hang_detected(self, report: ports.HangReport) -> None:
@@ -273,6 +286,7 @@ class MasterLink:
         while not self.done.done():
             phase, seq = self.run_round
             step = self.sup.last_step if self.sup is not None else None
+            self.ever_stepped |= step is not None
             await self._send(m.MessageType.HEARTBEAT, phase, seq, m.HeartbeatData(step))
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
@@ -362,8 +376,10 @@ class MasterLink:
     async def _decline_unless_taken(
         self, sup: supervisor.Supervisor, msg: m.Message, request: int
     ) -> None:
-        """A script that keeps stepping (or says nothing for a while) without ever calling
-        ``save_if_requested`` will not answer: say so, so the drain does not wait in vain."""
+        """A script that keeps stepping (or, never having reported a step, says nothing for a
+        while) without ever calling ``save_if_requested`` will not answer: say so, so the drain
+        does not wait in vain. A script that reported steps before is given the time it needs
+        to start again (the request often comes with a restart; a slow node restarts slowly)."""
         first = sup.last_step
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -371,10 +387,15 @@ class MasterLink:
             if sup.takes_checkpoint_requests:
                 return
             step = sup.last_step
+            self.ever_stepped |= step is not None
             if first is None:
                 first = step
             stepping = step is not None and first is not None and step >= first + 2
-            silent = step is None and loop.time() - started > self.settings.decline_after_s
+            silent = (
+                step is None
+                and not self.ever_stepped
+                and loop.time() - started > self.settings.decline_after_s
+            )
             if stepping or silent:
                 reason = (
                     "the training does not take checkpoint requests "

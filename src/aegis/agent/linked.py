@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
+import hashlib
 import logging
 import os
 import re
@@ -93,15 +95,28 @@ async def run_linked(
     return code
 
 
-def _saver_settings(settings: link.LinkSettings) -> process.DaemonSettings | None:
+def _saver_settings(
+    settings: link.LinkSettings, shm_root: Path = Path("/dev/shm")
+) -> process.DaemonSettings | None:
     """The pod's checkpoint saver: shared memory owned by this agent (keyed by node, so a
-    replacement elsewhere reads the disk copy), persisted under ``<ckpt_dir>/<pod>``."""
+    replacement elsewhere reads the disk copy, and by the job's submission, so a new job of
+    the same name never loads an old one's state), persisted under ``<ckpt_dir>/<pod>``. What
+    an earlier submission's killed agent left in shared memory for this pod is removed."""
     if settings.ckpt_dir is None:
         return None
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"aegis-{settings.job}-{settings.pod}-{settings.node}")
-    return process.DaemonSettings(
-        shm_dir=Path("/dev/shm") / name, ckpt_dir=settings.ckpt_dir / settings.pod
-    )
+    s = settings
+    pod = _digest(f"{s.namespace}/{s.job}/{s.pod}/{s.node}")
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", f"aegis-{s.job}-{s.pod}-{pod}-")
+    shm_dir = shm_root / (prefix + _digest(s.token))
+    for stale in shm_root.glob(glob.escape(prefix) + "*"):
+        if stale != shm_dir:
+            log.warning("removing an earlier submission's checkpoint memory %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

@@ -28,8 +28,10 @@ class FaultClass(enum.StrEnum):
     NCCL_ERROR = "nccl_error"
     CUDA_ERROR = "cuda_error"
     HOST_OOM = "host_oom"
+    IO_ERROR = "io_error"
     CONNECTION = "connection"
     SEGFAULT = "segfault"
+    KILLED = "killed"
     PYTHON_TRACEBACK = "python_traceback"
 
 

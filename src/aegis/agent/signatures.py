@@ -64,16 +64,27 @@ DEFAULT_SIGNATURES: tuple[Signature, ...] = (
         r"Out of memory: Kill(?:ed)? process|oom-kill|\bMemoryError\b|Cannot allocate memory",
     ),
     _sig(
+        "io_error",
+        FC.IO_ERROR,
+        r"Input/output error|No space left on device|Stale file handle|Disk quota exceeded"
+        r"|Read-only file system|\b(?:EIO|ENOSPC|ESTALE|EDQUOT|EROFS)\b",
+    ),
+    _sig(
         "connection",
         FC.CONNECTION,
         r"Connection reset by peer|Connection refused|ConnectionResetError|ConnectionRefusedError"
-        r"|Connection closed by peer|Broken pipe",
+        r"|Connection closed by peer|Broken pipe"
+        # a collective that timed out or failed underneath (gloo, c10d): a peer or the network
+        r"|Timed out waiting \d+ms for (?:recv|send) operation|DistBackendError|DistNetworkError"
+        r"|DistStoreError|\bDistError\b",
     ),
     _sig(
         "segfault",
         FC.SEGFAULT,
         r"Segmentation fault|SIGSEGV|Fatal Python error: Segmentation|Signal 11 \(SIGSEGV\)",
     ),
+    # a launcher (torchrun) reporting that a worker was killed by a signal (the OOM killer, ...)
+    _sig("killed", FC.KILLED, r"Signal \d+ \(SIG\w+\) received by PID|exitcode\s*: -\d+"),
 )
 
 
