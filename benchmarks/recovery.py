@@ -8,6 +8,8 @@ Usage: python benchmarks/recovery.py [--ranks 4] [--crash-at-step 12] [--steps 2
 
 Four ways to recover, plus the floor:
 - aegis warm: ``aegis run`` (restart in place of every rank from the agents' zygotes, issue 9);
+  the crash is an uncaught exception (a software fault: no troubleshooting round), and once more
+  an exit with no traceback (``--exit-at-step``: the master runs the checks first);
 - aegis cold: the same with ``AEGIS_PREWARM=0`` in the environment of ``aegis run`` (the agents it
   starts inherit it): every restart a fresh interpreter;
 - torchrun: ``torchrun --standalone --nproc-per-node N --max-restarts 3`` (its own restart);
@@ -70,7 +72,7 @@ def recovery_s(lines: list[tuple[float, int, str]], ranks: int) -> float | None:
     return max(first.values()) - crash[0]
 
 
-def train_args(ckpt: Path, crash_at: int, steps: int) -> list[str]:
+def train_args(ckpt: Path, crash_at: int, steps: int, crash_mode: str = "raise") -> list[str]:
     return [
         str(TRAIN),
         "--steps",
@@ -79,9 +81,9 @@ def train_args(ckpt: Path, crash_at: int, steps: int) -> list[str]:
         "5",
         "--ckpt-dir",
         str(ckpt),
-        "--crash-at-step",
+        "--exit-at-step" if crash_mode == "exit" else "--crash-at-step",
         str(crash_at),
-        "--crash-rank",
+        "--exit-rank" if crash_mode == "exit" else "--crash-rank",
         "1",
         "--step-time-s",
         "0.02",
@@ -179,11 +181,12 @@ def run_aegis(
     prewarm: str,
     savers: bool,
     pythonpath: str | None = None,
+    crash_mode: str = "raise",
 ) -> tuple[float | None, dict[str, float] | None]:
-    name = f"aegis-{prewarm}" + ("-baseline" if pythonpath else "")
+    name = f"aegis-{prewarm}-{crash_mode}" + ("-baseline" if pythonpath else "")
     daemons = start_savers(ranks, work / f"{name}-logs") if savers else []
     settings = local_run.RunSettings(
-        command=(sys.executable, *train_args(work / name, crash_at, steps)),
+        command=(sys.executable, *train_args(work / name, crash_at, steps, crash_mode)),
         nodes=ranks,
         spare_nodes=0,
         max_retry=3,
@@ -280,8 +283,19 @@ def main() -> None:
         cold, cold_phases = run_aegis(
             args.ranks, work, crash, steps, prewarm="0", savers=args.savers
         )
-        splits = {"aegis warm": warm_phases, "aegis cold": cold_phases}
-        results = {"aegis warm": warm, "aegis cold (AEGIS_PREWARM=0)": cold}
+        checked, checked_phases = run_aegis(
+            args.ranks, work, crash, steps, prewarm="auto", savers=args.savers, crash_mode="exit"
+        )
+        splits = {
+            "aegis warm": warm_phases,
+            "aegis cold": cold_phases,
+            "aegis warm, exit without a traceback": checked_phases,
+        }
+        results = {
+            "aegis warm": warm,
+            "aegis cold (AEGIS_PREWARM=0)": cold,
+            "aegis warm, exit without a traceback (checks run)": checked,
+        }
         if args.baseline_src:
             base, base_phases = run_aegis(
                 args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,

@@ -4,8 +4,10 @@ Checkpoints every ``--ckpt-every`` steps, with ``aegis.checkpoint`` under an Aeg
 into shared memory, persisted by the agent's saver) or else ``torch.save`` (rank 0, atomically);
 resumes from the newest checkpoint, reports progress to the agent with ``aegis.progress(step)``
 and logs one line per step with a timestamp. Chaos switches: ``--crash-at-step S --crash-rank R``
-crashes rank R once (a marker in the checkpoint directory remembers it);
-``--always-crash-rank R`` crashes rank R in every incarnation. Under an agent it also saves when
+crashes rank R once with an uncaught exception (a marker in the checkpoint directory remembers
+it; a software fault: Aegis restarts every rank in place at once); ``--exit-at-step S
+--exit-rank R`` makes rank R exit 13 once with no traceback (an unexplained death: the master
+runs its checks first); ``--always-crash-rank R`` crashes rank R in every incarnation. Under an agent it also saves when
 the master asks (``aegis.checkpoint.save_if_requested``: a drain, a slow node's eviction) unless
 ``--no-ckpt-requests`` (the baseline of a script that only checkpoints periodically).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +40,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--crash-at-step", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--always-crash-rank", type=int, default=-1)
+    p.add_argument("--exit-at-step", type=int, default=-1)
+    p.add_argument("--exit-rank", type=int, default=1)
     p.add_argument("--no-ckpt-requests", action="store_true")
     return p.parse_args()
 
@@ -93,6 +98,12 @@ def main() -> None:
             marker.touch()  # once per checkpoint directory, whoever relaunches the job
             log(rank, f"crashing at step {step}")
             raise RuntimeError(f"injected crash of rank {rank} at step {step}")
+        marker = ckpt_dir / f".exited-rank-{rank}"
+        if step == args.exit_at_step and rank == args.exit_rank and not marker.exists():
+            marker.touch()
+            log(rank, f"crashing at step {step} (exit 13, no traceback)")
+            print(f"injected exit of rank {rank} at step {step}", file=sys.stderr, flush=True)
+            os._exit(13)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(ddp(data), target)
         loss.backward()

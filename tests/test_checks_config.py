@@ -104,8 +104,7 @@ async def test_real_agents_run_only_the_configured_checks_when_troubleshooting(
     monkeypatch.setenv(config.ENV, json.dumps({"enabled": enabled, "budgets_s": {"io": 20}}))
     settings = local_run.RunSettings(
         command=(sys.executable, str(TRAIN), "--steps", "6", "--ckpt-every", "2",
-                 "--ckpt-dir", str(tmp_path / "ckpt"), "--crash-at-step", "3",
-                 "--crash-rank", "1"),
+                 "--ckpt-dir", str(tmp_path / "ckpt"), "--exit-at-step", "3", "--exit-rank", "1"),
         nodes=2, spare_nodes=0, max_retry=2, job="cfg", grace_s=2.0, log_dir=tmp_path / "logs",
     )  # fmt: skip
     result = await local_run.run_local(settings)

@@ -124,3 +124,17 @@ def test_slow_and_draining_pods_leave_at_the_same_checkpoint() -> None:
     ]
     assert [n.node for n in d.status.error_nodes] == ["node-1"]  # the slow one only
     assert d.status.slow_count == 0 and d.status.drain_count == 0
+
+
+def test_a_software_fault_lets_the_draining_pods_leave_at_once() -> None:
+    """Training stopped anyway: the drained node's pod leaves now, not at the next commit."""
+    d = Driver()
+    d.to_running()
+    d.feed(ev.DrainRequested((d.pod(2),), "kernel upgrade"))
+    actions = d.feed(
+        ev.PodErrored(d.pod(0), Phase.RUN_COMMAND, d.status.seq, "KeyError", "python_traceback")
+    )
+    assert d.status.phase is Phase.RESTARTING and d.status.recover_count == 1
+    evict = next(a for a in actions if isinstance(a, act.EvictPod))
+    assert evict.pod == d.pod(2) and evict.level is RecoveryLevel.DRAIN
+    assert d.status.error_nodes == ()  # a drain blacklists nothing

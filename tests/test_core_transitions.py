@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from aegis.core import actions as act
@@ -121,6 +123,63 @@ def test_fault_in_run_command_counts_and_goes_troubleshooting(make_event) -> Non
     assert any(isinstance(a, act.RecordFault) and a.counted for a in actions)
 
 
+def test_software_fault_restarts_every_pod_in_place_without_a_round() -> None:
+    d = Driver()
+    d.to_running()
+    seq = d.status.seq
+    error = ev.PodErrored(
+        d.pod(1), Phase.RUN_COMMAND, seq, "ValueError: bad batch", "python_traceback"
+    )
+    actions = d.feed(error)
+    assert d.status.phase is Phase.RUN_COMMAND and d.status.seq == seq + 1
+    assert orders(actions) == ["restart"]
+    assert d.retries() == (1, 1, 1) and d.status.recover_count == 1  # counted, then aligned
+    [record] = [a for a in actions if isinstance(a, act.RecordFault)]
+    assert record.counted and record.pod == d.pod(1)
+    assert d.status.pod_infos[d.pod(1)].last_failed_reason == "ValueError: bad batch"
+    # the other ranks' reports of the same crash (a peer vanished) answer the old round
+    late = ev.PodErrored(d.pod(0), Phase.RUN_COMMAND, seq, "connection: reset", "connection")
+    assert rejected(d.feed(late)) is RejectReason.STALE
+    assert d.status.recover_count == 1
+
+
+@pytest.mark.parametrize("fault_class", ["", "connection", "nccl_timeout", "lustre_eio"])
+def test_a_fault_not_named_software_still_gets_the_checks(fault_class: str) -> None:
+    d = Driver()
+    d.to_running()
+    d.feed(ev.PodErrored(d.pod(1), Phase.RUN_COMMAND, d.status.seq, "exit status 1", fault_class))
+    assert d.status.phase is Phase.TROUBLESHOOTING
+
+
+def test_a_job_without_software_restarts_checks_after_every_fault() -> None:
+    d = Driver()
+    d.spec = dataclasses.replace(
+        d.spec, software_restart=False
+    )  # aegis run --checks-on-every-fault
+    d.to_running()
+    d.feed(ev.PodErrored(d.pod(1), Phase.RUN_COMMAND, d.status.seq, "KeyError", "python_traceback"))
+    assert d.status.phase is Phase.TROUBLESHOOTING
+
+
+def test_software_fault_past_the_budget_fails_the_job() -> None:
+    d = Driver(max_retry=1)
+    d.to_running()
+    for expected in (Phase.RUN_COMMAND, Phase.FAILED):
+        d.feed(ev.PodErrored(d.pod(0), d.status.phase, d.status.seq, "boom", "python_traceback"))
+        assert d.status.phase is expected
+    assert d.status.should_quit and d.status.recover_count == 2
+    assert any(isinstance(a, act.EndJob) and "budget" in a.reason for a in d.actions)
+
+
+def test_software_fault_while_checking_is_still_an_answer_that_evicts() -> None:
+    d = Driver()
+    d.to_running()
+    d.error(0)
+    d.feed(ev.PodErrored(d.pod(2), Phase.TROUBLESHOOTING, d.status.seq, "x", "python_traceback"))
+    d.answer_all()
+    assert d.status.phase is Phase.RESTARTING  # pod 2's check run crashed: it leaves its node
+
+
 def test_hang_marks_pod_slow() -> None:
     d = Driver()
     d.to_running()
@@ -216,6 +275,44 @@ def test_troubleshooting_slow_verdict_marks_then_evicts_at_next_checkpoint() -> 
     assert evict.pod == d.pod(2) and evict.level is RecoveryLevel.EVICT_SLOW
     assert [n.node for n in d.status.error_nodes] == ["node-2"]
     assert d.status.recover_count == 1  # eviction is not a fault
+
+
+def test_slowdown_runs_the_checks_without_counting_then_the_slow_pod_leaves_at_a_checkpoint() -> (
+    None
+):
+    d = Driver()
+    d.to_running()
+    actions = d.feed(ev.SlowdownReported("3.1 steps/s, below 30% of 20 steps/s"))
+    assert d.status.phase is Phase.TROUBLESHOOTING and orders(actions) == ["troubleshoot"]
+    assert not any(isinstance(a, act.RecordFault) for a in actions)
+    d.answer_all({1: Classification.SLOW})
+    assert d.status.phase is Phase.RUN_COMMAND and d.status.pod_infos[d.pod(1)].slow
+    assert d.status.recover_count == 0 and d.retries() == (0, 0, 0)
+    # while the marked pod waits for its checkpoint, the run is slow: no second round
+    assert rejected(d.feed(ev.SlowdownReported())) is RejectReason.IGNORED
+    evict = next(a for a in d.feed(ev.CheckpointCommitted(step=9)) if isinstance(a, act.EvictPod))
+    assert evict.pod == d.pod(1) and evict.level is RecoveryLevel.EVICT_SLOW
+    assert d.status.recover_count == 0
+
+
+def test_slowdown_with_every_pod_healthy_restarts_in_place_and_counts_nothing() -> None:
+    d = Driver()
+    d.to_running()
+    d.feed(ev.SlowdownReported())
+    d.answer_all()
+    assert d.status.phase is Phase.RUN_COMMAND and orders(d.actions) == ["restart"]
+    assert d.status.recover_count == 0 and d.status.slow_count == 0
+
+
+def test_slowdown_outside_run_command_or_once_a_pod_finished_is_ignored() -> None:
+    d = Driver()
+    d.ack_all()
+    assert rejected(d.feed(ev.SlowdownReported())) is RejectReason.IGNORED
+    assert d.status.phase is Phase.BOOT_CHECKING
+    d.answer_all()
+    d.finish(0)  # the job is ending: the others finish later, the pace falls
+    assert rejected(d.feed(ev.SlowdownReported())) is RejectReason.IGNORED
+    assert d.status.phase is Phase.RUN_COMMAND
 
 
 def test_checkpoint_with_no_slow_pod_changes_nothing() -> None:

@@ -106,7 +106,8 @@ async def test_leader_killed_in_run_command_training_never_restarts(
 async def test_leader_killed_in_troubleshooting_counts_the_fault_once(
     make_run: Callable[..., ReplicatedRun], tmp_path: Path
 ) -> None:
-    run = make_run("--crash-at-step", "20", "--crash-rank", "1")
+    # an exit with no traceback gets a troubleshooting round (a traceback would not)
+    run = make_run("--exit-at-step", "20", "--exit-rank", "1")
     await run.start()
     leader = await _leader_when(run, Phase.TROUBLESHOOTING)
     run.masters[leader].send_signal(signal.SIGKILL)
@@ -120,9 +121,9 @@ async def test_leader_dying_between_status_write_and_order_is_covered_by_the_new
     make_run: Callable[..., ReplicatedRun], tmp_path: Path
 ) -> None:
     run = make_run(
-        "--crash-at-step",
+        "--exit-at-step",
         "20",
-        "--crash-rank",
+        "--exit-rank",
         "0",
         master_env={"AEGIS_CHAOS_EXIT_AFTER_PERSIST": "Troubleshooting"},
     )

@@ -91,7 +91,8 @@ def _settings(tmp: Path, command: tuple[str, ...], **overrides: object) -> local
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("gpu")
-    crash = ("--crash-at-step", "4", "--crash-rank", "0")
+    # an exit with no traceback: the master runs the checks (which find node-1's gpu)
+    crash = ("--exit-at-step", "4", "--exit-rank", "0")
     command = (sys.executable, str(TRAIN), "--steps", "12", "--ckpt-every", "2",
                "--ckpt-dir", str(tmp / "ckpt"), *crash)  # fmt: skip
     yield _run(_settings(tmp, command, inject={"node-1": frozenset({"gpu"})}))
@@ -230,7 +231,8 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     out = aegis("incidents", "obs", "--log-dir", str(gpu_run.result.log_dir), "--json")
     assert out.returncode == 0, out.stderr
     (incident,) = json.loads(out.stdout)
-    # rank 0 crashes; its peers' gloo errors may reach the master first: either opens it
+    # rank 0 exits (no traceback); its peers' gloo errors may reach the master first: either
+    # opens it
     assert incident["id"] == "obs-1" and incident["pod"] in {"obs-0", "obs-1", "obs-2"}
     assert incident["detected_by"] == "agent error report" and incident["counted"]
     assert incident["level"] == "node_replaced" and incident["outcome"] == "RunCommand"
@@ -238,7 +240,7 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     logs = {e["pod"]: e["lines"] for e in incident["evidence"] if e["kind"] == "log"}
     assert incident["pod"] in logs and all(logs.values())
     if "obs-0" in logs:
-        assert any("injected crash of rank 0" in line for line in logs["obs-0"])
+        assert any("injected exit of rank 0" in line for line in logs["obs-0"])
     failing = [e for e in incident["evidence"] if e["summary"] == "failed: gpu"]
     assert [e["pod"] for e in failing] == ["obs-1"]
     assert "gpu: FAIL (0.00 s) injected fault" in failing[0]["lines"]

@@ -88,7 +88,7 @@ async def _until(run: ReplicatedRun, done: Any, timeout_s: float) -> None:
 async def _scenario(tmp: Path, seen: Seen) -> None:
     command = (sys.executable, str(TRAIN), "--steps", "40", "--ckpt-every", "2",
                "--ckpt-dir", str(tmp / "ckpt"), "--step-time-s", "0.05",
-               "--crash-at-step", "6", "--crash-rank", "0")  # fmt: skip
+               "--exit-at-step", "6", "--exit-rank", "0")  # fmt: skip
     settings = RunSettings(command=command, nodes=3, spare_nodes=1, max_retry=2, job="obsm",
                            heartbeat_timeout_s=5.0, grace_s=2.0, log_dir=tmp,
                            inject={"node-1": frozenset({"gpu"})})  # fmt: skip

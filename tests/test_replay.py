@@ -32,6 +32,7 @@ def test_replay_json_gives_one_status_per_event(capsys: pytest.CaptureFixture[st
         "namespace": "default",
         "worker_num": 3,
         "max_retry": 2,
+        "software_restart": False,  # a log without the field: the rules before it existed
     }
 
 
@@ -117,3 +118,20 @@ def test_a_failing_listener_does_not_stop_the_followed_log(tmp_path: Path) -> No
     job.listeners += [broken, lambda j, event, actions: seen.append(type(event).__name__)]
     assert job.poll() == len(lines) - 1
     assert len(seen) == len(lines) - 1 and job.status.phase.value == "Failed"
+
+
+def test_a_log_of_the_software_restart_rule_replays_with_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same worked example logged under today's rule: the exception at line 14 restarts
+    in place at once, and the troubleshooting answers that followed it in the old log are
+    refused as stale: the rule a log was made under is the one it replays with."""
+    lines = TRACE.read_text().splitlines()
+    lines[0] = lines[0].replace('"max_retry":2}', '"max_retry":2,"software_restart":true}')
+    trace = tmp_path / "events.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    assert cli.main(["replay", str(trace), "--json"]) == 0
+    records = {r["line"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert records[14]["actions"] == "fault of llama-1 counted; order restart#6 -> all"
+    assert records[14]["status"]["phase"] == "RunCommand"
+    assert all(records[n]["actions"].startswith("rejected (stale") for n in (15, 16, 17))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,9 +79,12 @@ async def test_one_crash_restarts_every_rank_in_place_and_resumes(tmp_path: Path
     # in place: each pod kept its one agent process
     assert all(len(pids) == 1 for pids in result.agent_pids_seen.values())
     log = (result.log_dir / "pods" / "e2e-0.log").read_text()
-    assert "resumed from aegis checkpoint at step 10 (incarnation 1)" in log
+    # a software fault: restarted at once, from the step every pod had committed by then (the
+    # crashed rank's save of step 10 may not have been reported yet)
+    assert re.search(r"resumed from aegis checkpoint at step (5|10) \(incarnation 1\)", log), log
     # Reported as the interpreter began to exit (aegis.training's excepthook), once.
     events = [json.loads(line) for line in (result.log_dir / "events.jsonl").open()]
+    assert not any(e.get("phase") == "Troubleshooting" for e in events)  # no checks run
     errors = [e for e in events if e.get("type") == "Error"]
     assert [(e["pod"], e["data"]["reason"], e["data"]["fault_class"]) for e in errors] == [
         ("e2e-1", "uncaught RuntimeError (reported as the process exits)", "python_traceback")
@@ -100,7 +104,7 @@ async def test_always_crashing_rank_fails_after_max_retry_plus_one_faults(tmp_pa
 
 async def test_injected_gpu_fault_moves_pod_to_spare_and_blacklists_node(tmp_path: Path) -> None:
     settings = _settings(
-        tmp_path, "--crash-at-step", "8", "--crash-rank", "0",
+        tmp_path, "--exit-at-step", "8", "--exit-rank", "0",
         inject={"node-1": frozenset({"gpu"})},
     )  # fmt: skip
     result = await local_run.run_local(settings)
@@ -155,6 +159,8 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
         (["--view", "fancy"], "one of auto, live, plain"),
         (["--max-retry", "-1"], "'--max-retry'"),
         (["--masters", "3", "--metrics-port", "65534"], "master 2 would serve on 65536"),
+        (["--pace-drop", "1.5"], "'--pace-drop'"),
+        (["--pace-window-s", "-1"], "'--pace-window-s'"),
     ],
 )
 def test_aegis_run_refuses_a_bad_argument_with_one_line_and_exit_2(

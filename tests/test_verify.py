@@ -11,7 +11,7 @@ from aegis.cli import main as cli
 from aegis.core import events as ev
 from aegis.core import machine, updates
 from aegis.core.model import JobSpec, JobStatus
-from aegis.core.phases import Phase
+from aegis.core.phases import Order, Phase
 from aegis.tools.verify import checker
 
 
@@ -109,12 +109,23 @@ MUTANTS: dict[str, tuple[str, object, set[str]]] = {
     "never leave Troubleshooting when a pod exits": (
         "_evict",
         lambda status, leaving, now, phase: (status, ()),
-        {"NoDeadlock", "CountersConsistent", "FaultFreeTermination"},
+        # (a software fault during a drain evicts too: retries left unaligned)
+        {"NoDeadlock", "CountersConsistent", "FaultFreeTermination", "CountMatchesMax"},
     ),
     "terminal Failed not absorbing": (
         "TERMINAL_PHASES",
         frozenset({Phase.SUCCEED}),
         {"TerminalAbsorbing"},
+    ),
+    "restart in place after a software fault past the budget": (
+        "_restart_in_place",
+        lambda spec, status, now: machine._start_round(
+            updates.status(status, pod_infos=machine._align_retries(status)),
+            Phase.RUN_COMMAND,
+            Order.RESTART,
+            now,
+        ),
+        {"SpentBudgetStopsTraining"},
     ),
     "budget exhausted without should_quit": (
         "_fail",

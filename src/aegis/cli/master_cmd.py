@@ -19,11 +19,13 @@ import typer
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.cli import pace_options
 from aegis.master import metrics
 from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
 from aegis.master.drained_nodes import DrainedNodes
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
+from aegis.master.pace import PaceSettings
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET
 
@@ -50,6 +52,8 @@ def master(
         typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
     ] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
+    pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
     log_dir: Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")] = None,
     replicas: Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")] = 1,
     metrics_port: Annotated[
@@ -84,6 +88,7 @@ def master(
         lease=LeaseSettings.for_replicas(replicas, lease_s),
         job=JobSettings(
             heartbeat_timeout_s=heartbeat_timeout_s,
+            pace=PaceSettings(pace_window_s, pace_drop),
             chaos_exit_after_persist=os.environ.get("AEGIS_CHAOS_EXIT_AFTER_PERSIST", ""),
             chaos_marker=log_dir / ".chaos-done" if log_dir else None,
         ),

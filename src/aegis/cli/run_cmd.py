@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import typer
 from rich.console import Console
 
-from aegis.cli import live_view, run_view
+from aegis.cli import live_view, pace_options, run_view
 from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
@@ -131,6 +131,16 @@ def run(
     spare_nodes: Annotated[int, typer.Option(min=0, help="Spare nodes for replacements.")] = 2,
     hang_timeout_s: Annotated[float, typer.Option(min=0, help="0: no hang watchdog.")] = 0.0,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    checks_on_every_fault: Annotated[
+        bool,
+        typer.Option(
+            "--checks-on-every-fault",
+            help="Run the checks after every fault, a plain Python exception too (by default "
+            "that restarts every pod in place at once).",
+        ),
+    ] = False,
+    pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
+    pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
     job: Annotated[str, typer.Option(help="Job name.")] = "job",
     status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
@@ -139,7 +149,8 @@ def run(
     inject_fault: Annotated[
         list[str] | None,
         typer.Option(
-            help="NODE:CHECK, e.g. node-1:gpu (repeatable; runtime: a new container heals it)."
+            help="NODE:CHECK, e.g. node-1:gpu (repeatable; runtime: a new container heals it; "
+            "slow: the node turns slow at the first committed checkpoint)."
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -174,6 +185,9 @@ def run(
         job=job,
         hang_timeout_s=hang_timeout_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
+        software_restart=not checks_on_every_fault,
+        pace_window_s=pace_window_s,
+        pace_drop=pace_drop,
         grace_s=grace_s,
         log_dir=log_dir,
         status_file=status_file,

@@ -10,7 +10,7 @@ from typing import Any, Protocol, TextIO
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
-from aegis.core.phases import Phase
+from aegis.core.phases import Order, Phase
 from aegis.platforms.local import LocalPlatform
 
 
@@ -48,6 +48,8 @@ class PlainView:
         self, runner: WatchedJob, event: ev.Event, actions: tuple[act.Action, ...]
     ) -> None:
         status = runner.status
+        if isinstance(event, ev.SlowdownReported) and status.phase is Phase.TROUBLESHOOTING:
+            self._line(f"slowdown: {event.reason}")
         for action in actions:
             match action:
                 case act.RecordFault(pod=pod, reason=reason, counted=counted):
@@ -61,7 +63,8 @@ class PlainView:
                     self._line(f"order: {order.value} (round {seq})")
                 case _:
                     pass
-        if status.phase is not self.phase:
+        restarted = any(isinstance(a, act.SendOrder) and a.order is Order.RESTART for a in actions)
+        if status.phase is not self.phase or restarted:  # a software fault: RunCommand again
             self.phase = status.phase
             retries = ",".join(str(i.retries) for _, i in sorted(status.pod_infos.items()))
             self._line(

@@ -82,3 +82,13 @@ class Rejected:
 
 
 Action = SendOrder | EvictPod | ReplacePod | BlacklistNode | RecordFault | EndJob | Rejected
+
+
+def back_to_training(before: Phase, after: Phase, actions: tuple[Action, ...]) -> bool:
+    """Whether a step brought the job back to training: into RunCommand from another phase, or
+    a restart in place ordered from RunCommand itself (a software fault skips the checks)."""
+    if after is not Phase.RUN_COMMAND:
+        return False
+    if before is not Phase.RUN_COMMAND:
+        return True
+    return any(isinstance(a, SendOrder) and a.order is Order.RESTART for a in actions)

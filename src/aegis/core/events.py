@@ -43,12 +43,14 @@ class PodFinished:
 
 @dataclass(frozen=True, slots=True)
 class PodErrored:
-    """The pod's agent reported an error (matched log signature, crash, failed check run)."""
+    """The pod's agent reported an error (matched log signature, crash, failed check run).
+    ``fault_class``: the log scanner's class of it (``""``: no signature matched)."""
 
     pod: PodName
     phase: Phase
     seq: int
     reason: str
+    fault_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,15 @@ class DrainForced:
     reason: str = "drain deadline passed"
 
 
+@dataclass(frozen=True, slots=True)
+class SlowdownReported:
+    """The shell saw the job's training step rate fall well below the pace it kept earlier in
+    the same run. Not a fault: the troubleshooting round it starts (allreduce_perf) finds
+    which node, if any, is slow; that pod is marked and leaves at the next checkpoint."""
+
+    reason: str = "training slowed down"
+
+
 Event = (
     PodAcked
     | ChecksReported
@@ -121,6 +132,7 @@ Event = (
     | CheckpointCommitted
     | DrainRequested
     | DrainForced
+    | SlowdownReported
 )
 
 # Events that answer a round: they carry (phase, seq) and are stale when these do not match.

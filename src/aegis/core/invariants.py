@@ -174,11 +174,16 @@ def terminal_absorbing(
 def one_fault_counts_once(
     spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
 ) -> str | None:
-    """Our own: one event adds at most one to the retries of at most one pod."""
+    """Our own: one event adds at most one to the retries of at most one pod, beyond the
+    alignment to recover_count of a round that (re)starts training (after a troubleshooting
+    round, or at once after a software fault)."""
+    aligning = before.phase is not Phase.RUN_COMMAND or (
+        after.phase is Phase.RUN_COMMAND and after.seq != before.seq
+    )
     added = sum(
         max(0, info.retries - before.pod_infos[pod].retries)
         for pod, info in after.pod_infos.items()
-        if not (before.phase is not Phase.RUN_COMMAND and info.retries == after.recover_count)
+        if not (aligning and info.retries == after.recover_count)
     )
     if added > 1:
         return f"{type(event).__name__} added {added} to retries"
@@ -188,9 +193,10 @@ def one_fault_counts_once(
 def planned_never_counts(
     spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
 ) -> str | None:
-    """Our own: a drain, its deadline and a committed checkpoint are planned events: they never
-    spend fault budget (retries and recover_count stay)."""
-    if not isinstance(event, ev.DrainRequested | ev.DrainForced | ev.CheckpointCommitted):
+    """Our own: a drain, its deadline, a committed checkpoint and a slowdown are not faults:
+    they never spend fault budget (retries and recover_count stay)."""
+    planned = ev.DrainRequested | ev.DrainForced | ev.CheckpointCommitted | ev.SlowdownReported
+    if not isinstance(event, planned):
         return None
     if after.recover_count != before.recover_count:
         return f"{type(event).__name__} moved recover_count"
@@ -198,6 +204,30 @@ def planned_never_counts(
         if info.retries != before.pod_infos[pod].retries:
             return f"{type(event).__name__} moved the retries of {pod}"
     return None
+
+
+def spent_budget_stops_training(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Our own: a fault counted when the budget is already spent (recover_count at max_retry)
+    never leads straight back to training; the job fails (at once, or when the round ends)."""
+    if before.phase is not Phase.RUN_COMMAND or before.recover_count < spec.max_retry:
+        return None
+    if not _is_fault(event) or after == before:  # not a fault, or rejected
+        return None
+    if after.phase is Phase.RUN_COMMAND:
+        return f"{type(event).__name__} over the budget restarted training"
+    return None
+
+
+def _is_fault(event: ev.Event) -> bool:
+    match event:
+        case ev.PodFinished(exit_code=code):
+            return code != 0
+        case ev.PodErrored() | ev.HangReported() | ev.HeartbeatLost() | ev.PodRestarted():
+            return True
+        case _:
+            return False
 
 
 TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
@@ -208,4 +238,5 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "TerminalAbsorbing": terminal_absorbing,
     "OneFaultCountsOnce": one_fault_counts_once,
     "PlannedNeverCounts": planned_never_counts,
+    "SpentBudgetStopsTraining": spent_budget_stops_training,
 }

@@ -23,6 +23,7 @@ from aegis.core.recovery import (
     JOB_FAILED_EXIT_CODE,
     LEVEL_BY_CLASS,
     NODE_BAD_EXIT_CODE,
+    SOFTWARE_FAULT_CLASSES,
     Classification,
     RecoveryLevel,
 )
@@ -44,6 +45,8 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
             return _on_drain(status, pods, reason, now)
         case ev.DrainForced(pods=pods, reason=reason):
             return _on_drain_forced(status, pods, reason, now)
+        case ev.SlowdownReported():
+            return _on_slowdown(status, now)
         case ev.PodAcked(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:
@@ -91,8 +94,9 @@ def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, no
             return _on_success(status, msg.pod, info, now)
         case ev.PodFinished(exit_code=code) if phase is Phase.RUN_COMMAND:
             return _count_fault(spec, status, msg.pod, f"exit code {code}", now, leaving=None)
-        case ev.PodErrored(reason=reason) if phase is Phase.RUN_COMMAND:
-            return _count_fault(spec, status, msg.pod, reason, now, leaving=None)
+        case ev.PodErrored(reason=reason, fault_class=cls) if phase is Phase.RUN_COMMAND:
+            checks = _needs_checks(spec, cls)
+            return _count_fault(spec, status, msg.pod, reason, now, leaving=None, checks=checks)
         case ev.HangReported(reason=reason) if phase is Phase.RUN_COMMAND:
             marked = _mark_slow(status, msg.pod, info)
             return _count_fault(spec, marked, msg.pod, reason, now, leaving=None)
@@ -157,9 +161,12 @@ def _count_fault(
     now: float,
     *,
     leaving: Phase | None,
+    checks: bool = True,
 ) -> Result:
     """Transition 5: one fault of ``pod`` in RunCommand. ``leaving``: the pod's inner phase when
-    it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again)."""
+    it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again).
+    ``checks``: whether a present pod's fault needs a troubleshooting round (a software fault
+    does not: every pod restarts in place at once)."""
     info = status.pod_infos[pod]
     counted = updates.pod(info, retries=info.retries + 1, reason=reason, ts=now)
     status = updates.status(
@@ -168,6 +175,9 @@ def _count_fault(
         recover_count=_capped_recover_count(spec, status),
     )
     record = act.RecordFault(pod=pod, reason=reason, counted=True)
+    if leaving is None and not checks:
+        new_status, actions = _restart_in_place(spec, status, now)
+        return new_status, (record, *actions)
     if leaving is None:
         new_status, orders = _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
         return new_status, (record, *orders)
@@ -177,6 +187,23 @@ def _count_fault(
     if leaving is Phase.RESTARTING:
         replace = (act.ReplacePod(pod=pod, reason=reason),)
     return new_status, (record, stop, *replace)
+
+
+def _needs_checks(spec: JobSpec, fault_class: str) -> bool:
+    """Only a fault the log names as software (a plain Python exception) skips the checks."""
+    return not (spec.software_restart and fault_class in SOFTWARE_FAULT_CLASSES)
+
+
+def _restart_in_place(spec: JobSpec, status: JobStatus, now: float) -> Result:
+    """Level 1 without a round: the budget decides as at the end of a troubleshooting round.
+    Training has stopped anyway, so pods of a drained node leave now (as when a round ends)."""
+    if _budget_exhausted(spec, status):
+        return _fail(spec, status, "fault budget exhausted", now, budget_spent=True)
+    if status.drain_count > 0:
+        draining = {pod: RecoveryLevel.DRAIN for pod, i in status.pod_infos.items() if i.drain}
+        return _evict_running(status, draining, now)
+    status = updates.status(status, pod_infos=_align_retries(status))
+    return _start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
 
 
 def _capped_recover_count(spec: JobSpec, status: JobStatus) -> int:
@@ -442,6 +469,20 @@ def _on_checkpoint(status: JobStatus, now: float) -> Result:
                 pods[pod] = updates.pod(info, reason=info.last_failed_reason or "slow")
         status = updates.status(status, pod_infos=pods.finish())
     return _evict_running(status, leaving, now)
+
+
+def _on_slowdown(status: JobStatus, now: float) -> Result:
+    """Training slowed down: stop it and run the checks, nothing counted. A pod they find slow
+    is marked and leaves at the next committed checkpoint; if none is, training restarts in
+    place. While a pod waits to leave at a checkpoint (slow, or drained: ranks may hold after
+    saving), or once a pod has finished (the job is ending), a slowdown is expected: ignored."""
+    if status.phase is not Phase.RUN_COMMAND:
+        return _reject(status, act.RejectReason.IGNORED, f"slowdown in {status.phase}")
+    if status.outstanding < len(status.pod_infos):
+        return _reject(status, act.RejectReason.IGNORED, "pods have finished: the job is ending")
+    if status.slow_count + status.drain_count > 0:
+        return _reject(status, act.RejectReason.IGNORED, "a pod leaves at the next checkpoint")
+    return _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
 
 
 def _evict_running(status: JobStatus, leaving: dict[PodName, RecoveryLevel], now: float) -> Result:

@@ -26,6 +26,10 @@ class JobSpec:
     namespace: str
     worker_num: int
     max_retry: int
+    # A fault the log names as software (a plain Python exception) restarts every pod in place
+    # at once, without a troubleshooting round. False: every fault gets the round (the rule of
+    # the jobs logged before this existed: their event logs replay with it).
+    software_restart: bool = True
 
     def __post_init__(self) -> None:
         if self.worker_num < 1:

@@ -62,6 +62,13 @@ SEVERITY: tuple[Classification, ...] = (
     Classification.HARDWARE,
 )
 
+# Fault classes (the agent's log scanner) that name a software cause: a plain Python exception,
+# with no hardware, CUDA, NCCL, network or memory signature in the log. The checks cannot find
+# anything a restart would not, so the job restarts in place at once, without a troubleshooting
+# round (the fault is counted all the same). An exit with no signature, a signal, a hang or a
+# lost pod still gets the round.
+SOFTWARE_FAULT_CLASSES: frozenset[str] = frozenset({"python_traceback"})
+
 # Exit code of an agent told to restart its container (level 2); level 3 exits 1.
 CONTAINER_RESTART_EXIT_CODE = 75
 NODE_BAD_EXIT_CODE = 1

@@ -69,17 +69,17 @@ class IncidentTracker:
         for action in actions:
             match action:
                 case act.RecordFault(counted=counted):
-                    self._open(now).counted |= counted and before is Phase.RUN_COMMAND
+                    self.open(now).counted |= counted and before is Phase.RUN_COMMAND
                 case act.EvictPod(level=level):
-                    self._raise(self._open(now), level)
+                    self._raise(self.open(now), level)
                 case act.ReplacePod():
-                    self._raise(self._open(now), RecoveryLevel.CONTAINER)
+                    self._raise(self.open(now), RecoveryLevel.CONTAINER)
                 case _:
                     pass
         incident = self.current
         if incident is None:
             return None
-        back = after.phase is Phase.RUN_COMMAND and before is not Phase.RUN_COMMAND
+        back = act.back_to_training(before, after.phase, actions)
         if not back and after.phase not in TERMINAL_PHASES:
             return None
         if back and incident.level is None and incident.counted:
@@ -88,7 +88,8 @@ class IncidentTracker:
         self.current = None
         return incident
 
-    def _open(self, now: float) -> Incident:
+    def open(self, now: float) -> Incident:
+        """The current incident, opened now if none is."""
         if self.current is None:
             self.count += 1
             self.current = Incident(id=f"{self.job}-{self.count}", opened_ts=now)
@@ -185,11 +186,14 @@ class FaultLog:
             | ev.PodRestarted
             | ev.QuitRequested
             | ev.DrainRequested
-            | ev.DrainForced,
+            | ev.DrainForced
+            | ev.SlowdownReported,
         ):
             pod = getattr(event, "pod", ",".join(getattr(event, "pods", ())))
             self._write(runner, kind="report", pod=pod, phase=before,
                         message=_platform_text(event))  # fmt: skip
+        if isinstance(event, ev.SlowdownReported) and after.phase is Phase.TROUBLESHOOTING:
+            self.tracker.open(now)  # no fault, but an incident: the checks look for a slow node
         opened_before = self.tracker.current
         closed = self.tracker.feed(before, after, actions, now)
         incident = closed or self.tracker.current or opened_before
@@ -287,5 +291,7 @@ def _platform_text(event: ev.Event) -> str:
             return f"node drained ({reason}): checkpoint requested, leaves at the commit"
         case ev.DrainForced(reason=reason):
             return f"drain stops waiting for a checkpoint: {reason}"
+        case ev.SlowdownReported(reason=reason):
+            return f"training slowed down ({reason}): the checks look for a slow node"
         case _:
             return type(event).__name__

@@ -40,6 +40,7 @@ from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
+from aegis.master.pace import Pace, PaceSettings
 from aegis.master.ports import Platform
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
@@ -71,6 +72,8 @@ class JobSettings:
     checkpoint_lead_s: float = 1.0  # the requested step lies this far ahead of the estimate
     checkpoint_hold_s: float = 30.0  # ranks hold after saving, at most this long
     drain_deadline_s: float = 60.0  # default wait for the commit before a drain evicts anyway
+    # The pace watch (master/pace.py): a run that slows well below its own pace gets the checks.
+    pace: PaceSettings = field(default_factory=PaceSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class JobRunner:
         requests = RequestSettings(settings.checkpoint_on_slow, settings.checkpoint_lead_s,
                                    settings.checkpoint_hold_s)  # fmt: skip
         self.safe = SafePoints(spec.job, requests)
+        self.pace = Pace(settings.pace)
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
@@ -185,6 +189,7 @@ class JobRunner:
         """The safe point is fed to the core once per new step the whole job committed."""
         committed = self.safe.committed(self.status, pod, step)
         if committed is not None:
+            self.pace.committed()
             self.extra["committed_step"] = committed  # stored with the next status write
             self.platform_event(ev.CheckpointCommitted(committed))
 
@@ -195,7 +200,14 @@ class JobRunner:
         self.platform_event(ev.DrainRequested(pods, reason))
 
     def _step_seen(self, pod: PodName, seq: int, step: int) -> None:
-        self.safe.step_seen(self.status, pod, seq, step, time.monotonic())
+        now = time.monotonic()
+        self.safe.step_seen(self.status, pod, seq, step, now)
+        if seq != self.status.seq or self.status.phase is not Phase.RUN_COMMAND:
+            return
+        slowed = self.pace.step_seen(seq, pod, step, now)
+        if slowed is not None:
+            log.warning("job %s: training slowed down: %s", self.spec.job, slowed)
+            self.platform_event(ev.SlowdownReported(slowed))
 
     def _checkpoint_request(self) -> RoundOrder | None:
         env = self.safe.request(self.status, time.monotonic())
@@ -230,6 +242,8 @@ class JobRunner:
                 record = eventlog.DrainRequestedRecord(list(pods), ts=now, reason=reason)
             case ev.DrainForced(pods=pods, reason=reason):
                 record = eventlog.DrainForcedRecord(list(pods), ts=now, reason=reason)
+            case ev.SlowdownReported(reason=reason):
+                record = eventlog.SlowdownReportedRecord(ts=now, reason=reason)
             case _:
                 raise LocalError(f"not a platform event: {event!r}")
         self.queue.put_nowait(_Platform(event, record))

@@ -28,6 +28,7 @@ from aegis.core.recovery import RecoveryLevel
 log = logging.getLogger(__name__)
 
 SLOW = "slow"  # --inject-fault NODE:slow: the local platform slows that node's pods down
+# (from the start, or once ``turn_slow`` is called: a node that turns slow during training)
 # A broken container, not a broken node: the fault is in the pod's first container on the node
 # and gone from the next one (a container restart, level 2, heals it; a gpu or io fault stays
 # with the node until the pod moves off it).
@@ -49,6 +50,7 @@ class LocalSettings:
     prewarm: str = "auto"  # AEGIS_PREWARM for the agents: auto, 0 (cold restarts) or modules
     slow_stop_s: float = 0.04  # an injected slow node is stopped this long ...
     slow_period_s: float = 0.05  # ... of every period (SIGSTOP/SIGCONT from outside)
+    slow_from_start: bool = True  # False: injected slow nodes turn slow at ``turn_slow()``
 
 
 @dataclass(slots=True)
@@ -74,6 +76,32 @@ class LocalPlatform:
         self.token_file: Path | None = None
         self.namespace = "default"
         self._tasks: set[asyncio.Task[None]] = set()
+        self.slowed: set[str] = {
+            node
+            for node, faults in settings.inject.items()
+            if settings.slow_from_start and SLOW in faults
+        }
+
+    def turn_slow(self) -> list[str]:
+        """The nodes injected ``slow`` turn slow now: every pod running there, and every later
+        one. Returns the nodes that turned slow just now."""
+        nodes = [
+            node for node, faults in self.settings.inject.items()
+            if SLOW in faults and node not in self.slowed
+        ]  # fmt: skip
+        for node in nodes:
+            self.slowed.add(node)
+            log.warning("injected fault: node %s turns slow", node)
+            for state in self.pods.values():
+                if state.node == node and state.process is not None:
+                    self._background(self._slow_down(state.process))
+        return nodes
+
+    def turn_slow_at_commit(self, event: ev.Event) -> None:
+        """A job's event: injected slow nodes turn slow at its first committed checkpoint (the
+        run has kept its pace for a while, and the master's pace watch sees it drop)."""
+        if isinstance(event, ev.CheckpointCommitted):
+            self.turn_slow()
 
     def attach(
         self,
@@ -196,7 +224,7 @@ class LocalPlatform:
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
-        if SLOW in s.inject.get(state.node, frozenset()):
+        if state.node in self.slowed:
             self._background(self._slow_down(state.process))
 
     async def stop_all(self) -> None:

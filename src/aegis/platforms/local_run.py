@@ -18,6 +18,7 @@ from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.pace import PaceSettings
 from aegis.master.service import MasterService, MasterSettings
 from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.tools.follow import FollowedJob
@@ -48,6 +49,12 @@ class RunSettings:
     creds_ttl_s: float | None = 3600.0  # the agents' NATS credentials expire (they fetch anew)
     metrics_port: int = 0  # with masters > 1: master i serves /metrics on metrics_port + i
     metrics_addr: str = "127.0.0.1"
+    # the master's pace watch (0 s: off), and when an injected slow node turns slow: at the
+    # job's first committed checkpoint (a node that slows during training), or from the start
+    software_restart: bool = True  # False: every fault gets the checks (JobSpec)
+    pace_window_s: float = 30.0
+    pace_drop: float = 0.3
+    slow_from_start: bool = False
 
 
 @dataclass(slots=True)
@@ -101,7 +108,10 @@ async def run_local(
             url,
             MasterSettings(
                 creds_ttl_s=settings.creds_ttl_s,
-                job=JobSettings(heartbeat_timeout_s=settings.heartbeat_timeout_s),
+                job=JobSettings(
+                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                    pace=PaceSettings(settings.pace_window_s, settings.pace_drop),
+                ),
             ),
         )
         return await _run_job(settings, master, log_dir, observe)
@@ -115,7 +125,10 @@ async def run_local(
 async def _run_job(
     settings: RunSettings, master: MasterService, log_dir: Path, observe: Observer | None
 ) -> RunResult:
-    spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
+    spec = JobSpec(
+        settings.job, settings.namespace, settings.nodes, settings.max_retry,
+        settings.software_restart,
+    )  # fmt: skip
     nodes = [f"node-{i}" for i in range(settings.nodes)]
     spares = [f"spare-{i}" for i in range(settings.spare_nodes)]
     platform = LocalPlatform(
@@ -130,6 +143,7 @@ async def _run_job(
             heartbeat_s=settings.heartbeat_s,
             ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
             prewarm=settings.prewarm,
+            slow_from_start=settings.slow_from_start,
         )
     )
     runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)
@@ -150,6 +164,7 @@ async def _run_job(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, quit_on_signal, sig)
+    runner.listeners.append(lambda r, event, actions: platform.turn_slow_at_commit(event))
     try:
         if observe is not None:
             observe(runner, platform)

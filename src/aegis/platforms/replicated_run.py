@@ -33,7 +33,7 @@ from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
 from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.platforms.local import SLOW, LocalPlatform, LocalSettings
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
@@ -59,7 +59,10 @@ class ReplicatedRun:
         self.replicas = min(3, nats_servers)  # the buckets' copies
         self.lease_s = lease_s or default_lease_s(self.replicas)
         self.master_env = {**os.environ, **(master_env or {})}
-        self.spec = JobSpec(settings.job, settings.namespace, settings.nodes, settings.max_retry)
+        self.spec = JobSpec(
+            settings.job, settings.namespace, settings.nodes, settings.max_retry,
+            settings.software_restart,
+        )  # fmt: skip
         self.masters: list[subprocess.Popen[bytes]] = []
         self.authority = Authority()
         self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
@@ -99,6 +102,7 @@ class ReplicatedRun:
                 heartbeat_s=s.heartbeat_s,
                 ckpt_dir=s.ckpt_dir or self.log_dir / "checkpoints",
                 prewarm=s.prewarm,
+                slow_from_start=s.slow_from_start,
             )
         )
         self.served = await ServedJob.submit(self.bus, self.store, self.spec, nodes, self.platform)
@@ -118,8 +122,11 @@ class ReplicatedRun:
             grpc_target=",".join(f"127.0.0.1:{p}" for p in ports),
             token=self.served.token,
         )
-        if self.observe is not None:
-            self.observe(followed, self.platform)
+        platform = self.platform
+        followed.listeners.append(lambda j, event, actions: platform.turn_slow_at_commit(event))
+        if self.observe is not None or any(SLOW in f for f in s.inject.values()):
+            if self.observe is not None:
+                self.observe(followed, self.platform)
             self._following = asyncio.get_running_loop().create_task(
                 followed.follow(self._stop_following), name="follow-events"
             )
@@ -145,6 +152,10 @@ class ReplicatedRun:
             str(self.replicas),
             "--heartbeat-timeout-s",
             str(self.settings.heartbeat_timeout_s),
+            "--pace-window-s",
+            str(self.settings.pace_window_s),
+            "--pace-drop",
+            str(self.settings.pace_drop),
             "--log-dir",
             str(self.log_dir),
         ]

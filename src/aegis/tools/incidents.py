@@ -116,6 +116,8 @@ def detected_by(event: ev.Event) -> str:
             return f"drain of the node ({reason})"
         case ev.DrainForced(reason=reason):
             return f"drain forced: {reason}"
+        case ev.SlowdownReported(reason=reason):
+            return f"pace watch: {reason}"
         case _:
             return type(event).__name__
 
@@ -183,6 +185,16 @@ def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) ->
     for done in steps:
         assert done.entry.event is not None
         event, ts, after = done.entry.event, done.entry.ts, done.status
+        if (
+            current is None
+            and isinstance(event, ev.SlowdownReported)
+            and (after.phase is Phase.TROUBLESHOOTING)
+        ):  # no fault, but the checks look for a slow node: an incident of its own
+            current = Incident(
+                id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
+                pod="", node="", reason=event.reason, phase=phase,
+            )  # fmt: skip
+            found.append(current)
         for action in done.actions:
             opens = isinstance(action, act.RecordFault | act.EvictPod | act.ReplacePod)
             if opens and current is None:
@@ -218,7 +230,7 @@ def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) ->
                 if seen is not None and not seen.endswith(cls):
                     cls = f"{seen} -> {cls}"
                 current.classification[pod] = seen if seen and seen.endswith(cls) else cls
-            back = after.phase is Phase.RUN_COMMAND and phase is not Phase.RUN_COMMAND
+            back = act.back_to_training(phase, after.phase, done.actions)
             if back or after.phase in TERMINAL_PHASES:
                 if back and current.level is None and current.counted:
                     current.level = RecoveryLevel.IN_PLACE

@@ -2,9 +2,9 @@
 
 Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
 platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``,
-``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``), each with the ``ts``
-the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines through the same
-``step`` and so reproduces every decision.
+``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``, ``SlowdownReported``), each with
+the ``ts`` the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines
+through the same ``step`` and so reproduces every decision.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class SpecRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     namespace: str
     worker_num: int
     max_retry: int
+    software_restart: bool = False  # absent: a log of the rules before it existed
 
 
 class JobCreated(msgspec.Struct, tag="JobCreated", tag_field="type", forbid_unknown_fields=True):
@@ -87,6 +88,15 @@ class DrainForcedRecord(
     reason: str = "drain deadline passed"
 
 
+class SlowdownReportedRecord(
+    msgspec.Struct, tag="SlowdownReported", tag_field="type", forbid_unknown_fields=True
+):
+    """The master's pace watch: the job's step rate fell well below its earlier pace."""
+
+    ts: float
+    reason: str = "training slowed down"
+
+
 PlatformRecord = (
     JobCreated
     | PodRestartedRecord
@@ -95,6 +105,7 @@ PlatformRecord = (
     | CheckpointCommittedRecord
     | DrainRequestedRecord
     | DrainForcedRecord
+    | SlowdownReportedRecord
 )
 _PLATFORM_TYPES = {
     "JobCreated",
@@ -104,6 +115,7 @@ _PLATFORM_TYPES = {
     "CheckpointCommitted",
     "DrainRequested",
     "DrainForced",
+    "SlowdownReported",
 }
 
 
@@ -138,7 +150,9 @@ def encode(record: PlatformRecord | m.Message) -> bytes:
 
 
 def job_created(spec: JobSpec, nodes: list[str], ts: float) -> JobCreated:
-    rec = SpecRecord(spec.job, spec.namespace, spec.worker_num, spec.max_retry)
+    rec = SpecRecord(
+        spec.job, spec.namespace, spec.worker_num, spec.max_retry, spec.software_restart
+    )
     return JobCreated(spec=rec, ts=ts, nodes=nodes)
 
 
@@ -185,6 +199,8 @@ def entry(spec: JobSpec, number: int, text: str) -> Entry:
             event = ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
         case DrainForcedRecord(pods=pods, ts=ts, reason=reason):
             event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
+        case SlowdownReportedRecord(ts=ts, reason=reason):
+            event = ev.SlowdownReported(reason)
         case m.Message(ts=ts):
             try:
                 event = to_event(record, job=spec.job, namespace=spec.namespace)

@@ -20,6 +20,7 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
             "namespace": spec.namespace,
             "worker_num": spec.worker_num,
             "max_retry": spec.max_retry,
+            "software_restart": spec.software_restart,
         },
         "status": {
             "phase": status.phase.value,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodInfo
 from aegis.core.phases import Phase
-from aegis.core.recovery import Classification
+from aegis.core.recovery import SOFTWARE_FAULT_CLASSES, Classification
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,9 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
                 continue
             yield Move(ev.PodFinished(pod, phase, s, 1), fault=True, cooperative=False)
             yield Move(ev.PodErrored(pod, phase, s, "error"), fault=True, cooperative=False)
+            for cls in sorted(SOFTWARE_FAULT_CLASSES):  # restarts without checks
+                software = ev.PodErrored(pod, phase, s, "exception", cls)
+                yield Move(software, fault=True, cooperative=False)
             yield Move(ev.HangReported(pod, phase, s), fault=True, cooperative=False)
             for verdict in _UNHEALTHY:
                 yield Move(
@@ -68,6 +71,8 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
                     fault=True,
                     cooperative=False,
                 )
+    if faults and phase is Phase.RUN_COMMAND:  # the pace watch sees training slow down
+        yield Move(ev.SlowdownReported(), fault=True, cooperative=False)
     yield Move(ev.CheckpointCommitted(step=0), fault=False, cooperative=True)
     yield Move(ev.QuitRequested(), fault=False, cooperative=False)
 

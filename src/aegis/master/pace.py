@@ -1,0 +1,115 @@
+"""The pace watch: notices when a running job's training step rate falls well below the pace it
+kept earlier in the same run, so that a node that turned slow (thermal throttling, a degraded
+link, a noisy neighbour) is looked for without waiting for a fault.
+
+Synchronous training moves at its slowest rank's pace, so a slow node shows as the whole job
+slowing down; which node it is, only a round of checks can tell (allreduce_perf). The watch
+follows the job's step (the furthest step any pod's heartbeat reported). Each time it has
+advanced and at least ``min_interval_s`` has passed since the last interval closed, the rate
+since then is one interval (so heartbeats that arrive together, or late in a batch, do not make
+intervals of a few microseconds: each spans about a heartbeat period or more); the job's pace
+is the median interval rate over the last ``window_s`` seconds (at least ``min_intervals``
+intervals, so long steps get a longer window). The best pace since training (re)started is the
+run's; a pace below ``drop`` times that is a slowdown, reported once per RunCommand round and
+at most once per committed checkpoint (a node that is slow only now and then, or a pace that
+changes for good, does not start round after round).
+
+What is not a slowdown: training that stops stepping (the end of the job, a final save: no
+advance, no interval; a hang is the hang watchdog's), one long pause such as an evaluation (one
+slow interval against the median), a slow start (the best pace is a maximum). Each round (a
+restart rewinds the step) starts afresh, so a node that stays slow after a round that could not
+name it does not start round after round.
+
+No I/O and no clock: times are ``time.monotonic()`` values passed in by the job runner.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+
+from aegis.core.model import PodName
+
+
+@dataclass(frozen=True, slots=True)
+class PaceSettings:
+    window_s: float = 30.0  # 0 turns the watch off
+    drop: float = 0.3  # a pace below this fraction of the run's best pace is a slowdown
+    min_intervals: int = 5  # the pace is the median of at least this many advances
+    min_interval_s: float = 1.0  # an interval spans at least this long (the heartbeat period)
+
+    def __post_init__(self) -> None:
+        if self.window_s < 0:
+            raise ValueError(f"the pace window must be >= 0 s, got {self.window_s:g}")
+        if not 0 < self.drop < 1:
+            raise ValueError(f"the pace drop must be between 0 and 1, got {self.drop:g}")
+        if self.min_intervals < 1:
+            raise ValueError(f"min_intervals must be >= 1, got {self.min_intervals}")
+        if self.min_interval_s <= 0:
+            raise ValueError(f"min_interval_s must be > 0, got {self.min_interval_s:g}")
+
+
+@dataclass(slots=True)
+class Pace:
+    settings: PaceSettings = field(default_factory=PaceSettings)
+    seq: int = -1  # the RunCommand round being watched
+    best: float = 0.0  # steps per second: the run's best pace this round
+    reported: bool = False
+    armed: bool = True  # no report since the last committed checkpoint
+    steps: dict[PodName, int] = field(default_factory=dict)
+    started: float | None = None  # when the job's step first advanced this round
+    last: tuple[float, int] | None = None  # (time, job step) of the last advance
+    intervals: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+
+    def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
+        """A heartbeat of round ``seq`` reported ``pod`` at ``step``: the reason to report a
+        slowdown, once per round, else None."""
+        s = self.settings
+        if s.window_s <= 0:
+            return None
+        if seq != self.seq:
+            self._new_round(seq)
+        self.steps[pod] = max(step, self.steps.get(pod, step))
+        job_step = max(self.steps.values())
+        last = self.last
+        if last is not None and (job_step <= last[1] or now - last[0] < s.min_interval_s):
+            return None  # no advance (or too soon after the last interval): nothing to measure
+        self.last = (now, job_step)
+        if last is None:
+            self.started = now
+            return None
+        self.intervals.append((now, (job_step - last[1]) / (now - last[0])))
+        pace = self._pace(now)
+        if pace is None:
+            return None
+        if pace > self.best:
+            self.best = pace
+            return None
+        if self.reported or not self.armed or pace >= s.drop * self.best:
+            return None
+        self.reported, self.armed = True, False
+        return (
+            f"{pace:.2f} steps/s over the last {now - self.intervals[0][0]:.0f} s, below "
+            f"{s.drop:.0%} of this run's pace of {self.best:.2f} steps/s"
+        )
+
+    def committed(self) -> None:
+        """The job committed a checkpoint: a slowdown may be reported again."""
+        self.armed = True
+
+    def _new_round(self, seq: int) -> None:
+        self.seq, self.best, self.reported = seq, 0.0, False
+        self.started = self.last = None
+        self.steps.clear()
+        self.intervals.clear()
+
+    def _pace(self, now: float) -> float | None:
+        """The median rate of the window's intervals: None until a full window is seen."""
+        s, intervals = self.settings, self.intervals
+        while len(intervals) > s.min_intervals and intervals[0][0] < now - s.window_s:
+            intervals.popleft()
+        assert self.started is not None
+        if len(intervals) < s.min_intervals or now - self.started < s.window_s:
+            return None
+        return statistics.median(rate for _, rate in intervals)
