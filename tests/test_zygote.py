@@ -360,3 +360,25 @@ def test_idle_zygote_dies_with_its_agent_when_agent_ends_abruptly() -> None:
     line = waits.read_line_with(agent, "")
     assert agent.wait(timeout=30) == 0
     waits.wait_until(lambda: waits.gone(int(line)), what="the zygote gone with its agent")
+
+
+def test_a_warm_rank_waits_for_rank_0s_store_only_as_long_as_it_must() -> None:
+    """A rank other than 0 starts its script once MASTER_ADDR:MASTER_PORT listens (torch's
+    client would back off for most of a second otherwise); rank 0, a job without a master
+    address, or a port nobody opens within the bound, do not hold the script up."""
+    import socket
+
+    from aegis.agent.zygote import await_rendezvous
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = str(listener.getsockname()[1])
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "2"}
+        assert await_rendezvous(env, deadline_s=5.0)
+        assert not await_rendezvous({**env, "RANK": "0"}, deadline_s=5.0)
+    assert not await_rendezvous({"RANK": "1"}, deadline_s=5.0)
+    with socket.socket() as closed:  # bound, never listening: refused until the deadline
+        closed.bind(("127.0.0.1", 0))
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(closed.getsockname()[1]), "RANK": "1"}
+        assert not await_rendezvous(env, deadline_s=0.05)
