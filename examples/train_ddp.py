@@ -7,9 +7,10 @@ and logs one line per step with a timestamp. Chaos switches: ``--crash-at-step S
 crashes rank R once with an uncaught exception (a marker in the checkpoint directory remembers
 it; a software fault: Aegis restarts every rank in place at once); ``--exit-at-step S
 --exit-rank R`` makes rank R exit 13 once with no traceback (an unexplained death: the master
-runs its checks first); ``--always-crash-rank R`` crashes rank R in every incarnation. Under an agent it also saves when
-the master asks (``aegis.checkpoint.save_if_requested``: a drain, a slow node's eviction) unless
-``--no-ckpt-requests`` (the baseline of a script that only checkpoints periodically).
+runs its checks first); ``--always-crash-rank R`` crashes rank R in every incarnation. Under an
+agent it also saves when the master asks (``aegis.checkpoint.save_if_requested``: a drain, a
+slow node's eviction) unless ``--no-ckpt-requests`` (the baseline of a script that only
+checkpoints periodically).
 """
 
 from __future__ import annotations

@@ -99,15 +99,23 @@ def run_delay_s() -> float:
         return 0.0
 
 
-def _compute(torch: Any, side: int, seconds: float, window_s: float) -> float:
-    """GFLOP/s of the best ``window_s`` window within ``seconds``.
+GPU_MATRIX = 4096  # on a GPU a small product measures launch latency, not the GPU
+
+
+def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any = None) -> float:
+    """GFLOP/s of the best ``window_s`` window within ``seconds``, on ``device`` (the GPU the
+    collectives use, else the CPU).
 
     Time spent runnable but waiting for a CPU (other processes on the host) is not counted, so
     a busy neighbour does not make a healthy pod look slow; a pod that is really slow (throttled,
-    stopped, slow hardware) is slow in every window.
+    stopped, slow hardware) is slow in every window. On a GPU each product is waited for, so a
+    window counts finished work.
     """
-    a = torch.randn(side, side)
-    b = torch.randn(side, side)
+    cuda = getattr(device, "type", "cpu") == "cuda"
+    if cuda:
+        side = max(side, GPU_MATRIX)
+    a = torch.randn(side, side, device=device)
+    b = torch.randn(side, side, device=device)
     best = 0.0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -115,6 +123,8 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float) -> float:
         started, delayed = time.monotonic(), run_delay_s()
         while (elapsed := time.monotonic() - started) < window_s:
             torch.mm(a, b)
+            if cuda:
+                torch.cuda.synchronize(device)
             count += 1
         busy = max(elapsed - (run_delay_s() - delayed), elapsed * 0.05)
         best = max(best, 2.0 * side**3 * count / busy / 1e9)
@@ -148,7 +158,7 @@ def _allreduce_bandwidth(torch: Any, dist: Any, mb: float, device: Any) -> float
 def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     """Runs inside the collective child with the process group initialised."""
     dist.barrier()
-    compute = _compute(torch, args.matrix, args.compute_s, args.window_s)
+    compute = _compute(torch, args.matrix, args.compute_s, args.window_s, device)
     pair = _pair_bandwidth(torch, dist, args, device)
     allreduce = _allreduce_bandwidth(torch, dist, args.allreduce_mb, device)
     mine = torch.tensor([compute, pair], dtype=torch.float64, device=device)
