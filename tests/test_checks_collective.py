@@ -176,3 +176,37 @@ async def test_troubleshoot_skips_perf_when_connect_fails() -> None:
     assert results[CheckType.ALLREDUCE_CONNECT].result == "timeout after 2 s"
     perf_result = results[CheckType.ALLREDUCE_PERF]
     assert perf_result.not_applicable and "skipped" in perf_result.result
+
+
+def test_perf_compute_runs_on_the_gpu_with_a_gpu_sized_product_when_the_group_is_on_cuda() -> None:
+    """On a GPU node the compute benchmark multiplies on the GPU the collectives use, with
+    products large enough to measure it, each waited for (checked for real on an H200, see
+    benchmarks/RESULTS.md; here a stand-in records what torch is asked)."""
+    import types
+
+    from aegis.checks import perf
+
+    calls: list[tuple[str, object]] = []
+
+    class FakeTorch:
+        cuda = types.SimpleNamespace(synchronize=lambda device: calls.append(("sync", device)))
+
+        @staticmethod
+        def randn(*shape: int, device: object = None) -> tuple[int, ...]:
+            calls.append(("randn", (shape, device)))
+            return shape
+
+        @staticmethod
+        def mm(a: object, b: object) -> None:
+            calls.append(("mm", a))
+
+    gpu = types.SimpleNamespace(type="cuda", index=0)
+    flops = perf._compute(FakeTorch, 128, seconds=0.02, window_s=0.01, device=gpu)
+    assert flops > 0
+    assert calls[0] == ("randn", ((perf.GPU_MATRIX, perf.GPU_MATRIX), gpu))
+    products = [c for c in calls if c[0] == "mm"]
+    assert products and len([c for c in calls if c[0] == "sync"]) == len(products)
+    calls.clear()
+    perf._compute(FakeTorch, 128, seconds=0.02, window_s=0.01, device=None)  # the CPU
+    assert calls[0] == ("randn", ((128, 128), None))
+    assert not any(c[0] == "sync" for c in calls)
