@@ -160,7 +160,8 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     await until(led, "the leader adopts the job")
     record = await k8s.record()
     assert record is not None
-    assert record["spec"] == {"job": "train", "namespace": "ml", "worker_num": 2, "max_retry": 2}
+    assert record["spec"] == {"job": "train", "namespace": "ml", "worker_num": 2, "max_retry": 2,
+                              "software_restart": True}  # fmt: skip
     assert record["token"] == "tok-1"
     assert [record["status"]["pod_infos"][p]["node"] for p in ("train-0", "train-1")] == [
         "node-a", "node-b"]  # fmt: skip
