@@ -209,8 +209,12 @@ def test_fault_log_has_seed_fields_and_one_incident_when_crash_then_gpu_fault(gp
     assert [(e["pod"], e["node"], e["level"]) for e in evict] == [
         ("obs-1", "node-1", "node_replaced")
     ]
-    reports = [line["message"] for line in lines if line["kind"] == "report"]
-    assert "checks failed: gpu: injected fault" in reports
+    reports = [(line["pod"], line["message"]) for line in lines if line["kind"] == "report"]
+    # (on a loaded machine allreduce_perf may add its own verdict after the gpu one)
+    assert any(
+        pod == "obs-1" and text.startswith("checks failed: gpu: injected fault")
+        for pod, text in reports
+    ), reports
 
 
 def test_status_prints_the_user_line_when_crash_then_gpu_fault(gpu_run: Run) -> None:
@@ -241,7 +245,7 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     assert incident["pod"] in logs and all(logs.values())
     if "obs-0" in logs:
         assert any("injected exit of rank 0" in line for line in logs["obs-0"])
-    failing = [e for e in incident["evidence"] if e["summary"] == "failed: gpu"]
+    failing = [e for e in incident["evidence"] if e["summary"].startswith("failed: gpu")]
     assert [e["pod"] for e in failing] == ["obs-1"]
     assert "gpu: FAIL (0.00 s) injected fault" in failing[0]["lines"]
     assert incident["classification"]["obs-1"].startswith("hardware")

@@ -130,8 +130,12 @@ def test_the_standalone_master_writes_the_fault_log_in_its_log_dir(seen: Seen) -
     lines = [json.loads(line) for line in (seen.log_dir / "faults.jsonl").open()]
     assert lines and {line["job"] for line in lines} == {"obsm"}
     assert {line["kind"] for line in lines} == {"phase_start", "phase_end", "report", "decision"}
-    reports = [line["message"] for line in lines if line["kind"] == "report"]
-    assert "checks failed: gpu: injected fault" in reports
+    reports = [(line["pod"], line["message"]) for line in lines if line["kind"] == "report"]
+    # (on a loaded machine allreduce_perf may add its own verdict after the gpu one)
+    assert any(
+        pod == "obsm-1" and text.startswith("checks failed: gpu: injected fault")
+        for pod, text in reports
+    ), reports
     moved = [line for line in lines if line["message"].startswith("evict (level 3)")]
     assert [(line["pod"], line["node"]) for line in moved] == [("obsm-1", "node-1")]
 
