@@ -5,13 +5,13 @@ cd "$(dirname "$0")/.."
 LOG="runs/demo-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$LOG"
 echo "== aegis run: 3 pods of a real DDP job (gloo on CPU, embedded NATS, in-process master)"
-echo "   rank 1 raises an exception at step 30 (a software fault: every rank restarts in place at"
-echo "   once, forked warm); rank 0 dies with no traceback at step 60 (unexplained: the checks run)"
+echo "   rank 1 raises an exception at step 300 (a software fault: every rank restarts in place at"
+echo "   once, forked warm); rank 0 dies with no traceback at step 360 (unexplained: the checks run)"
 echo "   and node-1's GPU check is broken (injected): watch Aegis recover"
 aegis run --nodes 3 --spare-nodes 1 --max-retry 2 --job demo --view plain \
   --log-dir "$LOG" --status-file "$LOG/status.json" --inject-fault node-1:gpu \
-  -- python examples/train_ddp.py --steps 90 --ckpt-every 10 --ckpt-dir "$LOG/ckpt" \
-     --crash-at-step 30 --crash-rank 1 --exit-at-step 60 --exit-rank 0 --step-time-s 0.05
+  -- python examples/train_ddp.py --steps 400 --ckpt-every 10 --ckpt-dir "$LOG/ckpt" \
+     --crash-at-step 300 --crash-rank 1 --exit-at-step 360 --exit-rank 0 --step-time-s 0.05
 echo
 echo "== the ranks resumed from their checkpoint (the crash line, then each rank's resume):"
 grep -h "crashing at\|resumed from" "$LOG"/pods/*.log | sort || true
