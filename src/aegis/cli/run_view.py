@@ -10,7 +10,7 @@ from typing import Any, Protocol, TextIO
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
-from aegis.core.phases import Order, Phase
+from aegis.core.phases import Phase
 from aegis.platforms.local import LocalPlatform
 
 
@@ -63,7 +63,9 @@ class PlainView:
                     self._line(f"order: {order.value} (round {seq})")
                 case _:
                     pass
-        restarted = any(isinstance(a, act.SendOrder) and a.order is Order.RESTART for a in actions)
+        restarted = self.phase is not None and act.back_to_training(
+            self.phase, status.phase, actions
+        )
         if status.phase is not self.phase or restarted:  # a software fault: RunCommand again
             self.phase = status.phase
             retries = ",".join(str(i.retries) for _, i in sorted(status.pod_infos.items()))

@@ -185,27 +185,18 @@ def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) ->
     for done in steps:
         assert done.entry.event is not None
         event, ts, after = done.entry.event, done.entry.ts, done.status
-        if (
-            current is None
-            and isinstance(event, ev.SlowdownReported)
-            and (after.phase is Phase.TROUBLESHOOTING)
-        ):  # no fault, but the checks look for a slow node: an incident of its own
-            current = Incident(
-                id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
-                pod="", node="", reason=event.reason, phase=phase,
-            )  # fmt: skip
-            found.append(current)
+
+        slowed = isinstance(event, ev.SlowdownReported) and after.phase is Phase.TROUBLESHOOTING
+        if current is None and slowed:  # no fault, but the checks look for a slow node
+            current = _opened(found, job, ts, event, phase, "", "", getattr(event, "reason", ""))
         for action in done.actions:
             opens = isinstance(action, act.RecordFault | act.EvictPod | act.ReplacePod)
             if opens and current is None:
                 pod = str(getattr(action, "pod", ""))
                 info = before.pod_infos.get(pod)  # type: ignore[call-overload]
-                current = Incident(
-                    id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
-                    pod=pod, node=str(info.node) if info else "",
-                    reason=str(getattr(action, "reason", "")), phase=phase,
-                )  # fmt: skip
-                found.append(current)
+                node = str(info.node) if info else ""
+                reason = str(getattr(action, "reason", ""))
+                current = _opened(found, job, ts, event, phase, pod, node, reason)
             if current is None:
                 continue
             match action:
@@ -238,6 +229,19 @@ def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) ->
                 current = None
         phase, before = after.phase, after
     return found
+
+
+def _opened(
+    found: list[Incident], job: str, ts: float, event: ev.Event, phase: Phase,
+    pod: str, node: str, reason: str,
+) -> Incident:  # fmt: skip
+    """A new incident, detected by ``event`` at ``ts``, appended to ``found``."""
+    incident = Incident(
+        id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
+        pod=pod, node=node, reason=reason, phase=phase,
+    )  # fmt: skip
+    found.append(incident)
+    return incident
 
 
 _CHECKING = frozenset({Phase.BOOT_CHECKING, Phase.TROUBLESHOOTING})
