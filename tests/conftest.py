@@ -5,9 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
+
+# Hypothesis' defaults depend on the machine's speed (a 200 ms deadline per example, a health
+# check that fails when generating data is slow): on a loaded 2-core machine they fail by
+# chance. Every property test runs under settings that do not.
+settings.register_profile(
+    "aegis",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=False,
+)
+settings.load_profile("aegis")
 
 
 @pytest.fixture

@@ -180,7 +180,14 @@ class NatsCluster:
     route to every other server. ``start()`` launches them all, then waits until each is healthy
     (JetStream needs a quorum before any server reports ready)."""
 
-    def __init__(self, authority: Authority | None, size: int = 3, *, name: str = "aegis") -> None:
+    def __init__(
+        self,
+        authority: Authority | None,
+        size: int = 3,
+        *,
+        name: str = "aegis",
+        host: str = "127.0.0.1",
+    ) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
         self.authority = authority
@@ -195,7 +202,7 @@ class NatsCluster:
                 f'cluster: {{ name: "{name}", listen: 127.0.0.1:{route_port}, '
                 f"routes: [{routes}] }}\n"
             )
-            self.servers.append(EmbeddedNats(authority, extra_config=cluster))
+            self.servers.append(EmbeddedNats(authority, extra_config=cluster, host=host))
 
     @property
     def urls(self) -> str:

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from nats import errors as nats_errors
 
-from aegis.adapters import nats_bus
+from aegis.adapters import nats_bus, netns
 from aegis.adapters.nats_bus import NatsBus
 from aegis.master import control
 
@@ -75,6 +75,12 @@ def _run(
     build: Callable[[control.ControlTarget, str], control.ControlRequest],
 ) -> None:
     target = _target(log_dir, ctl_file)
+    if target.netns:  # a run's emulated cluster: its NATS listens in its namespace
+        try:
+            netns.enter(target.netns)
+        except OSError as exc:
+            print(f"aegis: error: cannot reach the run's cluster: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
     try:
         with nats_bus.errors_unlogged():  # a refusal is reported once, below
             reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))

@@ -20,6 +20,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.cli import pace_options
+from aegis.core.rendezvous import RendezvousRule
 from aegis.master import metrics
 from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
 from aegis.master.drained_nodes import DrainedNodes
@@ -65,6 +66,23 @@ def master(
     kubernetes: Annotated[
         bool, typer.Option(help="Learn jobs from AegisJobs; write their status back.")
     ] = False,
+    rendezvous_port_base: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=63535,
+            help="Rounds meet on rank 0's pod, port BASE + 2*(round % 1000) (0: a port free on "
+            "this host, when every pod shares it). Default 29500 with --kubernetes, else 0.",
+        ),
+    ] = None,
+    rendezvous_host: Annotated[
+        str | None,
+        typer.Option(
+            help="Where rounds meet while rank 0's pod address is unknown ({job} and "
+            "{namespace} filled in). Default: rank 0's headless service with --kubernetes, "
+            "else 127.0.0.1.",
+        ),
+    ] = None,
     k8s_namespace: Annotated[
         list[str] | None,
         typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
@@ -91,6 +109,7 @@ def master(
             pace=PaceSettings(pace_window_s, pace_drop),
             chaos_exit_after_persist=os.environ.get("AEGIS_CHAOS_EXIT_AFTER_PERSIST", ""),
             chaos_marker=log_dir / ".chaos-done" if log_dir else None,
+            rendezvous=_rendezvous_rule(kubernetes, rendezvous_host, rendezvous_port_base),
         ),
         log_dir=log_dir,
         grpc_host=grpc_host,
@@ -118,6 +137,20 @@ def master(
             namespaces=tuple(k8s_namespace or ()), cordon=cordon_drained
         )
     asyncio.run(_serve(replica, side))
+
+
+def _rendezvous_rule(kubernetes: bool, host: str | None, port_base: int | None) -> RendezvousRule:
+    if kubernetes:
+        from aegis.platforms.kubernetes.manifests import RENDEZVOUS_RULE as default
+    else:
+        default = RendezvousRule()
+    try:
+        return RendezvousRule(
+            fallback_host=default.fallback_host if host is None else host,
+            port_base=default.port_base if port_base is None else port_base,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rendezvous-port-base") from None
 
 
 async def _serve(replica: Replica, kubernetes: object | None = None) -> None:

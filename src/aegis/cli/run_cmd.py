@@ -7,15 +7,16 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 import typer
 from rich.console import Console
 
+from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
 from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
-from aegis.platforms import local_run
+from aegis.platforms import emulated, local_run
 from aegis.platforms.local import LocalPlatform
 from aegis.tools.follow import FollowedJob
 
@@ -115,6 +116,17 @@ class RunObservers:
             self.control_file.unlink(missing_ok=True)
 
 
+def _isolated(nats: str | None, metrics_addr: str, metrics_ports: list[int]) -> NoReturn:
+    """``--isolate-nodes`` on the host: the same run again, inside a namespace of its own."""
+    problem = netns.missing_prerequisite()
+    if problem is not None:
+        print(f"aegis: error: --isolate-nodes {problem}", file=sys.stderr)
+        raise typer.Exit(2)
+    if nats is not None:
+        raise typer.BadParameter("the emulated cluster runs its own NATS", param_hint="--nats")
+    raise typer.Exit(emulated.run_again_inside([(metrics_addr, p) for p in metrics_ports]))
+
+
 def choose_view(
     mode: Literal["auto", "live", "plain"], console: Console, total_steps: int | None
 ) -> run_view.PlainView | live_view.LiveView:
@@ -175,8 +187,24 @@ def run(
     total_steps: Annotated[
         int | None, typer.Option(min=1, help="Training steps, for the live progress bar.")
     ] = None,
+    isolate_nodes: Annotated[
+        bool,
+        typer.Option(
+            "--isolate-nodes",
+            help="An emulated cluster: each node its own network (an address on a bridge), "
+            "mount (/dev/shm) and UTS namespace, all in a network namespace made for the run "
+            "(needs root, util-linux and iproute2).",
+        ),
+    ] = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
+    if isolate_nodes and not emulated.inside():
+        _isolated(
+            nats, metrics_addr, [metrics_port + i for i in range(masters)] if metrics_port else []
+        )
+    if isolate_nodes:
+        emulated.enter_cluster()
+        metrics_addr = "127.0.0.1"  # in the cluster's namespace; the host's side forwards
     settings = local_run.RunSettings(
         command=tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd),
         nodes=nodes,
@@ -197,6 +225,7 @@ def run(
         prewarm=prewarm,
         metrics_port=metrics_port if masters > 1 else 0,
         metrics_addr=metrics_addr,
+        isolate_nodes=isolate_nodes,
     )
     logging.basicConfig(
         stream=sys.stderr,

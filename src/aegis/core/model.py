@@ -93,17 +93,25 @@ def pod_names(spec: JobSpec) -> tuple[PodName, ...]:
 
 
 def initial_status(
-    spec: JobSpec, nodes: Sequence[NodeName] | None = None, *, now: float = 0.0
+    spec: JobSpec,
+    nodes: Sequence[NodeName] | None = None,
+    *,
+    now: float = 0.0,
+    pod_ips: Sequence[str] | None = None,
 ) -> JobStatus:
-    """Transition 1: a created job is Pending with every pod Pending."""
+    """Transition 1: a created job is Pending with every pod Pending (``pod_ips``: each pod's
+    address where the platform knows it before the pod starts)."""
     names = pod_names(spec)
     if nodes is not None and len(nodes) != len(names):
         raise ValueError(f"expected {len(names)} nodes, got {len(nodes)}")
+    if pod_ips is not None and len(pod_ips) != len(names):
+        raise ValueError(f"expected {len(names)} pod addresses, got {len(pod_ips)}")
     placed: Iterable[NodeName] = nodes if nodes is not None else (NodeName("") for _ in names)
+    ips: Iterable[str] = pod_ips if pod_ips is not None else ("" for _ in names)
     infos = immutables.Map(
         {
-            name: PodInfo(inner_phase=Phase.PENDING, node=node, updated_ts=now)
-            for name, node in zip(names, placed, strict=True)
+            name: PodInfo(inner_phase=Phase.PENDING, node=node, pod_ip=ip, updated_ts=now)
+            for name, node, ip in zip(names, placed, ips, strict=True)
         }
     )
     return JobStatus(

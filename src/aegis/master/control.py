@@ -36,6 +36,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from aegis.adapters import netns
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
@@ -264,6 +265,7 @@ class ControlTarget:
     creds: UserCreds | None
     namespace: str
     job: str
+    netns: str = ""  # the emulated cluster's network namespace, entered to reach nats_url
 
 
 def write_control_file(path: Path, target: ControlTarget) -> None:
@@ -271,7 +273,8 @@ def write_control_file(path: Path, target: ControlTarget) -> None:
     body = {"nats_url": target.nats_url, "namespace": target.namespace, "job": target.job,
             "jwt": target.creds.jwt if target.creds else "",
             "seed": target.creds.seed.decode() if target.creds else "",
-            "inbox_prefix": target.creds.inbox_prefix if target.creds else "_INBOX"}  # fmt: skip
+            "inbox_prefix": target.creds.inbox_prefix if target.creds else "_INBOX",
+            "netns": target.netns}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -286,7 +289,7 @@ def read_control_file(path: Path) -> ControlTarget:
     if body.get("jwt"):
         creds = UserCreds(body["jwt"], body["seed"].encode(), body["inbox_prefix"], None)
     return ControlTarget(body["nats_url"], creds, body.get("namespace", "default"),
-                         body.get("job", ""))  # fmt: skip
+                         body.get("job", ""), str(body.get("netns", "")))  # fmt: skip
 
 
 def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:
@@ -296,4 +299,5 @@ def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:
     if not url:
         return None
     creds = getattr(bus, "creds", None)
-    return ControlTarget(url, creds if isinstance(creds, UserCreds) else None, namespace, job)
+    return ControlTarget(url, creds if isinstance(creds, UserCreds) else None, namespace, job,
+                         netns.cluster_netns())  # fmt: skip

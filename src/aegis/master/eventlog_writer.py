@@ -29,7 +29,14 @@ def _mark(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
-def start_log(directory: Path, spec: JobSpec, nodes: list[str], ts: float, token: str) -> bool:
+def start_log(
+    directory: Path,
+    spec: JobSpec,
+    nodes: list[str],
+    ts: float,
+    token: str,
+    pod_ips: list[str] | None = None,
+) -> bool:
     """Write the JobCreated line of a new job's log unless this submission's log has begun
     already (False then). A log left there by an earlier submission of the same name (another
     token) is kept aside as ``events.<n>.jsonl`` first."""
@@ -38,7 +45,7 @@ def start_log(directory: Path, spec: JobSpec, nodes: list[str], ts: float, token
         return False
     _set_aside(directory)
     with (directory / EVENTS).open("ab") as out:
-        out.write(eventlog.encode(eventlog.job_created(spec, nodes, ts)))
+        out.write(eventlog.encode(eventlog.job_created(spec, nodes, ts, pod_ips)))
     (directory / SUBMISSION).write_text(_mark(token))
     return True
 

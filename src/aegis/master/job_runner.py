@@ -33,7 +33,7 @@ from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core import actions as act
 from aegis.core import events as ev
-from aegis.core import machine
+from aegis.core import machine, rendezvous
 from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
@@ -61,7 +61,9 @@ class LeadershipLost(LocalError):
 class JobSettings:
     heartbeat_timeout_s: float = 5.0
     order_resend_s: float = 5.0
-    master_addr: str = "127.0.0.1"
+    # Where a round's ranks meet (core/rendezvous.py): rank 0's pod address, and a port from
+    # the range its pod owns (or, the default, one free on the one host every pod shares).
+    rendezvous: rendezvous.RendezvousRule = field(default_factory=rendezvous.RendezvousRule)
     # Chaos switch for failover tests: exit right after persisting a status in this phase,
     # before its orders go out (once: the marker file remembers).
     chaos_exit_after_persist: str = ""
@@ -270,9 +272,9 @@ class JobRunner:
 
     # -- start: a new job, or a takeover -------------------------------------------------------
 
-    async def start(self, nodes: list[str]) -> None:
+    async def start(self, nodes: list[str], pod_ips: list[str] | None = None) -> None:
         """A new job: record JobCreated, persist the initial status, subscribe."""
-        self.events.write(eventlog.job_created(self.spec, nodes, self.clock()))
+        self.events.write(eventlog.job_created(self.spec, nodes, self.clock(), pod_ips))
         await self._persist()
         self._subscription = await self.bus.subscribe(self.worker_subject, self.on_worker_message)
 
@@ -382,14 +384,17 @@ class JobRunner:
                 continue
             env: dict[str, str] = {}
             if action.order in (Order.RUN, Order.RESTART, Order.BOOTCHECK, Order.TROUBLESHOOT):
-                # A fresh rendezvous port for every round: an incarnation (or a check group)
-                # never reuses the TCPStore/gloo addresses of an earlier one.
+                # Where rank 0's pod is now, on a fresh port for every round: an incarnation
+                # (or a check group) never reuses the TCPStore/gloo addresses of an earlier one.
                 key = (
                     "MASTER_PORT"
                     if action.order in (Order.RUN, Order.RESTART)
                     else ("CHECK_MASTER_PORT")
                 )
-                env = {"MASTER_ADDR": self.settings.master_addr, key: str(free_port())}
+                meet = rendezvous.endpoint(
+                    self.settings.rendezvous, self.spec, self.status, action.seq, free_port
+                )
+                env = {"MASTER_ADDR": meet.host, key: str(meet.port)}
                 if key == "MASTER_PORT":
                     self.safe.rewound()
                 if key == "MASTER_PORT" and self.safe.committed_step >= 0:

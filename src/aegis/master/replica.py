@@ -58,9 +58,11 @@ class ReplicaSettings:
     creds_ttl_s: float | None = 3600.0
 
 
-async def submit_job(store: KvStore, spec: JobSpec, nodes: list[str], token: str) -> int:
+async def submit_job(
+    store: KvStore, spec: JobSpec, nodes: list[str], token: str, pod_ips: list[str] | None = None
+) -> int:
     """Write a new job's first record; the leader picks it up."""
-    status = initial_status(spec, [NodeName(n) for n in nodes])
+    status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
     record = status_json.to_dict(spec, status)
     record.update(orders=[], epoch=0, token=token, nodes=nodes)
     return await store.put(job_key(spec), json.dumps(record).encode(), expected_revision=None)

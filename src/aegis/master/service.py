@@ -88,12 +88,15 @@ class MasterService:
         *,
         log_dir: Path | None,
         token: str | None = None,
+        pod_ips: list[str] | None = None,
     ) -> tuple[JobRunner, str]:
+        """``pod_ips``: each pod's address where the platform knows it before the pod starts
+        (the rendezvous follows rank 0's)."""
         key = (spec.namespace, spec.job)
         if key in self.jobs:
             raise ValueError(f"job {spec.namespace}/{spec.job} exists")
         token = token or secrets.token_urlsafe(24)
-        status = initial_status(spec, [NodeName(n) for n in nodes])
+        status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
         runner = JobRunner(
             spec,
             status,
@@ -105,7 +108,7 @@ class MasterService:
         )
         self.jobs[key], self.tokens[key] = runner, token
         env_report.EnvironmentReport().attach(runner)
-        await runner.start(nodes)
+        await runner.start(nodes, pod_ips)
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task
         self._tasks.add(task)

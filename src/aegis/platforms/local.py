@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aegis.adapters import lifecycle
 from aegis.core import events as ev
@@ -53,6 +53,35 @@ class LocalSettings:
     slow_from_start: bool = True  # False: injected slow nodes turn slow at ``turn_slow()``
 
 
+class Hosts(Protocol):
+    """Where a node's processes run: this one host, or a node of an emulated cluster."""
+
+    async def prepare(self, node: str) -> None:
+        """Ready ``node`` for a pod (made when first used)."""
+        ...
+
+    def wrap(self, node: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` as run on ``node``."""
+        ...
+
+    def address(self, node: str) -> str:
+        """``node``'s address: the pod IP of the pods placed there."""
+        ...
+
+
+class SharedHost:
+    """Every node is this host (one loopback, one ``/dev/shm``): NCCL on a multi-GPU box."""
+
+    async def prepare(self, node: str) -> None:
+        return None
+
+    def wrap(self, node: str, argv: Sequence[str]) -> list[str]:
+        return list(argv)
+
+    def address(self, node: str) -> str:
+        return "127.0.0.1"
+
+
 @dataclass(slots=True)
 class _Pod:
     name: PodName
@@ -63,8 +92,9 @@ class _Pod:
 
 
 class LocalPlatform:
-    def __init__(self, settings: LocalSettings) -> None:
+    def __init__(self, settings: LocalSettings, hosts: Hosts | None = None) -> None:
         self.settings = settings
+        self.hosts: Hosts = hosts or SharedHost()
         self.pods: dict[PodName, _Pod] = {}
         self.blacklist: dict[str, str] = {}
         self.used_nodes: set[str] = set()
@@ -164,7 +194,7 @@ class LocalPlatform:
         state.node = node
         await self._spawn(state)
         assert self.sink is not None
-        self.sink(ev.PodRestarted(pod, NodeName(node), "127.0.0.1"))
+        self.sink(ev.PodRestarted(pod, NodeName(node), self.hosts.address(node)))
         log.info("%s placed on %s (%s)", pod, node, reason)
 
     def _spare(self) -> str | None:
@@ -189,6 +219,7 @@ class LocalPlatform:
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
         s = self.settings
+        await self.hosts.prepare(state.node)
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
             "--master", self.grpc_target,
@@ -217,7 +248,7 @@ class LocalPlatform:
             )
             out.flush()
             state.process = await asyncio.create_subprocess_exec(
-                *argv,
+                *self.hosts.wrap(state.node, argv),
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,

@@ -4,11 +4,12 @@ reaches Succeed or Failed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,10 +18,12 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
+from aegis.core.rendezvous import RendezvousRule
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.pace import PaceSettings
 from aegis.master.service import MasterService, MasterSettings
-from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.platforms import emulated
+from aegis.platforms.local import Hosts, LocalPlatform, LocalSettings, SharedHost
 from aegis.tools.follow import FollowedJob
 from aegis.wire import status_json
 
@@ -55,6 +58,32 @@ class RunSettings:
     pace_window_s: float = 30.0
     pace_drop: float = 0.3
     slow_from_start: bool = False
+    isolate_nodes: bool = False  # an emulated cluster (platforms/emulated.py), run inside it
+
+
+def node_names(settings: RunSettings) -> tuple[list[str], list[str]]:
+    return (
+        [f"node-{i}" for i in range(settings.nodes)],
+        [f"spare-{i}" for i in range(settings.spare_nodes)],
+    )
+
+
+@contextlib.asynccontextmanager
+async def run_hosts(
+    settings: RunSettings, log_dir: Path
+) -> AsyncIterator[tuple[Hosts, str, RendezvousRule]]:
+    """Where the run's pods live, the address the master's side listens on, and where rounds
+    meet: this host, or (``isolate_nodes``) an emulated cluster, torn down afterwards."""
+    if not settings.isolate_nodes:
+        yield SharedHost(), "127.0.0.1", RendezvousRule()
+        return
+    nodes, spares = node_names(settings)
+    cluster = emulated.EmulatedCluster([*nodes, *spares], log_dir / ".cluster")
+    try:
+        await cluster.start()
+        yield cluster, cluster.bridge_addr, cluster.rule
+    finally:
+        await cluster.close()
 
 
 @dataclass(slots=True)
@@ -82,23 +111,36 @@ async def run_local(
     event log's view of a job led by master processes (``masters`` > 1)."""
     log_dir = settings.log_dir or Path(tempfile.mkdtemp(prefix="aegis-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    if settings.masters > 1:
-        from aegis.platforms.replicated_run import ReplicatedRun
+    async with run_hosts(settings, log_dir) as (hosts, address, rule):
+        if settings.masters > 1:
+            from aegis.platforms.replicated_run import ReplicatedRun
 
-        replicated = ReplicatedRun(
-            settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
-            metrics_addr=settings.metrics_addr, follow=follow,
-        )  # fmt: skip
-        try:
-            await replicated.start()
-            return await replicated.wait()
-        except BaseException:
-            await replicated.close()  # nothing it started is left running
-            raise
+            replicated = ReplicatedRun(
+                settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
+                metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
+                address=address, rule=rule,
+            )  # fmt: skip
+            try:
+                await replicated.start()
+                return await replicated.wait()
+            except BaseException:
+                await replicated.close()  # nothing it started is left running
+                raise
+        return await _run_in_process(settings, log_dir, observe, hosts, address, rule)
+
+
+async def _run_in_process(
+    settings: RunSettings,
+    log_dir: Path,
+    observe: Observer | None,
+    hosts: Hosts,
+    address: str,
+    rule: RendezvousRule,
+) -> RunResult:
     authority = None if settings.nats_url else Authority()
     server = None
     if settings.nats_url is None:
-        server = EmbeddedNats(authority)
+        server = EmbeddedNats(authority, host=address)
         await asyncio.to_thread(server.start)
     url = settings.nats_url or (server.url if server else "")
     master: MasterService | None = None
@@ -107,14 +149,16 @@ async def run_local(
             authority,
             url,
             MasterSettings(
+                grpc_host=address,
                 creds_ttl_s=settings.creds_ttl_s,
                 job=JobSettings(
                     heartbeat_timeout_s=settings.heartbeat_timeout_s,
                     pace=PaceSettings(settings.pace_window_s, settings.pace_drop),
+                    rendezvous=rule,
                 ),
             ),
         )
-        return await _run_job(settings, master, log_dir, observe)
+        return await _run_job(settings, master, log_dir, observe, hosts)
     finally:
         if master is not None:
             await master.close()
@@ -123,14 +167,17 @@ async def run_local(
 
 
 async def _run_job(
-    settings: RunSettings, master: MasterService, log_dir: Path, observe: Observer | None
+    settings: RunSettings,
+    master: MasterService,
+    log_dir: Path,
+    observe: Observer | None,
+    hosts: Hosts,
 ) -> RunResult:
     spec = JobSpec(
         settings.job, settings.namespace, settings.nodes, settings.max_retry,
         settings.software_restart,
     )  # fmt: skip
-    nodes = [f"node-{i}" for i in range(settings.nodes)]
-    spares = [f"spare-{i}" for i in range(settings.spare_nodes)]
+    nodes, spares = node_names(settings)
     platform = LocalPlatform(
         LocalSettings(
             nodes=tuple(nodes),
@@ -144,15 +191,18 @@ async def _run_job(
             ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
             prewarm=settings.prewarm,
             slow_from_start=settings.slow_from_start,
-        )
+        ),
+        hosts,
     )
-    runner, token = await master.create_job(spec, nodes, platform, log_dir=log_dir)
+    runner, token = await master.create_job(
+        spec, nodes, platform, log_dir=log_dir, pod_ips=[hosts.address(n) for n in nodes]
+    )
     platform.attach(
         runner.platform_event,
         namespace=spec.namespace,
         job=spec.job,
         pods=runner.pod_nodes(),
-        grpc_target=f"127.0.0.1:{master.grpc_port}",
+        grpc_target=f"{master.settings.grpc_host}:{master.grpc_port}",
         token=token,
     )
     pids_seen: dict[str, list[int]] = {}

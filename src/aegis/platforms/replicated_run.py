@@ -30,10 +30,11 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
 from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
+from aegis.core.rendezvous import RendezvousRule
 from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms.local import SLOW, LocalPlatform, LocalSettings
+from aegis.platforms.local import SLOW, Hosts, LocalPlatform, LocalSettings, SharedHost
 from aegis.platforms.local_run import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
@@ -53,8 +54,15 @@ class ReplicatedRun:
         metrics_port: int = 0,
         metrics_addr: str = "127.0.0.1",
         follow: Callable[[FollowedJob, LocalPlatform], None] | None = None,
+        hosts: Hosts | None = None,
+        address: str = "127.0.0.1",
+        rule: RendezvousRule | None = None,
     ) -> None:
+        """``hosts``, ``address``, ``rule``: the pods' hosts (an emulated cluster), the address
+        NATS and the masters listen on, and where rounds meet (see ``local_run.run_hosts``)."""
         self.settings, self.count, self.log_dir = settings, masters, log_dir
+        self.hosts: Hosts = hosts or SharedHost()
+        self.address, self.rule = address, rule or RendezvousRule()
         self.nats_servers = nats_servers
         self.replicas = min(3, nats_servers)  # the buckets' copies
         self.lease_s = lease_s or default_lease_s(self.replicas)
@@ -78,10 +86,10 @@ class ReplicatedRun:
     async def start(self) -> None:
         self.server: EmbeddedNats | NatsCluster
         if self.nats_servers > 1:
-            self.server = NatsCluster(self.authority, self.nats_servers)
+            self.server = NatsCluster(self.authority, self.nats_servers, host=self.address)
             self.nats_url = self.server.urls
         else:
-            self.server = EmbeddedNats(self.authority)
+            self.server = EmbeddedNats(self.authority, host=self.address)
             self.nats_url = self.server.url
         await asyncio.to_thread(self.server.start)
         auth_file = self.log_dir / ".auth.json"
@@ -103,14 +111,18 @@ class ReplicatedRun:
                 ckpt_dir=s.ckpt_dir or self.log_dir / "checkpoints",
                 prewarm=s.prewarm,
                 slow_from_start=s.slow_from_start,
-            )
+            ),
+            self.hosts,
         )
-        self.served = await ServedJob.submit(self.bus, self.store, self.spec, nodes, self.platform)
+        pod_ips = [self.hosts.address(n) for n in nodes]
+        self.served = await ServedJob.submit(
+            self.bus, self.store, self.spec, nodes, self.platform, pod_ips=pod_ips
+        )
         self.job_log_dir = eventlog_writer.job_log_dir(self.log_dir, self.spec)
         eventlog_writer.start_log(  # begun here (the view follows it), the leader appends
-            self.job_log_dir, self.spec, nodes, 0.0, self.served.token
+            self.job_log_dir, self.spec, nodes, 0.0, self.served.token, pod_ips
         )
-        ports = [free_port() for _ in range(self.count)]
+        ports = [free_port(self.address) for _ in range(self.count)]
         for index, port in enumerate(ports):
             self.masters.append(self._spawn_master(index, port, auth_file))
         followed = FollowedJob.open(self.job_log_dir / eventlog_writer.EVENTS)
@@ -119,7 +131,7 @@ class ReplicatedRun:
             namespace=self.spec.namespace,
             job=self.spec.job,
             pods=dict(zip(pod_names(self.spec), nodes, strict=True)),
-            grpc_target=",".join(f"127.0.0.1:{p}" for p in ports),
+            grpc_target=",".join(f"{self.address}:{p}" for p in ports),
             token=self.served.token,
         )
         platform = self.platform
@@ -144,6 +156,12 @@ class ReplicatedRun:
             str(auth_file),
             "--grpc-port",
             str(port),
+            "--grpc-host",
+            self.address,
+            "--rendezvous-host",
+            self.rule.fallback_host,
+            "--rendezvous-port-base",
+            str(self.rule.port_base),
             "--replica-id",
             f"master-{index}",
             "--lease-s",

@@ -33,13 +33,19 @@ class ServedJob:
 
     @classmethod
     async def submit(
-        cls, bus: NatsBus, store: KvStore, spec: JobSpec, nodes: list[str], platform: Platform
+        cls,
+        bus: NatsBus,
+        store: KvStore,
+        spec: JobSpec,
+        nodes: list[str],
+        platform: Platform,
+        pod_ips: list[str] | None = None,
     ) -> ServedJob:
         """Serve ``platform`` for the job, then submit it (so no request finds no server)."""
         server = PlatformServer(bus, platform, namespace=spec.namespace, job=spec.job)
         await server.start()
         token = secrets.token_urlsafe(24)
-        await submit_job(store, spec, nodes, token)
+        await submit_job(store, spec, nodes, token, pod_ips)
         return cls(store, spec, server, token)
 
     async def status(self) -> JobStatus:

@@ -34,6 +34,7 @@ class JobCreated(msgspec.Struct, tag="JobCreated", tag_field="type", forbid_unkn
     spec: SpecRecord
     ts: float
     nodes: list[str] = []
+    pod_ips: list[str] = []  # absent: no pod's address was known at the start
 
 
 class PodRestartedRecord(
@@ -149,11 +150,13 @@ def encode(record: PlatformRecord | m.Message) -> bytes:
     return _encoder.encode(record) + b"\n"
 
 
-def job_created(spec: JobSpec, nodes: list[str], ts: float) -> JobCreated:
+def job_created(
+    spec: JobSpec, nodes: list[str], ts: float, pod_ips: list[str] | None = None
+) -> JobCreated:
     rec = SpecRecord(
         spec.job, spec.namespace, spec.worker_num, spec.max_retry, spec.software_restart
     )
-    return JobCreated(spec=rec, ts=ts, nodes=nodes)
+    return JobCreated(spec=rec, ts=ts, nodes=nodes, pod_ips=list(pod_ips or []))
 
 
 def read(lines: Iterator[str]) -> tuple[JobSpec, JobStatus, Iterator[Entry]]:
@@ -167,7 +170,7 @@ def read(lines: Iterator[str]) -> tuple[JobSpec, JobStatus, Iterator[Entry]]:
     try:
         spec = JobSpec(**msgspec.structs.asdict(header.spec))
         nodes = [NodeName(n) for n in header.nodes] if header.nodes else None
-        status = initial_status(spec, nodes, now=header.ts)
+        status = initial_status(spec, nodes, now=header.ts, pod_ips=header.pod_ips or None)
     except ValueError as exc:
         raise EventLogError(1, str(exc)) from None
     return spec, status, _entries(spec, lines)

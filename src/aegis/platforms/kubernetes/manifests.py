@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aegis.checks import config as checks_config
+from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 
 GROUP = "aegis.dev"
 VERSION = "v1"
@@ -35,7 +36,13 @@ TOKEN_VOLUME = "aegis-token"
 TOKEN_DIR = "/var/run/aegis"
 DEFAULT_MASTER = "aegis-master.aegis-system.svc:50051"
 DEFAULT_AGENT_IMAGE = "ghcr.io/aegis-ft/aegis:0.1.0"
-RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT = TORCH_PORT
+# The master's rule for the operator's pods (core/rendezvous.py): rank 0's pod IP once the
+# platform reported it, its headless-service name before; ports from a range every pod owns
+# (a pod has its own network namespace), a fresh pair each round.
+RENDEZVOUS_RULE = RendezvousRule(
+    fallback_host="{job}-0.{job}.{namespace}.svc", port_base=RENDEZVOUS_PORT
+)
 TERMINAL = ("Succeed", "Failed")
 
 Body = dict[str, Any]

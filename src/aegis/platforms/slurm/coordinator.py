@@ -35,6 +35,7 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StatusStore, StoreConflict
 from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
+from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import control
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
@@ -152,7 +153,9 @@ async def run_coordinator(
                 grpc_host="0.0.0.0",
                 job=JobSettings(
                     heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                    master_addr=settings.advertise,
+                    # rank 0's node (a Slurm node owns its ports; the batch host is only
+                    # where rank 0 starts)
+                    rendezvous=RendezvousRule(settings.advertise, port_base=TORCH_PORT),
                 ),
             ),
         )
@@ -180,7 +183,11 @@ async def _run_attempt(
     log_dir.mkdir(parents=True, exist_ok=True)
     platform = _platform(settings, nodes, log_dir, slurm)
     runner, token = await master.create_job(
-        spec, nodes[: settings.nodes], platform, log_dir=log_dir
+        spec,
+        nodes[: settings.nodes],
+        platform,
+        log_dir=log_dir,
+        pod_ips=nodes[: settings.nodes],  # a pod's address is its node's name (resolved there)
     )
     platform.attach(
         runner.platform_event, namespace=spec.namespace, job=spec.job, pods=runner.pod_nodes(),

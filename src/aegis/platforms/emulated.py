@@ -1,0 +1,209 @@
+"""An emulated cluster on one machine (``aegis run --isolate-nodes``).
+
+The whole cluster lives in one network namespace made for the run (``unshare --net``: nothing
+touches the host's network). In it a bridge, ``aegis0``, carries our own test hosts' addresses
+(198.18.0.0/24, inside that namespace only): the master, NATS and the gRPC bootstrap listen on
+the bridge's 198.18.0.1. Each node is a process holding a network namespace of its own (its
+loopback and one address on the bridge), a mount namespace with a private ``/dev/shm`` (tmpfs)
+and an ``/etc/hosts`` that resolves every node's name to its address (gloo picks its interface
+from the hostname), and a UTS namespace with the node's name as hostname. A node's agent (and
+everything it starts) runs there through ``nsenter``. The file system is shared, as a cluster
+file system would be; ``/dev/shm`` is not. No PID namespace: every process is visible to ``ps``
+and killable from the host. Every holder dies with the run (parent-death signal), and with the
+last process in them the namespaces go too: a SIGKILLed run leaves nothing behind.
+
+:func:`run_outside` is the part on the host: it starts the run again inside a new network
+namespace, forwards SIGINT/SIGTERM to it, serves ``--metrics-port`` on the host through a
+forwarder, and returns its exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aegis.adapters import lifecycle, netns
+from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ENV = netns.CLUSTER_ENV  # inside the cluster: the path of its network namespace
+INSIDE = "starting"  # the value run_outside sets; the run inside replaces it with the path
+BRIDGE = "aegis0"
+SUBNET = "198.18.0"  # RFC 2544's benchmarking range: our own test hosts
+BRIDGE_ADDR = f"{SUBNET}.1"
+FIRST_NODE = 10
+MASTER_NAME = "aegis-master"
+# Rounds meet on rank 0's node, on a port of the range every node owns (its own namespace).
+RULE = RendezvousRule(fallback_host=BRIDGE_ADDR, port_base=TORCH_PORT)
+_HOLD = (
+    'hostname "$1" && mount -t tmpfs -o mode=1777 aegis-shm /dev/shm && '
+    'mount --bind "$2" /etc/hosts && echo ready && exec sleep infinity'
+)
+
+
+class ClusterError(RuntimeError):
+    """The emulated cluster could not be set up."""
+
+
+def inside() -> bool:
+    """True in the cluster's own network namespace (the run that ``run_outside`` started)."""
+    return bool(os.environ.get(CLUSTER_ENV))
+
+
+def addresses(nodes: Sequence[str]) -> dict[str, str]:
+    """Each node's bridge address, in order (``node-0`` is 198.18.0.10)."""
+    if len(nodes) > 254 - FIRST_NODE:
+        raise ClusterError(f"{len(nodes)} nodes do not fit in {SUBNET}.0/24")
+    return {node: f"{SUBNET}.{FIRST_NODE + i}" for i, node in enumerate(nodes)}
+
+
+def hosts_text(table: dict[str, str]) -> str:
+    lines = ["127.0.0.1 localhost", f"{BRIDGE_ADDR} {MASTER_NAME}"]
+    lines += [f"{address} {node}" for node, address in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    address: str
+    holder: asyncio.subprocess.Process
+
+
+class EmulatedCluster:
+    """The nodes of one run, made when first used (a spare is a fresh namespace)."""
+
+    rule = RULE
+    bridge_addr = BRIDGE_ADDR
+
+    def __init__(self, nodes: Sequence[str], state_dir: Path) -> None:
+        self.table = addresses(nodes)
+        self.state_dir = state_dir
+        self.hosts_file = state_dir / "hosts"
+        self.nodes: dict[str, _Node] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """The bridge, in this (the cluster's) network namespace."""
+        if not inside():
+            raise ClusterError("the emulated cluster is made inside the run's own namespace")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.hosts_file.write_text(hosts_text(self.table))
+        await _ip("link", "set", "lo", "up")
+        await _ip("link", "add", BRIDGE, "type", "bridge")
+        await _ip("addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
+        await _ip("link", "set", BRIDGE, "up")
+
+    def address(self, node: str) -> str:
+        return self.table[node]
+
+    async def prepare(self, node: str) -> None:
+        """Make ``node`` if it does not exist yet."""
+        async with self._lock:
+            if node not in self.nodes:
+                self.nodes[node] = await self._make(node)
+
+    def wrap(self, node: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside ``node``'s namespaces (after ``prepare``)."""
+        pid = str(self.nodes[node].holder.pid)
+        return ["nsenter", "-t", pid, "--net", "--mount", "--uts", "--", *argv]
+
+    async def _make(self, node: str) -> _Node:
+        address = self.table[node]
+        argv = lifecycle.pdeath_argv(
+            ["unshare", "--net", "--mount", "--uts", "--propagation", "private",
+             "sh", "-c", _HOLD, "sh", node, str(self.hosts_file)]
+        )  # fmt: skip
+        holder = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stderr is not None
+        line = await holder.stdout.readline()
+        if line.strip() != b"ready":
+            problem = (await holder.stderr.read()).decode(errors="replace").strip()
+            raise ClusterError(f"node {node}: its namespaces could not be made: {problem}")
+        veth = f"aegis-n{list(self.table).index(node)}"
+        await _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                  "netns", str(holder.pid))  # fmt: skip
+        await _ip("link", "set", veth, "master", BRIDGE, "up")
+        inside_node = ["nsenter", "-t", str(holder.pid), "--net", "--", "ip"]
+        await _run(*inside_node, "addr", "add", f"{address}/24", "dev", "eth0")
+        await _run(*inside_node, "link", "set", "eth0", "up")
+        await _run(*inside_node, "link", "set", "lo", "up")
+        log.info("node %s: own namespaces, %s on %s", node, address, BRIDGE)
+        return _Node(node, address, holder)
+
+    async def close(self) -> None:
+        """Stop every holder (run after the pods: their processes hold the namespaces too)."""
+        for state in self.nodes.values():
+            with contextlib.suppress(ProcessLookupError):
+                state.holder.kill()
+            await state.holder.wait()
+        self.nodes.clear()
+
+
+async def _ip(*args: str) -> None:
+    await _run("ip", *args)
+
+
+async def _run(*argv: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)}: {err.decode(errors='replace').strip()}")
+
+
+# -- the host's side ---------------------------------------------------------------------------
+
+
+async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] = ()) -> int:
+    """Run ``argv`` (an ``aegis run``) in a new network namespace; returns its exit status.
+    ``forwarded``: (host address, port) pairs served here and forwarded to the same port on
+    the cluster namespace's loopback (``/metrics``)."""
+    env = {**lifecycle.child_env(), CLUSTER_ENV: INSIDE}
+    proc = await asyncio.create_subprocess_exec(
+        *lifecycle.pdeath_argv(["unshare", "--net", "--", *argv]), env=env
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _pass_on, proc, sig)
+    connector = netns.Connector(netns.netns_path(proc.pid))
+    servers = []
+    try:
+        for host, port in forwarded:
+            servers.append(await netns.forward(connector, (host, port), ("127.0.0.1", port)))
+        return await proc.wait()
+    finally:
+        for server in servers:
+            server.close()
+        connector.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _pass_on(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def run_again_inside(forwarded: Sequence[tuple[str, int]]) -> int:
+    """This very command line (``aegis run ... --isolate-nodes``), inside the cluster."""
+    argv = [sys.executable, "-m", "aegis", *sys.argv[1:]]
+    return asyncio.run(run_outside(argv, forwarded))
+
+
+def enter_cluster() -> None:
+    """In the run inside: say where the cluster's namespace is, for every child and tool."""
+    os.environ[CLUSTER_ENV] = netns.netns_path(os.getpid())
