@@ -3,6 +3,15 @@
 If the master or NATS does not answer within the connect timeout, the agent says so in one line
 and runs the command independently (seed ``RunIndependent``); a refused bootstrap token is a
 configuration error: one line, exit status 2.
+
+Its PID-1 duties are the standalone agent's (:mod:`aegis.agent.runner`, tini's): SIGTERM stops
+it (SIGTERM to the training group, grace period, SIGKILL; exit status 143) and each of
+``supervisor.FORWARDED_SIGNALS`` (SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes to the training
+group that runs at the time (none between a stop and the next start). SIGINT included: it is not
+a stop for the agent, as it is not for tini. Under a master, the pod ends on the master's order or
+on the platform's SIGTERM; a ^C (or a ``kill -INT`` of the pod) reaches the training processes,
+which decide: one that exits on it ends like any other exit (status 130), reported to the master,
+which decides on the recovery; one that handles it (a checkpoint, a dump) runs on.
 """
 
 from __future__ import annotations
@@ -56,42 +65,31 @@ async def run_linked(
     if daemon_settings is not None:
         env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
         env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)
-    loop = asyncio.get_running_loop()
     async with (
         reaper.Reaper() as the_reaper,
         check_host.CheckHost(the_reaper) as the_link.check_host,
         supervisor.Supervisor(argv, sup_settings, the_reaper, the_link, env=env) as sup,
     ):
-        stop_code: list[int] = []
 
         def on_sigterm() -> None:
             if not the_link.done.done():
-                stop_code.append(128 + signal.SIGTERM)
                 the_link.done.set_result(128 + signal.SIGTERM)
 
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-        tasks = [
-            asyncio.create_task(the_link.beat(), name="heartbeat"),
-            asyncio.create_task(the_link.resend(), name="resend"),
-            asyncio.create_task(the_link.execute_orders(sup), name="orders"),
-        ]
-        if daemon_settings is not None:
-            saver = process.DaemonProcess(
-                daemon_settings, spawner=the_reaper, on_commit=the_link.checkpoint_committed
-            )
-            tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
-        try:
-            code = await _wait_done(the_link, tasks)
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await the_link.close()
+        with supervisor.pid1_signals(sup, on_sigterm):
+            tasks = [
+                asyncio.create_task(the_link.beat(), name="heartbeat"),
+                asyncio.create_task(the_link.resend(), name="resend"),
+                asyncio.create_task(the_link.execute_orders(sup), name="orders"),
+            ]
             if daemon_settings is not None:
-                shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
+                saver = process.DaemonProcess(
+                    daemon_settings, spawner=the_reaper, on_commit=the_link.checkpoint_committed
+                )
+                tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
+            try:
+                code = await _wait_done(the_link, tasks)
+            finally:
+                await _shut_down(the_link, tasks, sup, daemon_settings)
     return code
 
 
@@ -117,6 +115,26 @@ def _saver_settings(
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+async def _shut_down(
+    the_link: link.MasterLink,
+    tasks: list[asyncio.Task[None]],
+    sup: supervisor.Supervisor,
+    daemon_settings: process.DaemonSettings | None,
+) -> None:
+    """The link's tasks cancelled, the link closed, the saver's memory removed, then the training
+    group stopped (SIGTERM, grace, SIGKILL) while the signals are still handled: a SIGINT during
+    the grace period goes to the group, a second SIGTERM changes nothing."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await the_link.close()
+    if daemon_settings is not None:
+        shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
+    await sup.stop()
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

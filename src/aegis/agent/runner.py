@@ -1,8 +1,9 @@
 """``aegis agent`` on its own node: tini's duties plus the supervisor, until the command ends.
 
-PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward SIGTERM,
-SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the command's group (SIGTERM also starts the
-agent's own stop: grace period, then SIGKILL); reap every zombie; exit with the command's status.
+PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward SIGINT,
+SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 (``supervisor.FORWARDED_SIGNALS``, the same under a master)
+to the command's group; SIGTERM starts the agent's own stop (SIGTERM to the group, grace period,
+then SIGKILL); reap every zombie; exit with the command's status.
 With ``--master`` the agent first checks that the master answers; when it does not, it says so in
 one line and runs the command independently (seed ``RunIndependent``).
 """
@@ -24,15 +25,6 @@ from aegis.agent import group, link, linked, ports, reaper, supervisor
 from aegis.checks import config as checks_config
 
 log = logging.getLogger(__name__)
-
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,32 +81,23 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
                 flush=True,
             )
     reaper.become_subreaper()
-    loop = asyncio.get_running_loop()
     async with (
         reaper.Reaper() as the_reaper,
         supervisor.Supervisor(argv, settings.supervisor, the_reaper, ports.LoggingReports()) as sup,
     ):
         stopping: list[asyncio.Task[ports.ExitReport | None]] = []
 
-        def on_signal(sig: signal.Signals) -> None:
-            if sig is signal.SIGTERM:
-                if not stopping:
-                    log.info("SIGTERM: stopping the command")
-                    stopping.append(asyncio.create_task(sup.stop(), name="agent-stop"))
-                return
-            sup.send_signal(sig)
+        def on_sigterm() -> None:
+            if not stopping:
+                log.info("SIGTERM: stopping the command")
+                stopping.append(asyncio.create_task(sup.stop(), name="agent-stop"))
 
-        for sig in FORWARDED:
-            loop.add_signal_handler(sig, on_signal, sig)
-        try:
+        with supervisor.pid1_signals(sup, on_sigterm):
             await sup.start()
             report = await sup.wait()
             for task in stopping:
                 await task
             await group.terminate_descendants(settings.supervisor.grace_s)
-        finally:
-            for sig in FORWARDED:
-                loop.remove_signal_handler(sig)
     return report.exit_status
 
 

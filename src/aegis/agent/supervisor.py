@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -43,6 +43,15 @@ RESTART_COUNT_VAR = "AEGIS_RESTART_COUNT"
 REPORT_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 2.0
 PREWARM_POLL_S = 0.05
+# What an agent (standalone or under a master) passes on to the command's group as it comes, as
+# tini does. SIGTERM is not among them: it stops the agent, which stops the group itself.
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -427,3 +436,19 @@ async def _guarded(coro: Coroutine[Any, Any, None], name: str) -> None:
         raise
     except Exception:
         log.exception("agent task %s failed", name)
+
+
+@contextlib.contextmanager
+def pid1_signals(sup: Supervisor, on_sigterm: Callable[[], None]) -> Iterator[None]:
+    """Tini's signal duties in the running event loop, for both agent modes: each of
+    :data:`FORWARDED_SIGNALS` goes to the command's current group (none while no command runs),
+    SIGTERM calls ``on_sigterm`` (the agent's own stop: SIGTERM to the group, grace, SIGKILL)."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for sig in FORWARDED_SIGNALS:
+        loop.add_signal_handler(sig, sup.send_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, *FORWARDED_SIGNALS):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,131 @@
+"""The emulated cluster for end-to-end tests: ``aegis run --isolate-nodes`` as a user runs it.
+
+Every node has its own network namespace (an address on the run's bridge, 198.18.0.0/24 inside
+the run's own namespace), a private ``/dev/shm`` and its own hostname; see
+``aegis.platforms.emulated``. A test runs the real command line, may play a scenario while it
+runs (``during``: an ``aegis ctl`` from the host, a kill), and reads what the run left: its exit
+status, the ``--status-file``, the log directory and the probe's records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from aegis.adapters import netns
+from aegis.platforms import emulated
+
+AEGIS = [sys.executable, "-m", "aegis.cli.main"]
+PROBE = Path(__file__).parent / "bin" / "cluster_probe.py"
+TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+
+
+def address_of(index: int) -> str:
+    """The bridge address of the index-th node of a run (nodes first, then spares)."""
+    return f"{emulated.SUBNET}.{emulated.FIRST_NODE + index}"
+
+
+def require_namespaces() -> None:
+    problem = netns.missing_prerequisite()
+    if problem is not None:
+        pytest.skip(f"the emulated cluster {problem}")
+
+
+@dataclass(slots=True)
+class ClusterRun:
+    rc: int
+    output: str
+    log_dir: Path
+    status: dict[str, Any]
+    out: Path  # the probe's records
+
+    @property
+    def pods(self) -> dict[str, dict[str, Any]]:
+        return dict(self.status["status"]["pod_infos"])
+
+    def records(self, rank: int) -> list[dict[str, Any]]:
+        path = self.out / f"rank-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = (self.log_dir / "events.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+Scenario = Callable[[asyncio.subprocess.Process, Path], Awaitable[None]]
+
+
+async def run_cluster(
+    tmp_path: Path,
+    run_args: Sequence[str],
+    command: Sequence[str],
+    *,
+    during: Scenario | None = None,
+    timeout_s: float = 240.0,
+) -> ClusterRun:
+    """``aegis run --isolate-nodes RUN_ARGS -- COMMAND``, to its end (``during`` meanwhile)."""
+    require_namespaces()
+    log_dir, status_file, out = tmp_path / "logs", tmp_path / "status.json", tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    argv = [*AEGIS, "run", "--isolate-nodes", "--view", "plain", "--log-dir", str(log_dir),
+            "--status-file", str(status_file), *run_args, "--", *command]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    reading = asyncio.ensure_future(proc.stdout.read())
+    try:
+        async with asyncio.timeout(timeout_s):
+            if during is not None:
+                await during(proc, log_dir)
+            output = (await reading).decode(errors="replace")
+            rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    assert status_file.exists(), output
+    status = json.loads(status_file.read_text())
+    return ClusterRun(rc, output, log_dir, status, out)
+
+
+def leftovers(log_dir: Path) -> list[str]:
+    """Processes of a run still alive (agents, training, node holders name the log dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if str(log_dir) in cmdline:
+                found.append(f"{proc.pid}: {cmdline[:200]}")
+    return found
+
+
+def probe(out: Path, ckpt: str, *extra: str) -> list[str]:
+    """The probe; ``ckpt``: the run's checkpoints (``aegis run`` keeps them in LOG/checkpoints)."""
+    return [sys.executable, str(PROBE), str(out), str(ckpt), *extra]
+
+
+def assert_each_node_kept_to_itself(run: ClusterRun, ranks: int) -> None:
+    """Each rank ran on its pod's node under that node's name and address, and its node's
+    ``/dev/shm`` held nothing of another pod's (no rank could read another node's memory)."""
+    job = run.status["spec"]["job"]
+    pods = [f"{job}-{r}" for r in range(ranks)]
+    for rank in range(ranks):
+        for record in run.records(rank):
+            others = [p for p in pods if p != record["pod"]]
+            assert record["address"].startswith(f"{emulated.SUBNET}."), record
+            assert record["hostname"].startswith(("node-", "spare-")), record
+            assert not [f for f in record["shm"] for p in others if f"-{p}-" in f], record

@@ -1,0 +1,161 @@
+"""End to end on the emulated cluster (``aegis run --isolate-nodes``): every node its own
+network, ``/dev/shm`` and hostname, so the multi-host bugs a shared host hides show here.
+
+Each test asserts that the pods had distinct addresses (their ``pod_ip`` in the status file),
+that every round met where rank 0's pod was then, and that no rank saw another node's shared
+memory."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.agent_waits import async_wait_until
+from tests.cluster import (
+    AEGIS,
+    address_of,
+    assert_each_node_kept_to_itself,
+    leftovers,
+    probe,
+    run_cluster,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _ips(run_pods: dict[str, dict[str, object]]) -> list[object]:
+    return [info["pod_ip"] for _, info in sorted(run_pods.items())]
+
+
+async def test_a_crash_is_recovered_in_place_with_every_node_on_its_own_host(
+    tmp_path: Path,
+) -> None:
+    command = probe(tmp_path / "out", str(tmp_path / "logs" / "checkpoints"), "--fail-rank", "1",
+                    "--fail-at-step", "7")  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "3", "--spare-nodes", "1", "--job", "c"], command)
+    assert run.rc == 0, run.output
+    assert run.status["status"]["phase"] == "Succeed"
+    assert [p["retries"] for _, p in sorted(run.pods.items())] == [1, 1, 1]
+    assert _ips(run.pods) == [address_of(0), address_of(1), address_of(2)]
+    for rank in range(3):
+        first, second = run.records(rank)
+        assert first["hostname"] == f"node-{rank}" and first["address"] == address_of(rank)
+        # every round meets on rank 0's node
+        assert first["master"].startswith(f"{address_of(0)}:"), first
+        assert second["master"].startswith(f"{address_of(0)}:"), second
+        assert first["master"] != second["master"]  # a fresh port for the new round
+        # in place: restored from the node's own shared memory, no disk read
+        assert second["incarnation"] == 1 and second["resumed_from"] >= 2, second
+        assert second["opened"] == [], second
+    assert_each_node_kept_to_itself(run, 3)
+    assert leftovers(run.log_dir) == []
+
+
+async def test_a_gpu_fault_on_rank_0s_node_moves_the_rendezvous_to_the_spare(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 exits with no traceback, the checks find node-0's GPU broken: its pod moves to
+    spare-0, every rank meets there next, and rank 0 resumes from the durable checkpoint (the
+    spare's shared memory is empty) while the others resume from their own."""
+    command = probe(tmp_path / "out", str(tmp_path / "logs" / "checkpoints"), "--fail-rank", "0",
+                    "--fail-at-step", "7", "--fail-how", "exit")  # fmt: skip
+    run = await run_cluster(
+        tmp_path,
+        ["--nodes", "3", "--spare-nodes", "1", "--job", "g", "--inject-fault", "node-0:gpu",
+         "--max-retry", "2"],
+        command,
+    )  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert [e["node"] for e in status["error_nodes"]] == ["node-0"]
+    assert run.pods["g-0"]["node"] == "spare-0"
+    assert _ips(run.pods) == [address_of(3), address_of(1), address_of(2)]
+    moved = run.records(0)[-1]
+    assert (moved["hostname"], moved["address"]) == ("spare-0", address_of(3))
+    assert moved["opened"] != [], moved  # from disk: a fresh node's memory holds nothing
+    resumed = {run.records(r)[-1]["resumed_from"] for r in range(3)}
+    assert len(resumed) == 1 and resumed != {0}, resumed
+    for rank in range(3):
+        last = run.records(rank)[-1]
+        assert last["master"].startswith(f"{address_of(3)}:"), last  # rank 0's new node
+        if rank:
+            assert last["opened"] == [], last  # their own node's memory
+    assert_each_node_kept_to_itself(run, 3)
+    assert leftovers(run.log_dir) == []
+
+
+TORCHRUN_SCRIPT = """\
+import os, socket, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+out = sys.argv[1]
+restart = os.environ.get("AEGIS_RESTART_COUNT", "0")
+host = socket.gethostname()
+with open(os.path.join(out, f"r{rank}-i{restart}"), "w") as f:
+    f.write(f"{host} {os.environ['MASTER_ADDR']} {world}")
+value = torch.ones(1)
+for step in range(20):
+    dist.all_reduce(value)
+    value /= value.item()
+    if rank == 3 and step == 10 and restart == "0":
+        raise RuntimeError("injected failure of rank 3")
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> None:
+    """A script that never imports aegis, under ``torchrun --nproc-per-node 2`` in each pod
+    (torchrun reads the PET_* variables): 4 ranks on 2 hosts; one worker fails once, both
+    pods restart in place, and every rank meets on rank 0's pod each time."""
+    script, out = tmp_path / "tr.py", tmp_path / "out"
+    script.write_text(TORCHRUN_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               str(script), str(out)]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "2", "--spare-nodes", "0", "--job", "t"], command)
+    assert run.rc == 0, run.output
+    assert run.status["status"]["recover_count"] == 1
+    assert _ips(run.pods) == [address_of(0), address_of(1)]
+    for incarnation in (0, 1):
+        for rank in range(4):
+            host, master, world = (out / f"r{rank}-i{incarnation}").read_text().split()
+            assert (host, master, world) == (f"node-{rank // 2}", address_of(0), "4")
+    assert leftovers(run.log_dir) == []
+
+
+async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_counted(
+    tmp_path: Path,
+) -> None:
+    """``aegis ctl drain`` runs on the host and reaches the master inside the run's namespace;
+    the pod leaves at the next committed checkpoint, with a new address on the spare."""
+    command = probe(tmp_path / "out", str(tmp_path / "logs" / "checkpoints"), "--steps", "400",
+                    "--step-time-s", "0.05")  # fmt: skip
+    drained: list[str] = []
+
+    async def drain(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        out = tmp_path / "out"
+        await async_wait_until((out / "rank-1.jsonl").exists, 120, "training to start on node-1")
+        ctl = await asyncio.create_subprocess_exec(
+            *AEGIS, "ctl", "drain", "node-1", "--log-dir", str(log_dir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said, _ = await ctl.communicate()
+        drained.append(f"{ctl.returncode}: {said.decode()}")
+
+    run = await run_cluster(
+        tmp_path, ["--nodes", "2", "--spare-nodes", "1", "--job", "d"], command, during=drain
+    )
+    assert drained and drained[0].startswith("0: "), drained
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["recover_count"] == 0 and status["error_nodes"] == []
+    assert run.pods["d-1"]["node"] == "spare-0"
+    assert _ips(run.pods) == [address_of(0), address_of(2)]
+    moved = run.records(1)[-1]
+    assert moved["hostname"] == "spare-0" and moved["opened"] != [], moved
+    assert_each_node_kept_to_itself(run, 2)
+    assert leftovers(run.log_dir) == []
