@@ -107,3 +107,15 @@ async def test_store_lists_keys(store: StatusStore) -> None:
     await store.put("ns.j1", b"1", expected_revision=None)
     await store.put("ns.j2", b"2", expected_revision=None)
     assert await store.keys() == ["ns.j1", "ns.j2"]
+
+
+async def test_store_lists_every_key_whatever_it_holds_however_often_asked(
+    store: StatusStore,
+) -> None:
+    await store.put("ns.bad", b"\x00not json", expected_revision=None)  # the reader skips it
+    await store.put("ns.job", b"{}", expected_revision=None)
+    for _ in range(1_100):  # more calls than nats-server allows a stream consumers (1,000)
+        listed = await store.keys()
+    assert listed == ["ns.bad", "ns.job"]
+    await store.put("ns.after", b"1", expected_revision=None)
+    assert await store.keys() == ["ns.after", "ns.bad", "ns.job"]

@@ -46,4 +46,8 @@ class StatusStore(Protocol):
         Returns the new revision; raises ``StoreConflict`` otherwise."""
         ...
 
-    async def keys(self) -> list[str]: ...
+    async def keys(self) -> list[str]:
+        """Every key that holds a record, sorted, whatever the records hold (a value that is
+        not a job is the reader's to skip). Called on every poll, for as long as a master runs:
+        a call leaves nothing behind on the server (no consumer, no subscription)."""
+        ...

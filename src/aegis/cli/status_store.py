@@ -92,7 +92,7 @@ async def _get(bus: NatsBus, key: str) -> dict[str, Any] | None:
         kv = await bus.client.jetstream().key_value(STATUS_BUCKET)
     except (BucketNotFoundError, NotFoundError):
         return None  # no master has stored any job on this server
-    got = await KvStore(kv).get(key)
+    got = await KvStore(kv, client=bus.client).get(key)
     if got is None:
         return None
     try:

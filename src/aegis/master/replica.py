@@ -2,8 +2,10 @@
 
 Jobs live in the status bucket (one record per job, written by whoever submits the job, then
 only by the leader). The leader loads every non-terminal job (``JobRunner.takeover``) and keeps
-polling the bucket for new ones; when the lease is lost it stops every runner at once (their
-``fence`` already refuses to write or publish) and goes back to standby. Nodes drained by
+polling the bucket for new ones (``KvStore.keys``: a listing that leaves no consumer behind;
+a record that is not a job's is skipped and counted in ``malformed``); when the lease is lost
+it stops every runner at once (their ``fence`` already refuses to write or publish) and goes
+back to standby. Nodes drained by
 ``aegis ctl drain`` are recorded in their own bucket (``drained_nodes``): every job adopted
 later is told of them, by this leader or the next. Every replica serves
 the credentials handshake, so an agent may bootstrap from any of them.
@@ -58,6 +60,53 @@ class ReplicaSettings:
     creds_ttl_s: float | None = 3600.0
 
 
+class MalformedRecord(ValueError):
+    """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
+
+
+def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
+    """A stored job record, read; raises ``MalformedRecord`` for one that is not a job's."""
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise TypeError(f"a JSON {type(record).__name__}, not an object")
+        spec, status = status_json.from_dict(record)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise MalformedRecord(f"{type(exc).__name__}: {exc}") from None
+    return record, spec, status
+
+
+class MalformedRecords:
+    """The status bucket's records that are not a job's: every poll skips them (the other jobs
+    are adopted as ever). Each is counted once per stored revision (``count``; ``revisions``:
+    key -> the revision found malformed) and logged at most once per ``log_every_s``, that
+    line saying how many came since the last one. A key that holds a job again is forgotten."""
+
+    def __init__(self, replica_id: str, log_every_s: float = 60.0) -> None:
+        self.count = 0
+        self.revisions: dict[str, int] = {}
+        self.replica_id, self.log_every_s = replica_id, log_every_s
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    def found(self, key: str, revision: int, error: Exception) -> None:
+        if self.revisions.get(key) == revision:
+            return  # this very record was counted (and logged, or summed into the next line)
+        self.revisions[key] = revision
+        self.count += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if self._logged_at is not None and now - self._logged_at < self.log_every_s:
+            return
+        log.warning("replica %s: skipping %d malformed record(s) of the status bucket "
+                    "(%d in all), the latest %r: %.200r", self.replica_id, self._unlogged,
+                    self.count, key[:100], str(error))  # fmt: skip
+        self._logged_at, self._unlogged = now, 0
+
+    def forget(self, key: str) -> None:
+        self.revisions.pop(key, None)
+
+
 async def submit_job(
     store: KvStore, spec: JobSpec, nodes: list[str], token: str, pod_ips: list[str] | None = None
 ) -> int:
@@ -79,6 +128,7 @@ class Replica:
         self.leading = asyncio.Event()
         self._fault_lines: faultlog.RotatingJsonLines | None = None  # log_dir/faults.jsonl
         self._platform_subs: dict[str, NatsSubscription] = {}
+        self.malformed = MalformedRecords(settings.replica_id)  # skipped records, counted
 
     async def run(self) -> None:
         creds = self.authority.master_creds() if self.authority else None
@@ -209,43 +259,53 @@ class Replica:
                     spec.job, directory)  # fmt: skip
         return None
 
-    async def _adopt(self, key: str, epoch: int) -> None:
+    async def _read_job(self, key: str) -> tuple[dict[str, Any], int, JobSpec, JobStatus] | None:
+        """The job's stored record and revision, read; None when there is none, or when it is
+        not a job's (skipped and counted: ``malformed``)."""
         got = await self.store.get(key)
-        if got is None:
+        if got is None or self.malformed.revisions.get(key) == got[1]:
+            return None  # none, or this very revision was found malformed (and counted)
+        try:
+            record, spec, status = decode_record(got[0])
+        except MalformedRecord as exc:
+            self.malformed.found(key, got[1], exc)
+            return None
+        self.malformed.forget(key)
+        return record, got[1], spec, status
+
+    async def _adopt(self, key: str, epoch: int) -> None:
+        read = await self._read_job(key)
+        if read is None:
             return
-        record, revision = json.loads(got[0]), got[1]
+        record, revision, spec, status = read
         self.records[key] = record
-        spec, status = status_json.from_dict(record)
         if status.phase in TERMINAL_PHASES:
             self.finished.add(key)
             return
         holder: list[JobRunner] = []
         platform = RemotePlatform(self.bus, spec, lambda: holder[0].status.seq, epoch)
-        runner = runner_from_record(
-            record,
-            revision,
-            bus=self.bus,
-            store=self.store,
-            platform=platform,
-            settings=self.settings.job,
-            log_dir=self._event_log_dir(spec, status, record),
-            epoch=epoch,
-            fence=self._fence,
-        )
+        try:
+            runner = runner_from_record(
+                record,
+                revision,
+                bus=self.bus,
+                store=self.store,
+                platform=platform,
+                settings=self.settings.job,
+                log_dir=self._event_log_dir(spec, status, record),
+                epoch=epoch,
+                fence=self._fence,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # e.g. its orders
+            self.malformed.found(key, revision, MalformedRecord(f"{type(exc).__name__}: {exc}"))
+            return
         holder.append(runner)
         self.runners[key] = runner  # from now on a drain reaches it; and one made before:
         drained = await self.drained.load()
         for node, reason in drained.items():
             platform.blacklist[node] = f"drained: {reason}"
             await platform.drain_node(node, reason)
-        env_report.EnvironmentReport().attach(runner)
-        if self.settings.log_dir is not None:  # one faults.jsonl for every job it leads
-            path = self.settings.log_dir / "faults.jsonl"
-            if self._fault_lines is None:
-                self._fault_lines = faultlog.RotatingJsonLines(path)
-            faultlog.FaultLog(path, out=self._fault_lines).attach(runner)
-        if self.metrics is not None:
-            self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
+        self._observe(runner)
         await self._subscribe_platform_events(runner)
         try:
             await runner.takeover()
@@ -259,6 +319,17 @@ class Replica:
             runner.drain(pods, f"on a drained node ({why})", self.settings.job.drain_deadline_s)
         runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")
         log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
+
+    def _observe(self, runner: JobRunner) -> None:
+        """The observers of every job it leads: environment report, fault log, metrics."""
+        env_report.EnvironmentReport().attach(runner)
+        if self.settings.log_dir is not None:  # one faults.jsonl for every job it leads
+            path = self.settings.log_dir / "faults.jsonl"
+            if self._fault_lines is None:
+                self._fault_lines = faultlog.RotatingJsonLines(path)
+            faultlog.FaultLog(path, out=self._fault_lines).attach(runner)
+        if self.metrics is not None:
+            self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
 
     async def _subscribe_platform_events(self, runner: JobRunner) -> None:
         import msgspec
@@ -311,10 +382,8 @@ class Replica:
         while True:
             try:
                 for key in await self.store.keys():
-                    if key not in self.records:
-                        got = await self.store.get(key)
-                        if got is not None:
-                            self.records[key] = json.loads(got[0])
+                    if key not in self.records and (read := await self._read_job(key)):
+                        self.records[key] = read[0]
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
                 raise_if_cancelled(since)
                 log.debug(
@@ -327,9 +396,9 @@ class Replica:
         key = f"{namespace}.{job}"
         record = self.records.get(key)
         if record is None:  # a job submitted since the last refresh
-            got = await self.store.get(key)
-            if got is None:
+            read = await self._read_job(key)
+            if read is None:
                 return None
-            record = self.records[key] = json.loads(got[0])
+            record = self.records[key] = read[0]
         pods = tuple(sorted(record["status"]["pod_infos"], key=lambda p: int(p.rsplit("-", 1)[-1])))
         return grpc_creds.JobAccess(namespace, job, record.get("token", ""), pods)

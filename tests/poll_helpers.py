@@ -1,0 +1,121 @@
+"""For the tests of a master's polling of its buckets: a standalone master (``Replica``) on a real
+nats-server, a count of its polls (``KvStore.keys`` calls, by the task that made them: ``jobs``
+is the leader's adoption poll, ``records`` every replica's refresh) and of the consumers on
+each of its buckets' streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.master import drained_nodes
+from aegis.master.lease import LeaseSettings
+from aegis.master.replica import Replica, ReplicaSettings
+from aegis.master.service import STATUS_BUCKET
+
+BUCKETS = (STATUS_BUCKET, drained_nodes.BUCKET, LeaseSettings().bucket)
+
+
+@dataclass
+class Polls:
+    """``started``/``failed``: ``keys`` calls by task name. ``first_listed``: key -> the index
+    (in ``started["jobs"]``) of the first adoption poll that listed it; ``adopted_at``: key ->
+    the index of the adoption poll that adopted it."""
+
+    started: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    first_listed: dict[str, int] = field(default_factory=dict)
+    adopted_at: dict[str, int] = field(default_factory=dict)
+
+
+def count_polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
+    polls = Polls()
+    keys, adopt = KvStore.keys, Replica._adopt
+
+    async def counted_keys(self: KvStore) -> list[str]:
+        task = asyncio.current_task()
+        name = task.get_name() if task is not None else ""
+        polls.started[name] += 1
+        index = polls.started[name]
+        try:
+            found = await keys(self)
+        except Exception:
+            polls.failed[name] += 1
+            raise
+        if name == "jobs":
+            for key in found:
+                polls.first_listed.setdefault(key, index)
+        return found
+
+    async def counted_adopt(self: Replica, key: str, epoch: int) -> None:
+        await adopt(self, key, epoch)
+        if key in self.runners:
+            polls.adopted_at.setdefault(key, polls.started["jobs"])
+
+    monkeypatch.setattr(KvStore, "keys", counted_keys)
+    monkeypatch.setattr(Replica, "_adopt", counted_adopt)
+    return polls
+
+
+async def consumer_counts(bus: NatsBus) -> dict[str, int]:
+    """The number of consumers on each of the master's buckets' streams (0: no such bucket)."""
+    js = bus.client.jetstream()
+    counts: dict[str, int] = {}
+    for bucket in BUCKETS:
+        try:
+            info = await js.stream_info(f"KV_{bucket}")
+        except Exception:  # not made yet
+            counts[bucket] = 0
+            continue
+        counts[bucket] = info.state.consumer_count
+    return counts
+
+
+@dataclass
+class Master:
+    server: EmbeddedNats
+    replica: Replica
+    bus: NatsBus  # the test's own connection (a submitter's)
+    store: KvStore  # the status bucket, through ``bus``
+    polls: Polls
+
+
+@contextlib.asynccontextmanager
+async def standalone_master(
+    monkeypatch: pytest.MonkeyPatch, poll_s: float
+) -> AsyncIterator[Master]:
+    """A nats-server and one master replica on it, leading (it holds the lease)."""
+    polls = count_polls(monkeypatch)
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    replica = Replica(None, server.url, ReplicaSettings(
+        replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=poll_s))  # fmt: skip
+    task = asyncio.create_task(replica.run(), name="replica")
+    bus = await NatsBus.connect(server.url)
+    try:
+        async with asyncio.timeout(60):
+            await replica.leading.wait()
+        yield Master(server, replica, bus, await KvStore.open(bus, STATUS_BUCKET), polls)
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await bus.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Until ``condition()`` holds, with a deadline (never a bare sleep)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}") from None
