@@ -112,7 +112,8 @@ async def k8s(
     await asyncio.to_thread(server.start)
     replica = Replica(None, server.url, ReplicaSettings(
         replica_id="m1", lease=LeaseSettings(lease_s=2.0),
-        job=JobSettings(heartbeat_timeout_s=1.0), poll_s=0.1))  # fmt: skip
+        job=JobSettings(heartbeat_timeout_s=1.0, rendezvous=manifests.RENDEZVOUS_RULE),
+        poll_s=0.1))  # fmt: skip
     bus = await NatsBus.connect(server.url)
     store = await KvStore.open(bus, STATUS_BUCKET)
     api = cluster.KubernetesCluster(cluster.load_config())
@@ -384,3 +385,70 @@ def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "--cordon-drained" in line]
     assert len(lines) == 1 and "needs --kubernetes" in lines[0], result.stderr
+
+
+def _send(k8s: Cluster, pod: str, kind: m.MessageType, data: m.Payload, seq: int = 0) -> Any:
+    msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=Phase.PENDING,
+                    seq=seq, ts=time.time(), data=data, id=f"{pod}-{time.monotonic_ns()}")  # fmt: skip
+    return k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(msg))
+
+
+async def test_every_round_meets_at_rank_0s_current_pod_ip(k8s: Cluster) -> None:
+    """The operator's pods each have their own IP. Every order that starts a round hands the
+    ranks rank 0's pod IP (what its ACK says, from the downward API) and a port of the pod's own
+    range; after rank 0's pod is replaced on another node, the next round meets at the new
+    pod's IP. Before any address is known the headless service's name stands in."""
+    orders: list[m.OrderData] = []
+
+    async def on_order(subject: str, payload: bytes) -> None:
+        msg = codec.decode(payload)
+        if isinstance(msg.data, m.OrderData) and "MASTER_ADDR" in msg.data.env:
+            orders.append(msg.data)
+
+    await k8s.bus.subscribe(f"{job_subject_prefix('ml', 'train')}.master", on_order)
+    await start_job(k8s)
+    await _send(k8s, "train-0", m.MessageType.ACK, m.AckData("node-a", "10.0.0.10"))
+    await _send(k8s, "train-1", m.MessageType.ACK, m.AckData("node-b", "10.0.0.11"))
+
+    async def ordered(count: int) -> bool:
+        return len(orders) >= count
+
+    await until(lambda: ordered(1), "the bootcheck order")
+    first = orders[0]
+    assert first.order.value == "bootcheck" and first.env["MASTER_ADDR"] == "10.0.0.10"
+    port = int(first.env["CHECK_MASTER_PORT"])
+    assert manifests.RENDEZVOUS_PORT <= port < manifests.RENDEZVOUS_PORT + 2000
+    # Only train-1 keeps its heartbeat: train-0 is lost, and replaced on node-c.
+    beating = asyncio.create_task(_beat(k8s, "train-1"))
+    try:
+
+        async def replacing() -> bool:
+            return "train-0" in (k8s.status().get("replacing") or {})
+
+        await until(replacing, "train-0 listed for replacement")
+        await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-0")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        moved = scheduled(0, "node-c", "u0b", now)
+        moved["status"]["podIP"] = "10.0.0.20"
+        await k8s.emulator.post(k8s_emulator.PODS, json=moved)
+
+        async def back() -> bool:
+            pod = k8s.status().get("pod_infos", {}).get("train-0", {})
+            return pod.get("pod_ip") == "10.0.0.20"
+
+        await until(back, "train-0's new pod IP in the status")
+        seen = len(orders)
+        await _send(k8s, "train-0", m.MessageType.ACK, m.AckData("node-c", "10.0.0.20"))
+        await until(lambda: ordered(seen + 1), "the next round's order")
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+    assert {o.env["MASTER_ADDR"] for o in orders[seen:]} == {"10.0.0.20"}, orders
+    assert orders[seen].env != first.env  # another round, another port
+
+
+async def _beat(k8s: Cluster, pod: str) -> None:
+    while True:
+        await _send(k8s, pod, m.MessageType.HEARTBEAT, m.HeartbeatData())
+        await asyncio.sleep(0.2)

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -99,8 +100,9 @@ class MasterLink:
             raise LinkUnavailable(str(exc)) from exc
         await self.bus.subscribe(f"{self.creds.subject_prefix}.master", self._on_order)
         await self._send(
-            m.MessageType.ACK, Phase.PENDING, 0, m.AckData(s.node, "", self.incarnation)
-        )
+            m.MessageType.ACK, Phase.PENDING, 0,
+            m.AckData(s.node, pod_address(os.environ, s.grpc_target), self.incarnation),
+        )  # fmt: skip
         await self.bus.flush()
 
     async def _fetch_creds(self) -> grpc_creds.WorkerCreds:
@@ -444,6 +446,25 @@ def _round_env(order_env: Mapping[str, str]) -> dict[str, str]:
     if "MASTER_PORT" in env:
         env["PET_MASTER_PORT"] = env["MASTER_PORT"]
     return env
+
+
+POD_IP_ENV = "AEGIS_POD_IP"
+
+
+def pod_address(env: Mapping[str, str], master: str) -> str:
+    """Where this pod's peers reach it (what its ACK says): ``AEGIS_POD_IP`` where the platform
+    knows it (the local platform, a pod's ``status.podIP``), else this host's address on the
+    route toward the master (a UDP socket's local address: no packet is sent); "" if neither."""
+    given = env.get(POD_IP_ENV, "").strip()
+    if given:
+        return given
+    host, _, port = master.split(",", maxsplit=1)[0].strip().rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host.strip("[]"), int(port)))
+            return str(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return ""
 
 
 def inject_from_env() -> frozenset[str]:

@@ -15,9 +15,11 @@ from aegis.core.recovery import Classification
 
 @dataclass(frozen=True, slots=True)
 class PodAcked:
-    """The pod's agent subscribed to its job's orders (sent once per agent incarnation)."""
+    """The pod's agent subscribed to its job's orders (sent once per agent incarnation);
+    ``pod_ip``: the address it says its peers reach it at (None: it did not say)."""
 
     pod: PodName
+    pod_ip: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,11 +47,11 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
             return _on_drain_forced(status, pods, reason, now)
         case ev.SlowdownReported():
             return _on_slowdown(status, now)
-        case ev.PodAcked(pod=pod):
+        case ev.PodAcked(pod=pod, pod_ip=ip):
             info = status.pod_infos.get(pod)
             if info is None:
                 return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
-            return _on_ack(spec, status, pod, info, now)
+            return _addressed(pod, ip, status, _on_ack(spec, status, pod, info, now))
         case ev.HeartbeatLost(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:
@@ -344,6 +344,18 @@ def _add_error_node(
 
 # ---------------------------------------------------------------------------------------------
 # Membership: ACKs, lost pods, restarted pods.
+
+
+def _addressed(pod: PodName, ip: str | None, before: JobStatus, result: Result) -> Result:
+    """An accepted ACK that says where the pod is: its ``pod_ip`` from now on (the newest word:
+    a hand-started agent's is the only one; a platform's agrees with it)."""
+    status, actions = result
+    info = status.pod_infos.get(pod)
+    if not ip or status is before or info is None or info.pod_ip == ip:
+        return result
+    return updates.status(
+        status, pod_infos=status.pod_infos.set(pod, updates.pod(info, pod_ip=ip))
+    ), actions
 
 
 def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:

@@ -240,6 +240,7 @@ class LocalPlatform:
         if s.ckpt_dir is not None:
             env["AEGIS_CKPT_DIR"] = str(s.ckpt_dir)
         env.setdefault("AEGIS_PREWARM", s.prewarm)
+        env["AEGIS_POD_IP"] = self.hosts.address(state.node)  # what its ACK says
         log_path = s.log_dir / "pods" / f"{state.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.core.recovery import CheckOutcome, Classification, classify
@@ -17,8 +20,8 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
         raise WireError("wrong_job", detail=f"{msg.namespace}/{msg.job} on {namespace}/{job}")
     pod = PodName(msg.pod)
     match msg.data:
-        case m.AckData():
-            return ev.PodAcked(pod)
+        case m.AckData(pod_ip=ip):
+            return ev.PodAcked(pod, ip if is_address(ip) else None)
         case m.ExitData(exit_code=code):
             return ev.PodFinished(pod, msg.phase, msg.seq, code)
         case m.ChecksData(response=response):
@@ -33,6 +36,20 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             return ev.CheckpointCommitted(step)
         case m.HeartbeatData() | m.OrderData() | m.CheckpointDeclinedData():
             return None
+
+
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def is_address(text: str) -> bool:
+    """An IP address or a DNS name (a peer's word on where it is: anything else is ignored)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return bool(_HOSTNAME.match(text))
+    return True
 
 
 def verdict_of(response: m.CheckResponse) -> Classification:

@@ -127,6 +127,8 @@ def worker_env(job: JobView, rank: int) -> list[Body]:
         plain[checks_config.ENV] = json.dumps(dict(job.checks), sort_keys=True)
     env: list[Body] = [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": "AEGIS_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    # the agent's ACK says where the pod is (the rendezvous follows rank 0's pod IP)
+    env.append({"name": "AEGIS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
 
 
