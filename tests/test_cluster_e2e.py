@@ -8,20 +8,27 @@ memory."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from aegis.adapters.nats_server import free_port
 from tests.agent_waits import async_wait_until
 from tests.cluster import (
     AEGIS,
+    TRAIN,
     address_of,
     assert_each_node_kept_to_itself,
     leftovers,
     probe,
     run_cluster,
 )
+from tests.scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -159,3 +166,95 @@ async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_count
     assert moved["hostname"] == "spare-0" and moved["opened"] != [], moved
     assert_each_node_kept_to_itself(run, 2)
     assert leftovers(run.log_dir) == []
+
+
+async def test_the_leader_killed_mid_training_the_standby_leads_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``--masters 2`` inside the cluster: the masters listen on the bridge, the agents on their
+    nodes reach whichever leads. The leader is SIGKILLed from the host once every rank trains;
+    the standby leads the job, nothing is counted, training never restarts; meanwhile the
+    masters' ``/metrics`` answer on the host's loopback (a forwarder into the namespace)."""
+    port = free_port()
+    command = probe(tmp_path / "out", str(tmp_path / "logs" / "checkpoints"), "--steps", "120",
+                    "--step-time-s", "0.05")  # fmt: skip
+    killed: list[str] = []
+    scraped: list[str] = []
+
+    async def kill_leader(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        out = tmp_path / "out"
+        await async_wait_until(
+            lambda: all((out / f"rank-{r}.jsonl").exists() for r in range(2)), 120, "training"
+        )
+        leader = next(
+            i for i in range(2)
+            if "leads job default.f" in (log_dir / f"master-{i}.log").read_text()
+        )  # fmt: skip
+        scraped.append(await asyncio.to_thread(scrape, port + leader))
+        pid = _master_pid(log_dir, leader)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(f"master-{leader}")
+
+    run = await run_cluster(
+        tmp_path,
+        ["--nodes", "2", "--spare-nodes", "0", "--job", "f", "--masters", "2",
+         "--metrics-port", str(port)],
+        command,
+        during=kill_leader,
+    )  # fmt: skip
+    assert killed, run.output
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["recover_count"] == 0 and status["phase"] == "Succeed"
+    assert _ips(run.pods) == [address_of(0), address_of(1)]
+    assert [len(run.records(r)) for r in range(2)] == [1, 1]  # never restarted
+    standby = 1 - int(killed[0].split("-")[1])
+    assert "leads job default.f" in (run.log_dir / f"master-{standby}.log").read_text()
+    assert "aegis_" in scraped[0]
+    assert_each_node_kept_to_itself(run, 2)
+    assert leftovers(run.log_dir) == []
+
+
+def _master_pid(log_dir: Path, index: int) -> int:
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if f"master-{index}" in cmdline and str(log_dir) in cmdline:
+            return int(proc.pid)
+    raise AssertionError(f"no master-{index} process")
+
+
+@pytest.mark.timeout(420)
+async def test_a_node_that_turns_slow_is_evicted_to_a_spare_at_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    """node-1 turns slow (stopped from outside part of every period) at the first commit; the
+    pace watch notices, allreduce_perf names node-1 across the bridge, the pod leaves at the
+    next committed checkpoint for spare-0 and its new address; nothing is counted."""
+    command = [sys.executable, str(TRAIN), "--steps", "900", "--ckpt-every", "300",
+               "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    run = await run_cluster(
+        tmp_path,
+        ["--nodes", "3", "--spare-nodes", "1", "--job", "s", "--inject-fault", "node-1:slow",
+         "--pace-window-s", "3", "--pace-drop", "0.5", "--heartbeat-timeout-s", "10",
+         "--max-retry", "2"],
+        command,
+        timeout_s=400,
+    )  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert [e["node"] for e in status["error_nodes"]] == ["node-1"], status
+    assert status["recover_count"] == 0
+    assert run.pods["s-1"]["node"] == "spare-0"
+    assert _ips(run.pods) == [address_of(0), address_of(3), address_of(2)]
+    assert leftovers(run.log_dir) == []
+
+
+def test_without_root_the_emulated_cluster_is_refused_in_one_line(tmp_path: Path) -> None:
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [*nobody, *AEGIS, "run", "--isolate-nodes", "--", "true"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                            cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stderr.strip().splitlines() == [
+        "aegis: error: --isolate-nodes needs root (network, mount and UTS namespaces)"
+    ]

@@ -388,8 +388,9 @@ def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:
 
 
 def _send(k8s: Cluster, pod: str, kind: m.MessageType, data: m.Payload, seq: int = 0) -> Any:
+    ident = f"{pod}-{time.monotonic_ns()}"
     msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=Phase.PENDING,
-                    seq=seq, ts=time.time(), data=data, id=f"{pod}-{time.monotonic_ns()}")  # fmt: skip
+                    seq=seq, ts=time.time(), data=data, id=ident)  # fmt: skip
     return k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(msg))
 
 
