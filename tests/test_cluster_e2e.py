@@ -8,6 +8,7 @@ memory."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from tests.cluster import (
     assert_each_node_kept_to_itself,
     leftovers,
     probe,
+    require_namespaces,
     run_cluster,
 )
 from tests.scrape import scrape
@@ -90,6 +92,9 @@ async def test_a_gpu_fault_on_rank_0s_node_moves_the_rendezvous_to_the_spare(
         assert last["master"].startswith(f"{address_of(3)}:"), last  # rank 0's new node
         if rank:
             assert last["opened"] == [], last  # their own node's memory
+    faults = [json.loads(line) for line in (run.log_dir / "faults.jsonl").open()]
+    on_node_0 = [f for f in faults if f["node"] == "node-0"]
+    assert on_node_0 and {f["node_ip"] for f in on_node_0} == {address_of(0)}, faults
     assert_each_node_kept_to_itself(run, 3)
     assert leftovers(run.log_dir) == []
 
@@ -258,3 +263,31 @@ def test_without_root_the_emulated_cluster_is_refused_in_one_line(tmp_path: Path
     assert result.stderr.strip().splitlines() == [
         "aegis: error: --isolate-nodes needs root (network, mount and UTS namespaces)"
     ]
+
+
+async def test_a_sigkilled_run_leaves_no_process_and_no_namespace_behind(tmp_path: Path) -> None:
+    """``aegis run --isolate-nodes`` SIGKILLed on the host while it trains: the run inside its
+    namespace, the node holders, NATS, the agents and the training processes all go (each dies
+    with its parent), and with them the namespaces; nothing was made under /run/netns."""
+    require_namespaces()
+    before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    out, log_dir = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    command = probe(out, str(log_dir / "checkpoints"), "--steps", "100000")
+    proc = await asyncio.create_subprocess_exec(
+        *AEGIS, "run", "--isolate-nodes", "--nodes", "2", "--view", "plain",
+        "--log-dir", str(log_dir), "--", *command,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await async_wait_until(
+            lambda: all((out / f"rank-{r}.jsonl").exists() for r in range(2)), 120, "training"
+        )
+        holders = [p for p in leftovers(log_dir) if "aegis-node node-" in p]
+        assert holders, leftovers(log_dir)
+    finally:
+        proc.kill()
+        await proc.wait()
+    await async_wait_until(lambda: leftovers(log_dir) == [], 60, "every process of the run gone")
+    after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    assert after == before

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
+from aegis.core.model import name_problem
 from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import emulated, local_run
@@ -76,7 +77,7 @@ class RunObservers:
         if self.view is not None:
             self.view.attach(runner, platform)
         settings = self.fault_log_settings or faultlog.FaultLogSettings(
-            node_ip=lambda node: "127.0.0.1"
+            node_ip=platform.hosts.address  # the node's own (bridge) address when isolated
         )
         self.fault_log = faultlog.FaultLog(log_dir / "faults.jsonl", settings)
         self.fault_log.attach(runner)
@@ -198,6 +199,10 @@ def run(
     ] = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
+    problem = name_problem("job", job)
+    if problem is not None:
+        print(f"aegis: error: --job: {problem}", file=sys.stderr)
+        raise typer.Exit(2)
     if isolate_nodes and not emulated.inside():
         _isolated(
             nats, metrics_addr, [metrics_port + i for i in range(masters)] if metrics_port else []

@@ -43,9 +43,10 @@ FIRST_NODE = 10
 MASTER_NAME = "aegis-master"
 # Rounds meet on rank 0's node, on a port of the range every node owns (its own namespace).
 RULE = RendezvousRule(fallback_host=BRIDGE_ADDR, port_base=TORCH_PORT)
+# A node's holder: its names set, then a sleep that ``ps`` shows as "aegis-node NODE HOSTS".
 _HOLD = (
     'hostname "$1" && mount -t tmpfs -o mode=1777 aegis-shm /dev/shm && '
-    'mount --bind "$2" /etc/hosts && echo ready && exec sleep infinity'
+    'mount --bind "$2" /etc/hosts && echo ready && exec -a "aegis-node $1 $2" sleep infinity'
 )
 
 
@@ -120,7 +121,7 @@ class EmulatedCluster:
         address = self.table[node]
         argv = lifecycle.pdeath_argv(
             ["unshare", "--net", "--mount", "--uts", "--propagation", "private",
-             "sh", "-c", _HOLD, "sh", node, str(self.hosts_file)]
+             "bash", "-c", _HOLD, "bash", node, str(self.hosts_file)]
         )  # fmt: skip
         holder = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,

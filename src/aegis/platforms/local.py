@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from aegis.adapters import lifecycle
+from aegis.adapters import lifecycle, nats_auth
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
@@ -148,8 +148,7 @@ class LocalPlatform:
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
         self.grpc_target = grpc_target
         self.token_file = self.settings.log_dir / ".bootstrap-token"
-        self.token_file.write_text(token)
-        self.token_file.chmod(0o600)
+        nats_auth.write_secret(self.token_file, token)  # 0600 from its first byte, atomically
 
     async def launch_all(self) -> None:
         for pod, node in sorted(self.initial.items()):
@@ -192,8 +191,13 @@ class LocalPlatform:
         if node != state.node:
             state.containers_on_node = 0
         state.node = node
-        await self._spawn(state)
         assert self.sink is not None
+        try:
+            await self._spawn(state)
+        except (OSError, RuntimeError) as exc:  # the node could not be made, the agent started
+            log.error("%s could not be placed on %s: %s", pod, node, exc)
+            self.sink(ev.QuitRequested(f"{pod} could not be placed on {node}: {exc}"))
+            return
         self.sink(ev.PodRestarted(pod, NodeName(node), self.hosts.address(node)))
         log.info("%s placed on %s (%s)", pod, node, reason)
 
