@@ -1,11 +1,22 @@
-"""A real, private Slurm cluster for the tests: munged, slurmctld and three slurmd daemons.
+"""A real, private Slurm cluster for the tests: munged, slurmctld and three slurmd daemons, each
+slurmd on a host of its own.
 
-Everything runs as root inside a private network namespace (``unshare -n``; ``lo`` up with
-127.0.0.2 added) so nothing touches the host's network or a real cluster, and every path
-(config, state, spool, pid and log files, munge socket and key) is under a temporary directory.
-The three nodes ``n1..n3`` are three ``slurmd -N`` instances on this one machine (Debian's
-slurmd is built with ``--enable-multiple-slurmd``), each on its own port. Commands such as
-``sbatch`` and ``sinfo`` run in the namespace through ``nsenter``.
+Everything runs as root inside a private namespace made for the cluster (``unshare --net --mount
+--uts``: nothing touches the host's network or a real cluster) and every path (config, state,
+spool, pid and log files, munge socket and key) is under a temporary directory, as a cluster
+file system would be. The namespaces are those of ``aegis run --isolate-nodes``
+(:class:`aegis.platforms.emulated.EmulatedCluster`, made by a holder process inside the
+cluster's namespace): a bridge with 198.18.0.1, where ``slurmctld`` and ``munged`` run (hostname
+``aegis-master``), and per node ``n1..n3`` a process holding its own network namespace (its
+loopback, one address on the bridge: 198.18.0.10..12), mount namespace (a private ``/dev/shm``)
+and UTS namespace (the node's name as hostname). Every one of them, slurmctld's included,
+resolves every node's name through a bind-mounted hosts file. Each ``slurmd -N`` runs in its
+node's namespaces (``nsenter``), and ``slurm.conf`` gives every node its own ``NodeAddr``: an
+``srun`` step runs on a host of its own. Commands such as ``sbatch`` and ``sinfo`` run in
+slurmctld's namespaces. Processes hold the namespaces (no files under ``/run/netns``): when the
+test process ends (``stop()``, or killed) the cluster's holder kills every process left in the
+cluster (a step outlives its slurmd) and the nodes' holders, and the namespaces go with the last
+of them: a killed test leaves nothing.
 
 ``why_unavailable()`` says in one line why such a cluster cannot run here (not root, no
 unshare, Slurm or munge not installed); the tests skip with that reason.
@@ -13,41 +24,56 @@ unshare, Slurm or munge not installed); the tests skip with that reason.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from aegis.platforms import emulated
+
 NODES = ("n1", "n2", "n3")
+ADDRESSES = emulated.addresses(NODES)  # n1 is 198.18.0.10, ...
+CTL_HOST = emulated.MASTER_NAME  # slurmctld's hostname, at the bridge's address
+BRIDGE_ADDR = emulated.BRIDGE_ADDR
+CTLD_PORT, SLURMD_PORT = 6817, 6818  # every node has its own network namespace
 TOOLS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "srun", "sinfo", "scontrol")
+NS = ("--net", "--mount", "--uts")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def why_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm tests start slurmctld/slurmd/munged and need root"
-    missing = [tool for tool in (*TOOLS, "unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    tools = (*TOOLS, "unshare", "nsenter", "ip", "hostname", "mount")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         return f"Slurm/munge not installed (missing {', '.join(missing)}; .ci/run installs them)"
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
+    probe = subprocess.run(["unshare", *NS, "true"], capture_output=True, check=False)
     if probe.returncode != 0:
-        return f"unshare -n denied here: {probe.stderr.decode(errors='replace').strip()}"
+        return (
+            f"unshare {' '.join(NS)} denied here: {probe.stderr.decode(errors='replace').strip()}"
+        )
     return None
 
 
-def slurm_conf(root: Path, ctld_port: int, slurmd_ports: Sequence[int]) -> str:
+def slurm_conf(root: Path) -> str:
     nodes = "\n".join(
-        f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=4 "
+        f"NodeName={name} NodeHostname={name} NodeAddr={address} Port={SLURMD_PORT} CPUs=4 "
         "RealMemory=1000 State=UNKNOWN"
-        for name, port in zip(NODES, slurmd_ports, strict=True)
+        for name, address in ADDRESSES.items()
     )
     return f"""\
 ClusterName=aegistest
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={ctld_port}
+SlurmctldHost={CTL_HOST}({BRIDGE_ADDR})
+SlurmctldPort={CTLD_PORT}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -83,63 +109,113 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 """
 
 
+def hold(state: str, nodes: Sequence[str]) -> None:
+    """The cluster's holder, run in its new namespaces (``python -c``): slurmctld's hostname and
+    hosts file, the bridge and the nodes (``emulated.EmulatedCluster``), the nodes' holders'
+    pids in ``state/pids.json``; held until stdin closes (``stop()``, or the test process
+    died), then every process left in the cluster (a step that outlived its slurmd) is killed."""
+    asyncio.run(_hold(Path(state), nodes))
+
+
+async def _hold(state: Path, nodes: Sequence[str]) -> None:
+    cluster = emulated.EmulatedCluster(nodes, state)
+    await cluster.start()
+    subprocess.run(["hostname", CTL_HOST], check=True)
+    subprocess.run(["mount", "--bind", str(cluster.hosts_file), "/etc/hosts"], check=True)
+    for node in nodes:
+        await cluster.prepare(node)
+    pids = {node: cluster.nodes[node].holder.pid for node in nodes}
+    namespaces = {_netns(os.getpid()), *(_netns(pid) for pid in pids.values())}
+    (state / "pids.tmp").write_text(json.dumps(pids))
+    (state / "pids.tmp").rename(state / "pids.json")
+    try:
+        await asyncio.to_thread(sys.stdin.buffer.read)
+    finally:
+        _sweep(namespaces)
+        await cluster.close()
+
+
+def _netns(pid: int) -> tuple[int, int] | None:
+    try:
+        found = os.stat(f"/proc/{pid}/ns/net")
+    except OSError:  # gone, or a zombie
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _sweep(namespaces: set[tuple[int, int] | None], timeout_s: float = 10.0) -> None:
+    """SIGKILL every process in ``namespaces`` but this one, until none is left."""
+    namespaces.discard(None)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        left = [pid for pid in pids if _netns(pid) in namespaces]
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)  # until the killed are gone (a zombie is in no namespace)
+
+
 def _die_with_parent() -> None:
     """A daemon gets SIGTERM when the test process dies, so a crashed run leaves none behind."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 class SlurmCluster:
-    """Start with ``start()``, stop with ``stop()``; ``run(argv)`` inside the namespace."""
+    """Start with ``start()``, stop with ``stop()``; ``run(argv)`` in slurmctld's namespaces,
+    ``spawn`` there or (``node=``) on a node."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.conf = root / "slurm.conf"
         self.holder: subprocess.Popen[bytes] | None = None
+        self.node_pids: dict[str, int] = {}  # a node -> the process holding its namespaces
         self.daemons: list[subprocess.Popen[bytes]] = []
 
     @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.conf)
+        env.pop(emulated.CLUSTER_ENV, None)
         return env
 
-    def _ns(self, argv: Sequence[str]) -> list[str]:
+    def _ns(self, argv: Sequence[str], node: str | None = None) -> list[str]:
+        """``argv`` in slurmctld's namespaces, or in ``node``'s."""
         assert self.holder is not None
-        return ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net", *argv]
+        pid = self.holder.pid if node is None else self.node_pids[node]
+        return ["nsenter", "-t", str(pid), *NS, "--", *argv]
 
     def run(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+        node: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         merged = self.env | dict(env or {})
         result = subprocess.run(
-            self._ns(argv), capture_output=True, text=True, env=merged, check=False, timeout=60
-        )
+            self._ns(argv, node), capture_output=True, text=True, env=merged, check=False,
+            timeout=60,
+        )  # fmt: skip
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr}")
         return result
 
-    def _daemon(self, argv: Sequence[str], log_name: str) -> None:
-        self.daemons.append(self.spawn(argv, log_name))
+    def _daemon(self, argv: Sequence[str], log_name: str, node: str | None = None) -> None:
+        self.daemons.append(self.spawn(argv, log_name, node=node))
 
-    def spawn(self, argv: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
-        """A long-running process inside the namespace (it dies with the test process)."""
+    def spawn(
+        self, argv: Sequence[str], log_name: str, *, node: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A long-running process in slurmctld's namespaces or ``node``'s (it dies with the
+        test process)."""
         with (self.root / "log" / log_name).open("ab") as out:
             return subprocess.Popen(
-                self._ns(argv),
+                self._ns(argv, node),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -149,16 +225,11 @@ class SlurmCluster:
             )
 
     def start(self, timeout_s: float = 60.0) -> None:
-        for sub in ("munge", "state", "run", "log", *(f"spool/{n}" for n in NODES)):
+        for sub in ("munge", "state", "run", "log", "hosts", *(f"spool/{n}" for n in NODES)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o700)
-        ports = _free_ports(1 + len(NODES))
-        self.conf.write_text(slurm_conf(self.root, ports[0], ports[1:]))
-        setup = "ip link set lo up && ip addr add 127.0.0.2/8 dev lo && exec cat"
-        self.holder = subprocess.Popen(
-            ["unshare", "-n", "bash", "-c", setup], stdin=subprocess.PIPE, start_new_session=True
-        )
-        self._wait(self._lo_up, timeout_s, "the namespace's loopback")
+        self.conf.write_text(slurm_conf(self.root))
+        self._make_hosts(timeout_s)
         key = self.root / "munge" / "munge.key"
         subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, timeout=30)
         munge = self.root / "munge"
@@ -171,20 +242,36 @@ class SlurmCluster:
         self._wait((munge / "munge.socket").exists, timeout_s, "munged")
         self._daemon(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out")
         for node in NODES:
-            self._daemon(["slurmd", "-D", "-N", node, "-f", str(self.conf)], f"slurmd.{node}.out")
+            argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
+            self._daemon(argv, f"slurmd.{node}.out", node=node)
         self._wait(self._all_idle, timeout_s, "every node idle in sinfo")
 
-    def _lo_up(self) -> bool:
+    def _make_hosts(self, timeout_s: float) -> None:
+        """The cluster's namespaces and, in them, the bridge and one set per node."""
+        state = self.root / "hosts"
+        env = self.env | {emulated.CLUSTER_ENV: "slurm-fixture"}  # EmulatedCluster's "inside"
+        code = f"from tests.slurm_fixture import hold; hold({str(state)!r}, {NODES!r})"
+        # No parent-death signal: the test process's end closes stdin, and the holder sweeps.
+        with (self.root / "log" / "hosts.out").open("ab") as out:
+            self.holder = subprocess.Popen(
+                ["unshare", *NS, "--propagation", "private", sys.executable, "-c", code],
+                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=REPO, start_new_session=True,
+            )  # fmt: skip
+        pids = state / "pids.json"
+        self._wait(lambda: self._holder_alive() and pids.exists(), timeout_s, "the hosts")
+        self.node_pids = {node: int(pid) for node, pid in json.loads(pids.read_text()).items()}
+
+    def _holder_alive(self) -> bool:
         if self.holder is None or self.holder.poll() is not None:
-            raise AssertionError("unshare -n failed")
-        argv = self._ns(["ip", "-o", "addr", "show", "dev", "lo"])
-        out = subprocess.run(argv, capture_output=True, text=True, check=False)
-        return "127.0.0.2" in out.stdout
+            raise AssertionError(f"the cluster's namespaces could not be made: {self.logs()}")
+        return True
 
     def _all_idle(self) -> bool:
+        self._holder_alive()
         for daemon in self.daemons:
             if daemon.poll() is not None:
-                raise AssertionError(f"{daemon.args} exited: {self.logs()}")
+                raise AssertionError(f"{daemon.args!r} exited: {self.logs()}")
         out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
         states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
         return all(states.get(node) == "idle" for node in NODES)
@@ -202,8 +289,7 @@ class SlurmCluster:
         return "\n".join(parts)
 
     @staticmethod
-    def _wait(condition: object, timeout_s: float, what: str) -> None:
-        assert callable(condition)
+    def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:
@@ -223,4 +309,8 @@ class SlurmCluster:
         if self.holder is not None:
             assert self.holder.stdin is not None
             self.holder.stdin.close()
-            self.holder.wait(timeout=10)
+            try:
+                self.holder.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.holder.kill()
+                self.holder.wait()

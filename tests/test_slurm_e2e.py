@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from aegis.adapters.nats_server import free_port
+from aegis.core.rendezvous import TORCH_PORT
 from tests.agent_waits import processes_with, wait_until
-from tests.slurm_fixture import NODES, SlurmCluster, why_unavailable
+from tests.slurm_fixture import ADDRESSES, BRIDGE_ADDR, NODES, SlurmCluster, why_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -58,7 +59,7 @@ def _submit(slurm: SlurmCluster, state: Path, *args: str) -> str:
     argv = [sys.executable, "-m", "aegis", "slurm", "submit", "--job", state.name,
             "--state-dir", str(state), "--max-retry", "2", "--nodes", "2", "--spare-nodes", "1",
             *args, "--", sys.executable, str(TASK), str(out)]  # fmt: skip
-    for task_flag in ("--crash-once", "--wait"):
+    for task_flag in ("--crash-once", "--wait", "--meet"):
         if task_flag in argv:
             argv.remove(task_flag)
             argv.append(task_flag)
@@ -111,6 +112,7 @@ def test_slurm_job_runs_under_aegis_and_a_crash_is_recovered_in_place(
     assert len(runs) == 2  # the crashed run and the restarted one
     rank1 = json.loads((tmp_path / "crash-out" / "rank-1.jsonl").read_text().splitlines()[0])
     assert rank1["WORLD_SIZE"] == "2" and rank1["AEGIS_NODE"] == "n2"
+    assert rank1["HOSTNAME"] == "n2"  # the step ran on n2's own host
     assert rank1["SLURM_JOB_ID"] == job_id  # the worker ran in a step of the allocation
     assert _idle(slurm)
 
@@ -180,7 +182,56 @@ def test_slurm_pod_moves_to_a_newly_requested_node_when_the_allocation_has_no_sp
     assert rank1["AEGIS_NODE"] == "n3" and rank1["SLURM_JOB_ID"] == holder
 
 
-# A NATS server with auth, its keys saved for the master and the coordinator, until SIGTERM.
+def test_slurm_rank0s_node_fails_and_the_rendezvous_follows_pod_0_to_its_new_host(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Every slurmd on a host of its own: a gpu fault on n1, the node of rank 0 (and of the
+    batch step), moves pod 0 to the spare n3; every rank is then told to meet on n3, and does
+    (rank 0 listens on the address it was handed, rank 1 connects there from n2)."""
+    state, out = tmp_path / "move", tmp_path / "move-out"
+    job_id = _submit(slurm, state, "--inject-fault", "n1:gpu", "--crash-once", "--meet")
+    record = _finished(slurm, state, job_id)
+    status = record["status"]
+    assert status["phase"] == "Succeed", _diagnostics(slurm, state)
+    assert [e["node"] for e in status["error_nodes"]] == ["n1"]
+    assert _nodes(record) == {"move-0": "n3", "move-1": "n2"}  # pod 0 moved, pod 1 stayed
+    assert slurm.node_state("n1")[0] in ("drained", "draining")
+    for pod, info in status["pod_infos"].items():  # a pod's address is its node's
+        assert info["pod_ip"] == ADDRESSES[info["node"]], (pod, info)
+    runs = {rank: _records(out / f"rank-{rank}.jsonl") for rank in (0, 1)}
+    for run in (*runs[0], *runs[1]):
+        assert run["HOSTNAME"] == run["AEGIS_NODE"], run  # each step on its node's own host
+        _assert_own_shm(run)
+    rank0, rank1 = runs[0][-1], runs[1][-1]  # the runs after the move
+    assert (rank0["HOSTNAME"], rank1["HOSTNAME"]) == ("n3", "n2")
+    assert rank0["MASTER_ADDR"] == rank1["MASTER_ADDR"] == ADDRESSES["n3"]  # rank 0's node
+    assert rank0["MASTER_PORT"] == rank1["MASTER_PORT"]
+    assert rank1["MET"] == "n3"  # and rank 1 reached rank 0 there, across hosts
+    assert runs[0][0]["MASTER_ADDR"] == ADDRESSES["n1"]  # before the move: rank 0's old node
+    for run in (*runs[0], *runs[1]):
+        assert run["MASTER_ADDR"] == ADDRESSES[_rank0_node(runs[0], run)], run
+
+
+def _rank0_node(rank0_runs: list[dict[str, Any]], run: dict[str, Any]) -> str:
+    """Where rank 0 ran in ``run``'s round (every round has a port of its own)."""
+    nodes = {r["MASTER_PORT"]: r["AEGIS_NODE"] for r in rank0_runs}
+    assert run["MASTER_PORT"] in nodes, (run, rank0_runs)
+    return str(nodes[run["MASTER_PORT"]])
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_own_shm(run: dict[str, Any]) -> None:
+    """The run saw in /dev/shm only what runs on its own host left there (``slurm_task.py``
+    names a file ``slurm_task-<dir>-<rank>-<host>-<pid>``)."""
+    hosts = {name.rsplit("-", 2)[1] for name in run["SHM"]}
+    assert hosts == {run["HOSTNAME"]}, run
+
+
+# A NATS server with auth on the given address, its keys saved for the master and the
+# coordinator, until SIGTERM.
 _NATS = """
 import signal, sys
 from pathlib import Path
@@ -188,7 +239,7 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
 authority = Authority()
 authority.save(Path(sys.argv[1]))
-server = EmbeddedNats(authority)
+server = EmbeddedNats(authority, host=sys.argv[3])
 server.start()
 Path(sys.argv[2] + ".tmp").write_text(server.url)
 Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
@@ -201,20 +252,23 @@ def test_slurm_job_runs_on_an_existing_master_that_drains_the_bad_node(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     """``aegis slurm submit --master``: no master and no NATS server in the batch step; the
-    running ``aegis master`` leads the job, its requests (move the pod, drain the node) reach
-    the allocation over NATS, and the job's end is read from its store."""
+    running ``aegis master`` (on the bridge, where every node reaches it) leads the job, its
+    requests (move the pod, drain the node) reach the allocation over NATS, and the job's end
+    is read from its store."""
     auth, url_file, grpc = tmp_path / "auth.json", tmp_path / "nats.url", free_port()
-    started = [slurm.spawn([sys.executable, "-c", _NATS, str(auth), str(url_file)], "nats.out")]
+    nats = [sys.executable, "-c", _NATS, str(auth), str(url_file), BRIDGE_ADDR]
+    started = [slurm.spawn(nats, "nats.out")]
     try:
         wait_until(url_file.exists, 30, "the NATS server")
         url = url_file.read_text()
         started.append(slurm.spawn(
             [sys.executable, "-m", "aegis", "master", "--nats", url, "--auth-file", str(auth),
-             "--grpc-port", str(grpc), "--replica-id", "m0", "--log-dir", str(tmp_path / "m")],
+             "--grpc-host", BRIDGE_ADDR, "--grpc-port", str(grpc), "--replica-id", "m0",
+             "--rendezvous-port-base", str(TORCH_PORT), "--log-dir", str(tmp_path / "m")],
             "master.out",
         ))  # fmt: skip
         state = tmp_path / "ext"
-        job_id = _submit(slurm, state, "--master", f"127.0.0.1:{grpc}", "--nats", url,
+        job_id = _submit(slurm, state, "--master", f"{BRIDGE_ADDR}:{grpc}", "--nats", url,
                          "--auth-file", str(auth), "--inject-fault", "n2:gpu",
                          "--crash-once")  # fmt: skip
         record = _finished(slurm, state, job_id)

@@ -20,7 +20,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.cli import pace_options
-from aegis.core.rendezvous import RendezvousRule
+from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import metrics
 from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
 from aegis.master.drained_nodes import DrainedNodes
@@ -67,14 +67,14 @@ def master(
         bool, typer.Option(help="Learn jobs from AegisJobs; write their status back.")
     ] = False,
     rendezvous_port_base: Annotated[
-        int | None,
+        int,
         typer.Option(
             min=0,
             max=63535,
-            help="Rounds meet on rank 0's pod, port BASE + 2*(round % 1000) (0: a port free on "
-            "this host, when every pod shares it). Default 29500 with --kubernetes, else 0.",
+            help="Rounds meet on rank 0's pod, port BASE + 2*(round % 1000) of the range each "
+            "pod's host owns (0: a port free on this host, only when every pod shares it).",
         ),
-    ] = None,
+    ] = TORCH_PORT,
     rendezvous_host: Annotated[
         str | None,
         typer.Option(
@@ -139,15 +139,16 @@ def master(
     asyncio.run(_serve(replica, side))
 
 
-def _rendezvous_rule(kubernetes: bool, host: str | None, port_base: int | None) -> RendezvousRule:
+def _rendezvous_rule(kubernetes: bool, host: str | None, port_base: int) -> RendezvousRule:
+    """The master shares no host with its pods: each round on a port of the range rank 0's
+    pod owns; the host where no pod address is known yet (a pod's ACK says it)."""
     if kubernetes:
         from aegis.platforms.kubernetes.manifests import RENDEZVOUS_RULE as default
     else:
         default = RendezvousRule()
     try:
         return RendezvousRule(
-            fallback_host=default.fallback_host if host is None else host,
-            port_base=default.port_base if port_base is None else port_base,
+            fallback_host=default.fallback_host if host is None else host, port_base=port_base
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--rendezvous-port-base") from None

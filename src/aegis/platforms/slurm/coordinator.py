@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,9 @@ class CoordinatorSettings:
     max_retry: int
     state_dir: Path
     namespace: str = "default"
-    advertise: str = "127.0.0.1"  # how agents reach this host (grpc listens on all addresses)
+    # How agents reach this host (grpc and the embedded NATS listen on all addresses); a
+    # loopback address means the batch host's node name (see advertised()).
+    advertise: str = "127.0.0.1"
     nats_url: str | None = None
     hang_timeout_s: float = 0.0
     heartbeat_timeout_s: float = 5.0
@@ -92,6 +95,18 @@ async def allocated_nodes(slurm: commands.SlurmCommands, env: Mapping[str, str])
     if result.returncode != 0:
         raise SystemExit(f"scontrol show hostnames failed: {result.stderr.strip()}")
     return result.stdout.split()
+
+
+_LOOPBACK = ("localhost", "::1", "")
+
+
+def advertised(advertise: str, env: Mapping[str, str]) -> str:
+    """How the agents on every node reach the batch host: ``advertise``, except that a
+    loopback address (the default) reaches nobody on another node, so the batch host's node
+    name stands for it (a node name is also a pod's address: it resolves on every node)."""
+    if advertise not in _LOOPBACK and not advertise.startswith("127."):
+        return advertise
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 async def budget_left(
@@ -133,6 +148,7 @@ async def run_coordinator(
     nodes = await allocated_nodes(slurm, env)
     if len(nodes) < settings.nodes:
         raise SystemExit(f"the allocation has {len(nodes)} nodes, the job needs {settings.nodes}")
+    settings = dataclasses.replace(settings, advertise=advertised(settings.advertise, env))
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
     if settings.master is not None:
@@ -141,9 +157,10 @@ async def run_coordinator(
     server = None
     if authority is not None:
         (settings.state_dir / "nats").mkdir(exist_ok=True)
-        server = EmbeddedNats(authority, store_dir=settings.state_dir / "nats")
+        # on every address: the agents on the other nodes connect to it
+        server = EmbeddedNats(authority, store_dir=settings.state_dir / "nats", host="0.0.0.0")
         await asyncio.to_thread(server.start)
-    url = settings.nats_url or (server.url if server else "")
+    url = settings.nats_url or (f"nats://{settings.advertise}:{server.port}" if server else "")
     master: MasterService | None = None
     try:
         master = await MasterService.connect(
@@ -241,7 +258,7 @@ async def _run_on_master(
         platform = _platform(settings, nodes, log_dir, slurm)
         placed = nodes[: settings.nodes]
         try:
-            served = await ServedJob.submit(bus, store, spec, placed, platform)
+            served = await ServedJob.submit(bus, store, spec, placed, platform, pod_ips=placed)
         except StoreConflict:
             raise SystemExit(
                 f"aegis slurm: job {spec.job} is already in the master's store (namespace "
