@@ -14,7 +14,6 @@ from rich.console import Console
 
 from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
-from aegis.core.model import name_problem
 from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import emulated, local_run
@@ -199,10 +198,6 @@ def run(
     ] = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
-    problem = name_problem("job", job)
-    if problem is not None:
-        print(f"aegis: error: --job: {problem}", file=sys.stderr)
-        raise typer.Exit(2)
     if isolate_nodes and not emulated.inside():
         _isolated(
             nats, metrics_addr, [metrics_port + i for i in range(masters)] if metrics_port else []
