@@ -144,10 +144,14 @@ async def test_right_token_gets_creds_scoped_to_its_job(
         timeout_s=5,
     )
     claims = decode_claims(got.creds.jwt)
-    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.>", "_INBOX_job-a.>"]
-    assert claims["nats"]["sub"]["allow"] == ["aegis.default.job-a.>", "_INBOX_job-a.>"]
+    # least privilege (issue 20): reports out, orders and replies in, nothing else
+    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.worker"]
+    assert claims["nats"]["sub"]["allow"] == [
+        "aegis.default.job-a.master",
+        "_INBOX_default_job-a.>",
+    ]
     assert got.rank == 1 and got.worker_num == 2 and got.nats_url == nats_server.url
-    assert got.creds.inbox_prefix == "_INBOX_job-a"
+    assert got.creds.inbox_prefix == "_INBOX_default_job-a"
     bus = await NatsBus.connect(got.nats_url, got.creds, max_reconnect_attempts=0)
     await bus.flush()
     await bus.close()

@@ -3,22 +3,36 @@ account with JetStream, and user JWTs scoped to one job (DESIGN section 4).
 
 A JWT is ``base64url(header).base64url(claims).base64url(ed25519 signature by the issuer)``.
 The server runs in operator mode with a MEMORY resolver preloaded with both account JWTs.
-The master's user may use every subject (and JetStream); a worker's user may only publish and
-subscribe under ``aegis.<namespace>.<job>.>`` and its inbox prefix ``_INBOX_<job>.>``.
+The master's user may use every subject (and JetStream); a worker's user may only publish on
+its job's worker subject ``aegis.<namespace>.<job>.worker`` and subscribe to its job's master
+subject ``aegis.<namespace>.<job>.master`` and its inbox ``_INBOX_<namespace>_<job>.>``: it can
+never publish an order. Names follow one rule (``core.model.check_names``: no '.', '*', '>',
+no '_'), so no job's subjects or inbox are a prefix of another's.
+
+Orders are signed besides (``Authority.sign_order``, checked by ``order_verifier``) with the
+account key: the agent knows its public key as the issuer of its own credentials.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nacl.exceptions
+import nacl.signing
 import nkeys
+
+from aegis.core.model import check_names
 
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 
@@ -54,8 +68,49 @@ def job_subject_prefix(namespace: str, job: str) -> str:
     return f"aegis.{namespace}.{job}"
 
 
-def job_inbox_prefix(job: str) -> str:
-    return f"_INBOX_{job}"
+def job_inbox_prefix(namespace: str, job: str) -> str:
+    """``_INBOX_<namespace>_<job>``: '_' is in no valid name, so the pair is unambiguous."""
+    return f"_INBOX_{namespace}_{job}"
+
+
+def write_secret(path: Path, text: str) -> None:
+    """``text`` in ``path``, owner-only (0600) from its first byte and replaced atomically, so
+    an existing file of any mode (0644) never holds the secret and a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:  # mkstemp creates it 0600
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_ORDER_DOMAIN = b"aegis-order\0"  # an order's signature can never pass for a JWT's
+
+
+def order_verifier(user_jwt: str) -> Callable[[bytes, str], bool] | None:
+    """Checks an order's signature against the key that issued ``user_jwt`` (the master's
+    account key); None when there are no credentials (a server without auth)."""
+    if not user_jwt:
+        return None
+    issuer = str(decode_claims(user_jwt)["iss"])
+    raw = base64.b32decode(issuer + "=" * (-len(issuer) % 8))
+    key = nacl.signing.VerifyKey(raw[1:33])
+
+    def verify(payload: bytes, signature: str) -> bool:
+        try:
+            sig = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+            key.verify(_ORDER_DOMAIN + payload, sig)
+        except (nacl.exceptions.BadSignatureError, binascii.Error, ValueError):
+            return False
+        return True
+
+    return verify
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +164,16 @@ class Authority:
         return encode_jwt(claims, self.operator)
 
     def save(self, path: Path) -> None:
-        """The keys, for master replicas that must mint the same credentials (mode 0600)."""
+        """The keys, for master replicas that must mint the same credentials (mode 0600, written
+        atomically: an existing file of another mode is replaced, never written into)."""
         seeds = {"operator": self.operator, "system": self.system, "account": self.account}
-        text = json.dumps({name: bytes(kp.seed).decode() for name, kp in seeds.items()})
-        path.touch(mode=0o600)
-        path.write_text(text)
+        write_secret(
+            path, json.dumps({name: bytes(kp.seed).decode() for name, kp in seeds.items()})
+        )
+
+    def sign_order(self, payload: bytes) -> str:
+        """An order's signature (``order_verifier`` checks it)."""
+        return _b64(self.account.sign(_ORDER_DOMAIN + payload))
 
     @classmethod
     def load(cls, path: Path) -> Authority:
@@ -136,10 +196,13 @@ class Authority:
         return self._user("aegis-master", None, None, ttl_s, inbox="_INBOX")
 
     def worker_creds(self, namespace: str, job: str, pod: str, ttl_s: float | None) -> UserCreds:
+        """Publish its job's worker subject only; subscribe its job's master subject and its
+        inbox only (``InvalidName`` for a name outside the rule)."""
+        check_names(namespace, job)
         prefix = job_subject_prefix(namespace, job)
-        inbox = job_inbox_prefix(job)
-        allow = [f"{prefix}.>", f"{inbox}.>"]
-        return self._user(f"{namespace}/{job}/{pod}", allow, allow, ttl_s, inbox=inbox)
+        inbox = job_inbox_prefix(namespace, job)
+        pub, sub = [f"{prefix}.worker"], [f"{prefix}.master", f"{inbox}.>"]
+        return self._user(f"{namespace}/{job}/{pod}", pub, sub, ttl_s, inbox=inbox)
 
     def _user(
         self,

@@ -5,6 +5,12 @@ Finish/Error/Hang on ``<prefix>.worker``, beats every ``heartbeat_s``, and execu
 orders (bootcheck, run, restart, stop, troubleshoot, exit) in order, each round at most once
 (an order re-sent after a master failover or for a lost message is ignored). When its
 credentials expire the server closes the connection for good; the link bootstraps again.
+
+An order is taken only when signed with the master's key (the issuer of the link's own
+credentials; a server without auth has none), so no one else can move its epoch; of its
+environment only the keys the master sends (``messages.ORDER_ENV_KEYS``) are applied, any other
+is dropped. Whatever is dropped is counted (``dropped``, ``dropped_env``), logged at a bounded
+rate.
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
+from aegis.adapters import nats_auth
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosed, NatsBus
@@ -32,6 +42,7 @@ from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo
 from aegis.core.phases import Order, Phase
 from aegis.wire import codec
 from aegis.wire import messages as m
+from aegis.wire.logsafe import RateLimitedLog, shown
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,10 @@ class MasterLink:
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
         self.check_host: check_host.CheckHost | None = None  # warm collective checks (issue 9)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.verify: Callable[[bytes, str], bool] | None = None  # an order's signature
+        self.dropped: Counter[str] = Counter()  # orders dropped, by reason
+        self.dropped_env: Counter[str] = Counter()  # environment keys dropped from orders
+        self._drop_log = RateLimitedLog(log)
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -98,6 +113,7 @@ class MasterLink:
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise LinkUnavailable(str(exc)) from exc
+        self.verify = nats_auth.order_verifier(self.creds.creds.jwt)
         await self.bus.subscribe(f"{self.creds.subject_prefix}.master", self._on_order)
         await self._send(
             m.MessageType.ACK, Phase.PENDING, 0,
@@ -106,11 +122,14 @@ class MasterLink:
         await self.bus.flush()
 
     async def _fetch_creds(self) -> grpc_creds.WorkerCreds:
-        """Any master replica hands out credentials: try each address in turn."""
+        """Any master replica hands out credentials: try each address in turn. A refusal looks
+        the same whatever its cause (a replica may not know the job yet): the next one is
+        asked; a refusal is final when no replica gives credentials."""
         s = self.settings
         targets = [t.strip() for t in s.grpc_target.split(",") if t.strip()]
         per_target = s.connect_timeout_s / max(1, len(targets))
         error: Exception = ConnectionError(f"no master address in {s.grpc_target!r}")
+        refused: grpc_creds.CredsRefused | None = None
         for target in targets:
             try:
                 return await grpc_creds.fetch(
@@ -124,10 +143,8 @@ class MasterLink:
             except (ConnectionError, OSError, TimeoutError) as exc:
                 error = exc
             except grpc_creds.CredsRefused as exc:
-                if exc.reason != "not_found":
-                    raise  # a wrong token is final
-                error = exc  # this replica may not know the job yet: ask the next one
-        raise error
+                refused = exc
+        raise refused or error
 
     def _on_nats_error(self, exc: Exception) -> None:
         if "expired" in str(exc).lower():
@@ -156,6 +173,9 @@ class MasterLink:
                 except LinkUnavailable as exc:
                     log.warning("bootstrapping again failed (%s); trying again in 1 s", exc)
                     await asyncio.sleep(1.0)
+                except grpc_creds.CredsRefused as exc:  # an ended job, most likely
+                    log.warning("bootstrapping again refused (%s); trying again in 5 s", exc)
+                    await asyncio.sleep(5.0)
         finally:
             self._rebootstrapping = False
         if old is not None and old is not self.bus:
@@ -298,13 +318,10 @@ class MasterLink:
     # -- orders --------------------------------------------------------------------------------
 
     async def _on_order(self, subject: str, payload: bytes) -> None:
-        try:
-            msg = codec.decode(payload)
-        except codec.WireError as exc:
-            log.warning("dropped an order: %s", exc)
+        msg = self._accepted_order(payload)
+        if msg is None:
             return
-        if not isinstance(msg.data, m.OrderData):
-            return
+        assert isinstance(msg.data, m.OrderData)
         if msg.epoch < self.max_epoch:
             log.warning(
                 "ignored an order of a deposed master (epoch %d < %d)", msg.epoch, self.max_epoch
@@ -315,6 +332,42 @@ class MasterLink:
         if msg.data.pods and self.settings.pod not in msg.data.pods:
             return
         self.orders.put_nowait(msg)
+
+    def _accepted_order(self, payload: bytes) -> m.Message | None:
+        """The order, signed by the master, of this job, with only the environment keys the
+        agent knows; None (counted, logged at a bounded rate) for anything else."""
+        try:
+            msg = codec.decode(payload)
+        except codec.WireError as exc:
+            self._drop(exc.reason, str(exc))
+            return None
+        if not isinstance(msg.data, m.OrderData):
+            self._drop("not_an_order", f"a {msg.type} on the master subject")
+            return None
+        if self.verify is not None and not self.verify(codec.signed_part(msg), msg.sig):
+            self._drop("unsigned", f"{msg.data.order}#{msg.seq} epoch {msg.epoch}")
+            return None
+        if (msg.job, msg.namespace) != (self.settings.job, self.settings.namespace):
+            self._drop("wrong_job", f"an order of {msg.namespace}/{msg.job}")
+            return None
+        unknown = sorted(k for k in msg.data.env if k not in m.ORDER_ENV_KEYS)
+        if not unknown:
+            return msg
+        for key in unknown:  # bounded: at most 64 distinct names kept, each at most 64 long
+            kept = key[:64] if key[:64] in self.dropped_env or len(self.dropped_env) < 64 else ""
+            self.dropped_env[kept or "(others)"] += 1
+        self._drop_log.warning(
+            "dropped environment key(s) %s of order %s#%d (not a key orders carry; %d in all)",
+            ", ".join(shown(k) for k in unknown[:5]), msg.data.order, msg.seq,
+            sum(self.dropped_env.values()),
+        )  # fmt: skip
+        env = {k: v for k, v in msg.data.env.items() if k in m.ORDER_ENV_KEYS}
+        return msgspec.structs.replace(msg, data=msgspec.structs.replace(msg.data, env=env))
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self.dropped[reason] += 1
+        self._drop_log.warning("dropped an order (%s: %s; %d in all)", reason,
+                               shown(detail, 200), sum(self.dropped.values()))  # fmt: skip
 
     async def execute_orders(self, sup: supervisor.Supervisor) -> None:
         self.sup = sup

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from nats import errors as nats_errors
@@ -49,18 +49,40 @@ def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarge
 CLOSE_S = 2.0  # at most this long to close the connection after the reply
 
 
+class NotPermitted(Exception):
+    """The server refused what the control file's credentials tried (a permissions
+    violation): no master will ever answer."""
+
+
 async def _send(
     target: control.ControlTarget,
     build: Callable[[str], control.ControlRequest],
     timeout_s: float,
 ) -> control.ControlReply:
+    denied: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def on_error(exc: Exception) -> None:
+        text = nats_bus.error_text(exc)
+        if "permissions violation" in text.lower() and not denied.done():
+            denied.set_result(text)
+
     bus = await NatsBus.connect(target.nats_url, target.creds, name="aegis-ctl",
-                                max_reconnect_attempts=0)  # fmt: skip
+                                on_error=on_error, max_reconnect_attempts=0)  # fmt: skip
+    prefix = target.creds.inbox_prefix if target.creds else "_INBOX"
+    asking = asyncio.ensure_future(
+        control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
+    )
     try:
-        prefix = target.creds.inbox_prefix if target.creds else "_INBOX"
         async with asyncio.timeout(timeout_s):  # the whole exchange, not only the wait
-            return await control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
+            either: set[asyncio.Future[Any]] = {asking, denied}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not asking.done():
+            raise NotPermitted(denied.result())
+        return asking.result()
     finally:
+        asking.cancel()
+        with contextlib.suppress(BaseException):
+            await asking
         # A server that went away meanwhile can leave nats-py's close waiting for ever (an
         # `aegis ctl drain` was seen idle an hour after its master's run had ended).
         with contextlib.suppress(Exception):
@@ -84,6 +106,10 @@ def _run(
     try:
         with nats_bus.errors_unlogged():  # a refusal is reported once, below
             reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))
+    except NotPermitted as exc:
+        print(f"aegis: error: not permitted: the control file's credentials may not send "
+              f"control requests ({exc})", file=sys.stderr)  # fmt: skip
+        raise typer.Exit(1) from None
     except TimeoutError:
         print(f"aegis: error: no answer from the master within {timeout_s} s", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
+from aegis.core.model import name_problem
 from aegis.master import control, faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import emulated, local_run
@@ -136,6 +137,14 @@ def choose_view(
     return run_view.PlainView(sys.stdout)
 
 
+def _job_name(value: str) -> str:
+    """``--job``: one rule for every job name (``core.model.name_problem``); a usage error."""
+    problem = name_problem("job", value)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--job")
+    return value
+
+
 def run(
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")] = 3,
@@ -154,7 +163,7 @@ def run(
     pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
     pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
-    job: Annotated[str, typer.Option(help="Job name.")] = "job",
+    job: Annotated[str, typer.Option(help="Job name (a DNS label).", callback=_job_name)] = "job",
     status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
     log_dir: Annotated[Path | None, typer.Option(help="events.jsonl, pod logs.")] = None,
     nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,

@@ -7,6 +7,7 @@ costs O(log pods), not a copy of the whole job; the round counters kept beside i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NewType
@@ -18,6 +19,37 @@ from aegis.core.recovery import Classification, RecoveryLevel
 
 PodName = NewType("PodName", str)
 NodeName = NewType("NodeName", str)
+
+
+# One rule for job and namespace names (Kubernetes DNS labels): lowercase letters, digits and
+# '-', beginning and ending with a letter or digit, at most 63 characters. No '.', '*' or '>'
+# (NATS subject tokens), so no job's subjects can be a prefix of another's.
+NAME_MAX = 63
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class InvalidName(ValueError):
+    """A job or namespace name outside the one rule (``name_problem``)."""
+
+
+def name_problem(kind: str, name: str) -> str | None:
+    """Why ``name`` cannot be a job's (``kind``: "job" or "namespace") name; None when it can."""
+    shown = repr(name[: NAME_MAX + 1]) + ("..." if len(name) > NAME_MAX + 1 else "")
+    if len(name) > NAME_MAX:
+        return f"{kind} name {shown} is longer than {NAME_MAX} characters"
+    if not _NAME.fullmatch(name):
+        return (
+            f"{kind} name {shown} is not a DNS label (lowercase letters, digits and '-', "
+            "beginning and ending with a letter or digit)"
+        )
+    return None
+
+
+def check_names(namespace: str, job: str) -> None:
+    """Raises ``InvalidName`` unless both names follow the rule."""
+    problem = name_problem("namespace", namespace) or name_problem("job", job)
+    if problem is not None:
+        raise InvalidName(problem)
 
 
 @dataclass(frozen=True, slots=True)

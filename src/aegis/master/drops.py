@@ -1,16 +1,31 @@
-"""Counts of messages the master dropped, by reason (malformed, stale, duplicate, ...)."""
+"""Counts of messages the master dropped, by reason (malformed, stale, duplicate, ...): every
+drop counted exactly (the metrics read ``counts``), logged at a bounded rate."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, OrderedDict
+
+from aegis.wire.logsafe import RateLimitedLog, shown
+
+log = logging.getLogger(__name__)
 
 
 class DropCounter:
-    def __init__(self) -> None:
+    def __init__(self, job: str = "", log_every_s: float = 60.0) -> None:
+        self.job = job
         self.counts: Counter[str] = Counter()
+        self.log = RateLimitedLog(log, log_every_s)
 
-    def add(self, reason: str) -> None:
+    def add(self, reason: str, detail: str = "") -> None:
+        """Count one drop; logged (with ``detail``, truncated and escaped) at most once per
+        ``log_every_s``."""
         self.counts[reason] += 1
+        if detail:
+            self.log.warning(
+                "job %s: dropped a message (%s: %s); %d dropped in all",
+                self.job, reason, shown(detail, 200), self.total(),
+            )  # fmt: skip
 
     def total(self) -> int:
         return sum(self.counts.values())

@@ -126,8 +126,12 @@ class JobRunner:
         epoch: int = 0,
         fence: Callable[[], None] = _no_fence,
         extra: dict[str, Any] | None = None,
+        signer: Callable[[bytes], str] | None = None,
     ) -> None:
+        """``signer``: signs every order (``Authority.sign_order``; None: a server without auth,
+        orders go unsigned)."""
         self.spec, self.status = spec, status
+        self.signer = signer
         self.bus, self.store, self.platform = bus, store, platform
         self.settings, self.clock = settings, clock
         self.revision, self.epoch, self.fence = revision, epoch, fence
@@ -135,7 +139,7 @@ class JobRunner:
         prefix = job_subject_prefix(spec.namespace, spec.job)
         self.master_subject, self.worker_subject = f"{prefix}.master", f"{prefix}.worker"
         self.events = EventLogWriter(log_dir / "events.jsonl" if log_dir else None)
-        self.drops = DropCounter()
+        self.drops = DropCounter(spec.job)
         self.seen = SeenIds()
         self.queue: asyncio.Queue[_Platform | _Message | None] = asyncio.Queue()
         self.done = asyncio.Event()
@@ -162,12 +166,11 @@ class JobRunner:
             msg = codec.decode(payload)
             event = to_event(msg, job=self.spec.job, namespace=self.spec.namespace)
         except codec.WireError as exc:
-            self.drops.add(exc.reason)
-            log.warning("job %s: dropped message (%s)", self.spec.job, exc)
+            self.drops.add(exc.reason, str(exc))  # logged at a bounded rate, counted exactly
             return
         pod = PodName(msg.pod)
         if pod not in self.status.pod_infos:
-            self.drops.add("unknown_pod")
+            self.drops.add("unknown_pod", f"from pod {msg.pod}")
             return
         self.last_seen[pod] = time.monotonic()
         if isinstance(msg.data, m.CheckpointData):
@@ -400,7 +403,7 @@ class JobRunner:
                 if key == "MASTER_PORT" and self.safe.committed_step >= 0:
                     # every rank resumes from the step all pods committed, never a newer one
                     # only some of them have
-                    env["AEGIS_RESUME_STEP"] = str(self.safe.committed_step)
+                    env[m.RESUME_STEP_ENV] = str(self.safe.committed_step)
             order = RoundOrder(
                 action.order, action.phase, action.seq, action.pods, action.exit_code, env
             )
@@ -492,7 +495,7 @@ class JobRunner:
             data=m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env)),
             epoch=self.epoch,
         )
-        await self.bus.publish(self.master_subject, codec.encode(msg))
+        await self.bus.publish(self.master_subject, codec.encode_signed(msg, self.signer))
 
     # -- timers --------------------------------------------------------------------------------
 

@@ -34,7 +34,15 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.adapters.ports import Subscription
 from aegis.core import events as ev
-from aegis.core.model import JobSpec, JobStatus, NodeName, PodName, initial_status, pods_by_rank
+from aegis.core.model import (
+    JobSpec,
+    JobStatus,
+    NodeName,
+    PodName,
+    check_names,
+    initial_status,
+    pods_by_rank,
+)
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master import control, drained_nodes, env_report, eventlog_writer, faultlog, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
@@ -60,17 +68,22 @@ class ReplicaSettings:
     creds_ttl_s: float | None = 3600.0
 
 
+LOOKUP_READ_S = 2.0  # how long a handshake waits for the store before using the cached record
+
+
 class MalformedRecord(ValueError):
     """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
 
 
 def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
-    """A stored job record, read; raises ``MalformedRecord`` for one that is not a job's."""
+    """A stored job record, read; raises ``MalformedRecord`` for one that is not a job's (a
+    job or namespace name outside the rule included: such a job is never adopted)."""
     try:
         record = json.loads(raw)
         if not isinstance(record, dict):
             raise TypeError(f"a JSON {type(record).__name__}, not an object")
         spec, status = status_json.from_dict(record)
+        check_names(spec.namespace, spec.job)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise MalformedRecord(f"{type(exc).__name__}: {exc}") from None
     return record, spec, status
@@ -110,7 +123,8 @@ class MalformedRecords:
 async def submit_job(
     store: KvStore, spec: JobSpec, nodes: list[str], token: str, pod_ips: list[str] | None = None
 ) -> int:
-    """Write a new job's first record; the leader picks it up."""
+    """Write a new job's first record; the leader picks it up (not one whose name is outside
+    the rule, ``core.model.check_names``: that record is skipped and counted as malformed)."""
     status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
     record = status_json.to_dict(spec, status)
     record.update(orders=[], epoch=0, token=token, nodes=nodes)
@@ -295,6 +309,7 @@ class Replica:
                 log_dir=self._event_log_dir(spec, status, record),
                 epoch=epoch,
                 fence=self._fence,
+                signer=self.authority.sign_order if self.authority is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # e.g. its orders
             self.malformed.found(key, revision, MalformedRecord(f"{type(exc).__name__}: {exc}"))
@@ -393,12 +408,31 @@ class Replica:
             await asyncio.sleep(self.settings.poll_s)
 
     async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:
+        """The job as it is now: the leader's own runner, else its record read afresh (the one
+        known from the last refresh when the store does not answer), so an ended job gets no
+        more credentials."""
         key = f"{namespace}.{job}"
+        runner = self.runners.get(key)
         record = self.records.get(key)
-        if record is None:  # a job submitted since the last refresh
-            read = await self._read_job(key)
-            if read is None:
-                return None
-            record = self.records[key] = read[0]
-        pods = tuple(sorted(record["status"]["pod_infos"], key=lambda p: int(p.rsplit("-", 1)[-1])))
-        return grpc_creds.JobAccess(namespace, job, record.get("token", ""), pods)
+        if runner is None:
+            try:
+                read = await asyncio.wait_for(self._read_job(key), LOOKUP_READ_S)
+            except Exception as exc:  # a bucket electing a leader: what the last refresh saw
+                if record is None:
+                    raise  # not a refusal: the agent asks again (or another replica)
+                log.debug("replica %s: reading %s failed: %r", self.settings.replica_id, key, exc)
+            else:
+                if read is None:
+                    return None
+                record = self.records[key] = read[0]
+        if runner is not None:
+            pods, phase = list(runner.status.pod_infos), runner.status.phase.value
+            token = str(runner.extra.get("token", record.get("token", "") if record else ""))
+        elif record is not None:
+            pods, phase = list(record["status"]["pod_infos"]), str(record["status"]["phase"])
+            token = str(record.get("token", ""))
+        else:
+            return None
+        ended = key in self.finished or phase in {p.value for p in TERMINAL_PHASES}
+        by_rank = tuple(sorted(pods, key=lambda p: int(p.rsplit("-", 1)[-1])))
+        return grpc_creds.JobAccess(namespace, job, token, by_rank, ended)

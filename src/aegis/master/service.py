@@ -13,7 +13,8 @@ from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore
-from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.core.model import JobSpec, NodeName, check_names, initial_status
+from aegis.core.phases import TERMINAL_PHASES
 from aegis.master import env_report
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.ports import Platform
@@ -78,7 +79,8 @@ class MasterService:
         if runner is None:
             return None
         pods = tuple(sorted(runner.status.pod_infos, key=lambda p: int(p.rsplit("-", 1)[-1])))
-        return grpc_creds.JobAccess(namespace, job, self.tokens[(namespace, job)], pods)
+        ended = runner.status.phase in TERMINAL_PHASES or runner.done.is_set()
+        return grpc_creds.JobAccess(namespace, job, self.tokens[(namespace, job)], pods, ended)
 
     async def create_job(
         self,
@@ -91,7 +93,9 @@ class MasterService:
         pod_ips: list[str] | None = None,
     ) -> tuple[JobRunner, str]:
         """``pod_ips``: each pod's address where the platform knows it before the pod starts
-        (the rendezvous follows rank 0's)."""
+        (the rendezvous follows rank 0's). Raises ``InvalidName`` for a job or namespace name
+        outside the one rule (``core.model.check_names``)."""
+        check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)
         if key in self.jobs:
             raise ValueError(f"job {spec.namespace}/{spec.job} exists")
@@ -105,6 +109,7 @@ class MasterService:
             platform=platform,
             settings=self.settings.job,
             log_dir=log_dir,
+            signer=self.authority.sign_order if self.authority is not None else None,
         )
         self.jobs[key], self.tokens[key] = runner, token
         env_report.EnvironmentReport().attach(runner)

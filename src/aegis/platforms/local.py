@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from aegis.adapters import lifecycle
+from aegis.adapters import lifecycle, nats_auth
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
@@ -148,8 +148,7 @@ class LocalPlatform:
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
         self.grpc_target = grpc_target
         self.token_file = self.settings.log_dir / ".bootstrap-token"
-        self.token_file.write_text(token)
-        self.token_file.chmod(0o600)
+        nats_auth.write_secret(self.token_file, token)  # 0600 from its first byte, atomically
 
     async def launch_all(self) -> None:
         for pod, node in sorted(self.initial.items()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from aegis.core.errors import RemoteError
@@ -34,3 +36,16 @@ def decode(raw: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
 
 def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
+
+
+def signed_part(msg: Message) -> bytes:
+    """What an order's signature covers: the message encoded without its signature (decoding
+    and encoding again gives the same bytes, so the receiver computes it too)."""
+    return _encoder.encode(msgspec.structs.replace(msg, sig=""))
+
+
+def encode_signed(msg: Message, sign: Callable[[bytes], str] | None) -> bytes:
+    """``msg`` with its signature (``sign`` None: unsigned, a server without auth)."""
+    if sign is None:
+        return encode(msg)
+    return encode(msgspec.structs.replace(msg, sig=sign(signed_part(msg))))

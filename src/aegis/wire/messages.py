@@ -28,6 +28,14 @@ class MessageType(enum.StrEnum):
 CKPT_REQUEST_ENV = "AEGIS_CKPT_REQUEST"  # the request's id (the RunCommand round's seq)
 CKPT_STEP_ENV = "AEGIS_CKPT_STEP"  # the step every rank saves at
 CKPT_HOLD_ENV = "AEGIS_CKPT_HOLD_S"  # how long ranks hold after saving
+RESUME_STEP_ENV = "AEGIS_RESUME_STEP"  # the step every rank resumes from (run rounds)
+
+# Every key an order's ``env`` may carry: the agent applies these and drops (and counts) any
+# other, so an order can never set BASH_ENV, LD_PRELOAD, PYTHONPATH, ...
+ORDER_ENV_KEYS = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "CHECK_MASTER_PORT", RESUME_STEP_ENV,
+     CKPT_REQUEST_ENV, CKPT_STEP_ENV, CKPT_HOLD_ENV}
+)  # fmt: skip
 
 
 class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
@@ -143,7 +151,10 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
 }
 
 
-class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """Fields at their default are left out (a master of an earlier version, which refuses
+    unknown fields, still reads an unsigned report)."""
+
     job: str
     namespace: str
     pod: str  # "master" for the master's broadcasts
@@ -154,3 +165,4 @@ class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     data: Payload
     id: str = ""  # unique per report, so a re-sent report is processed at most once
     epoch: int = 0  # the master leader's term (orders): agents ignore orders of older terms
+    sig: str = ""  # orders: the master's signature of the order encoded with sig "" (codec)

@@ -1,4 +1,10 @@
-"""``SyncWorkerCreds``: the master's gRPC server and the agent's client (one call per agent)."""
+"""``SyncWorkerCreds``: the master's gRPC server and the agent's client (one call per agent).
+
+Every refusal looks the same from outside (one status, one message): an unknown job or pod, a
+name outside the rule, an ended job and a wrong bootstrap token, so no one learns which jobs
+exist by asking. The master's log says which it was, the peer's strings truncated and escaped,
+at a bounded rate.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +20,14 @@ from grpc import aio
 from aegis.adapters.grpc._generated import aegis_pb2, aegis_pb2_grpc
 from aegis.adapters.nats_auth import Authority, UserCreds, job_subject_prefix
 from aegis.core.errors import RemoteError
+from aegis.core.model import name_problem
+from aegis.wire.logsafe import RateLimitedLog, shown
 
 log = logging.getLogger(__name__)
+
+REFUSED = "credentials refused: no such job or pod, an ended job, or a wrong bootstrap token"
+MAX_REQUEST_BYTES = 64 * 1024
+_NO_TOKEN = "\0no job\0"  # compared when there is no job, so a refusal takes as long
 
 
 class CredsRefused(RemoteError):
@@ -30,6 +42,7 @@ class JobAccess:
     job: str
     token: str
     pods: tuple[str, ...]
+    ended: bool = False  # a job in a terminal phase gets no more credentials
 
 
 Lookup = Callable[[str, str], "JobAccess | Awaitable[JobAccess | None] | None"]
@@ -53,24 +66,15 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
         ttl_s: float | None,
     ) -> None:
         self.authority, self.nats_url, self.lookup, self.ttl_s = authority, nats_url, lookup, ttl_s
+        self.refusals = RateLimitedLog(log, every_s=10.0)
 
     async def SyncWorkerCreds(
         self, request: aegis_pb2.SyncWorkerCredsRequest, context: aio.ServicerContext
     ) -> aegis_pb2.SyncWorkerCredsResponse:
-        found = self.lookup(request.namespace, request.job)
-        access = await found if inspect.isawaitable(found) else found
+        access = await self._access(request)
         if access is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no job {request.namespace}/{request.job}"
-            )
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, REFUSED)
         assert access is not None
-        if not hmac.compare_digest(access.token.encode(), request.bootstrap_token.encode()):
-            log.warning(
-                "refused credentials to %s/%s: wrong bootstrap token", request.job, request.pod
-            )
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong bootstrap token")
-        if request.pod not in access.pods:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no pod {request.pod} in {request.job}")
         if self.authority is None:  # a server without auth: nothing to hand out
             creds = UserCreds(jwt="", seed=b"", inbox_prefix="_INBOX", expires_at=None)
         else:
@@ -88,6 +92,30 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
             rank=access.pods.index(request.pod),
         )
 
+    async def _access(self, request: aegis_pb2.SyncWorkerCredsRequest) -> JobAccess | None:
+        """The job, when the request may have its credentials; None (logged) when not."""
+        namespace, job, pod = request.namespace, request.job, request.pod
+        problem = name_problem("namespace", namespace) or name_problem("job", job)
+        access = None
+        if problem is None:
+            found = self.lookup(namespace, job)
+            access = await found if inspect.isawaitable(found) else found
+        expected = access.token if access is not None else _NO_TOKEN
+        right = hmac.compare_digest(expected.encode(), request.bootstrap_token.encode())
+        if problem is None and access is None:
+            problem = "no such job"
+        elif access is not None and not right:
+            problem = "wrong bootstrap token"
+        elif access is not None and pod not in access.pods:
+            problem = "no such pod"
+        elif access is not None and access.ended:
+            problem = "the job has ended"
+        if problem is None:
+            return access
+        self.refusals.warning("refused credentials to %s/%s pod %s: %s", shown(namespace),
+                              shown(job), shown(pod), problem)  # fmt: skip
+        return None
+
 
 async def serve(
     authority: Authority | None,
@@ -99,7 +127,8 @@ async def serve(
     ttl_s: float | None = 3600.0,
 ) -> tuple[aio.Server, int]:
     """Start the credentials server; returns it and the port it listens on."""
-    server = aio.server()
+    # a request is four short strings: anything near a megabyte is an attack on the log
+    server = aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     aegis_pb2_grpc.add_CredentialsServicer_to_server(
         _Servicer(authority, nats_url, lookup, ttl_s), server
     )

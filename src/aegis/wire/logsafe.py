@@ -1,0 +1,47 @@
+"""Peer-supplied text in the logs: truncated and escaped (``shown``), and warnings about
+peer input at a bounded rate (``RateLimitedLog``), so no peer can forge a log line (a newline)
+or fill the disk (a megabyte pod name, a flood of bad messages). Counts are kept elsewhere,
+exactly; these only bound what is written."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+SHOWN_MAX = 64
+
+
+def shown(text: str, limit: int = SHOWN_MAX) -> str:
+    """``text`` fit for one log line: quoted, at most ``limit`` characters of it, everything
+    but printable ASCII escaped (``\\n``, ``\\x1b``, ``\\u202e``); a longer one says its length."""
+    head = ascii(text[:limit])
+    return head if len(text) <= limit else f"{head}... ({len(text)} characters)"
+
+
+class RateLimitedLog:
+    """At most one warning per ``every_s`` (the first at once); a line after suppressed ones
+    says how many were left out."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger, self.every_s, self.clock = logger, every_s, clock
+        self.suppressed = 0
+        self._last: float | None = None
+
+    def warning(self, fmt: str, *args: object) -> bool:
+        """Log it unless one was logged less than ``every_s`` ago; True when logged."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self.suppressed += 1
+            return False
+        left_out, self.suppressed, self._last = self.suppressed, 0, now
+        if left_out:
+            fmt += " (and %d more like it since the last such line)"
+            args = (*args, left_out)
+        self.logger.warning(fmt, *args)
+        return True
