@@ -9,7 +9,9 @@ Usage: python benchmarks/recovery.py [--ranks 4] [--crash-at-step 12] [--steps 2
 Four ways to recover, plus the floor:
 - aegis warm: ``aegis run`` (restart in place of every rank from the agents' zygotes, issue 9);
   the crash is an uncaught exception (a software fault: no troubleshooting round), and once more
-  an exit with no traceback (``--exit-at-step``: the master runs the checks first);
+  an exit with no traceback (``--exit-at-step``: the master runs the checks first); both also
+  with ``tests/bin/plain_ddp.py``, the same job as a script that never imports aegis (its steps
+  and its dying report come from the agent's ``sitecustomize``, issue 18);
 - aegis cold: the same with ``AEGIS_PREWARM=0`` in the environment of ``aegis run`` (the agents it
   starts inherit it): every restart a fresh interpreter;
 - torchrun: ``torchrun --standalone --nproc-per-node N --max-restarts 3`` (its own restart);
@@ -44,6 +46,8 @@ from pathlib import Path
 from aegis.platforms import local_run
 
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+# the same job written as a new user would: no aegis import, no aegis.progress (issue 18)
+PLAIN = Path(__file__).resolve().parent.parent / "tests" / "bin" / "plain_ddp.py"
 LINE = re.compile(r"^(\S+) rank=(\d+) (.*)$")
 
 
@@ -72,9 +76,11 @@ def recovery_s(lines: list[tuple[float, int, str]], ranks: int) -> float | None:
     return max(first.values()) - crash[0]
 
 
-def train_args(ckpt: Path, crash_at: int, steps: int, crash_mode: str = "raise") -> list[str]:
+def train_args(
+    ckpt: Path, crash_at: int, steps: int, crash_mode: str = "raise", script: Path = TRAIN
+) -> list[str]:
     return [
-        str(TRAIN),
+        str(script),
         "--steps",
         str(steps),
         "--ckpt-every",
@@ -182,11 +188,12 @@ def run_aegis(
     savers: bool,
     pythonpath: str | None = None,
     crash_mode: str = "raise",
+    script: Path = TRAIN,
 ) -> tuple[float | None, dict[str, float] | None]:
-    name = f"aegis-{prewarm}-{crash_mode}" + ("-baseline" if pythonpath else "")
+    name = f"aegis-{prewarm}-{crash_mode}-{script.stem}" + ("-baseline" if pythonpath else "")
     daemons = start_savers(ranks, work / f"{name}-logs") if savers else []
     settings = local_run.RunSettings(
-        command=(sys.executable, *train_args(work / name, crash_at, steps, crash_mode)),
+        command=(sys.executable, *train_args(work / name, crash_at, steps, crash_mode, script)),
         nodes=ranks,
         spare_nodes=0,
         max_retry=3,
@@ -256,6 +263,70 @@ def run_relaunch(ranks: int, work: Path, crash_at: int, steps: int) -> float | N
     return recovery_s(sorted(parse(first.stdout) + parse(second.stdout)), ranks)
 
 
+Splits = dict[str, dict[str, float] | None]
+
+
+def aegis_runs(args: argparse.Namespace, work: Path) -> tuple[dict[str, float | None], Splits]:
+    """Every ``aegis run`` recovery: (seconds by name, their splits by name)."""
+    crash, steps = args.crash_at_step, args.steps
+    warm, warm_phases = run_aegis(
+        args.ranks, work, crash, steps, prewarm="auto", savers=args.savers
+    )
+    cold, cold_phases = run_aegis(args.ranks, work, crash, steps, prewarm="0", savers=args.savers)
+    checked, checked_phases = run_aegis(
+        args.ranks, work, crash, steps, prewarm="auto", savers=args.savers, crash_mode="exit"
+    )
+    splits: Splits = {
+        "aegis warm": warm_phases,
+        "aegis cold": cold_phases,
+        "aegis warm, exit without a traceback": checked_phases,
+    }
+    results: dict[str, float | None] = {
+        "aegis warm": warm,
+        "aegis cold (AEGIS_PREWARM=0)": cold,
+        "aegis warm, exit without a traceback (checks run)": checked,
+    }
+    for mode, label in (("raise", ""), ("exit", ", exit without a traceback (checks run)")):
+        name = f"aegis warm, plain script (no aegis import){label}"
+        results[name], splits[name] = run_aegis(
+            args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
+            crash_mode=mode, script=PLAIN,
+        )  # fmt: skip
+    if args.baseline_src:
+        base, base_phases = run_aegis(
+            args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
+            pythonpath=str(Path(args.baseline_src).resolve()),
+        )  # fmt: skip
+        results["aegis warm, baseline agents"] = base
+        splits["aegis warm, baseline agents"] = base_phases
+    return results, splits
+
+
+def print_results(results: dict[str, float | None], splits: Splits, floor: float) -> None:
+    for name, value in results.items():
+        if value is None:
+            print(f"{name}: never recovered")
+        else:
+            print(
+                f"{name}: {value:.2f} s from the crash to every rank's next step "
+                f"({value / floor:.2f}x floor)"
+            )
+    for name, split in splits.items():
+        if split is not None:
+            print(
+                f"{name} split: detection {split['detect']:.2f} s, troubleshoot round "
+                f"{split['troubleshoot']:.2f} s, restart order to every rank's step "
+                f"{split['restart']:.2f} s ({split['restart'] / floor:.2f}x floor; "
+                f"{split['warm_starts']:.0f} warm starts)"
+            )
+            checks = ", ".join(
+                f"{key.removeprefix('check ')} {value:.2f}"
+                for key, value in split.items()
+                if key.startswith("check ")
+            )
+            print(f"{name} troubleshoot checks (slowest pod, s): {checks}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=4)
@@ -276,60 +347,14 @@ def main() -> None:
     try:
         floor = floor_s(args.ranks, work)
         print(f"floor (fresh start to first step): {floor:.2f} s")
+        results, splits = aegis_runs(args, work)
         crash, steps = args.crash_at_step, args.steps
-        warm, warm_phases = run_aegis(
-            args.ranks, work, crash, steps, prewarm="auto", savers=args.savers
-        )
-        cold, cold_phases = run_aegis(
-            args.ranks, work, crash, steps, prewarm="0", savers=args.savers
-        )
-        checked, checked_phases = run_aegis(
-            args.ranks, work, crash, steps, prewarm="auto", savers=args.savers, crash_mode="exit"
-        )
-        splits = {
-            "aegis warm": warm_phases,
-            "aegis cold": cold_phases,
-            "aegis warm, exit without a traceback": checked_phases,
-        }
-        results = {
-            "aegis warm": warm,
-            "aegis cold (AEGIS_PREWARM=0)": cold,
-            "aegis warm, exit without a traceback (checks run)": checked,
-        }
-        if args.baseline_src:
-            base, base_phases = run_aegis(
-                args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
-                pythonpath=str(Path(args.baseline_src).resolve()),
-            )  # fmt: skip
-            results["aegis warm, baseline agents"] = base
-            splits["aegis warm, baseline agents"] = base_phases
         if not args.aegis_only:
             results["torchrun --max-restarts 3"] = run_torchrun(
                 args.ranks, work, crash, steps, args.timeout_s
             )
             results["coarse relaunch"] = run_relaunch(args.ranks, work, crash, steps)
-        for name, value in results.items():
-            if value is None:
-                print(f"{name}: never recovered")
-            else:
-                print(
-                    f"{name}: {value:.2f} s from the crash to every rank's next step "
-                    f"({value / floor:.2f}x floor)"
-                )
-        for name, split in splits.items():
-            if split is not None:
-                print(
-                    f"{name} split: detection {split['detect']:.2f} s, troubleshoot round "
-                    f"{split['troubleshoot']:.2f} s, restart order to every rank's step "
-                    f"{split['restart']:.2f} s ({split['restart'] / floor:.2f}x floor; "
-                    f"{split['warm_starts']:.0f} warm starts)"
-                )
-                checks = ", ".join(
-                    f"{key.removeprefix('check ')} {value:.2f}"
-                    for key, value in split.items()
-                    if key.startswith("check ")
-                )
-                print(f"{name} troubleshoot checks (slowest pod, s): {checks}")
+        print_results(results, splits, floor)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -7,6 +7,10 @@ step and ``time.monotonic()`` into it with one ``struct.pack_into``. Without the
 under an agent), or when the file cannot be mapped, a call does nothing. Keep this module free of
 heavy imports: it is loaded inside training processes.
 
+A script that never calls ``aegis.progress`` has its optimizer steps reported all the same
+(:func:`report_step`, from :mod:`aegis.autoprogress`'s step hook); the first ``report`` of a
+script that does call it silences the hook for good: an explicit step takes precedence.
+
 The same file carries checkpoint requests the other way (the master asks for a checkpoint
 before a drain or an eviction): the agent writes a request (id, the step to save at, how long
 to hold after saving) and ``report`` answers whether one is due, with one more unpack; the
@@ -45,11 +49,12 @@ SIZE = 64
 class _Writer:
     """The mapping, opened on first use; ``disabled`` once known to be unavailable."""
 
-    __slots__ = ("buffer", "disabled", "opted_in")
+    __slots__ = ("buffer", "disabled", "explicit", "opted_in")
 
     def __init__(self) -> None:
         self.buffer: mmap.mmap | None = None
         self.disabled = False
+        self.explicit = False  # the script reports its steps itself (``report``)
         self.opted_in = False  # this process told the agent that it takes requests
 
     def open(self) -> mmap.mmap | None:
@@ -65,7 +70,7 @@ class _Writer:
         except (OSError, ValueError):
             self.disabled = True
         else:
-            _say_when_dying()
+            say_when_dying()
         return self.buffer
 
 
@@ -73,12 +78,17 @@ class _Writer:
 # here (much longer when NCCL's teardown hangs). Under an agent the hook says so at once, after
 # the traceback (any hook installed before runs first, unchanged): the agent reports the fault
 # then, not when the process is finally gone. ``sys.excepthook`` runs only for the main
-# thread's uncaught exception, never for ``SystemExit``.
+# thread's uncaught exception, never for ``SystemExit``. Installed at start-up in every process
+# of a job (:mod:`aegis.autoprogress`) and again at the first mapping unless still in place (the
+# script may have replaced ``sys.excepthook`` meanwhile).
 DYING_MARKER = "[aegis] exiting on an uncaught "
 
 
-def _say_when_dying() -> None:
+def say_when_dying() -> None:
+    """Wrap ``sys.excepthook`` with the dying report, unless it is ours already."""
     previous = sys.excepthook
+    if getattr(previous, "aegis_dying", False):
+        return
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         try:
@@ -88,6 +98,7 @@ def _say_when_dying() -> None:
                 sys.stderr.write(f"{DYING_MARKER}{kind.__name__} (pid {os.getpid()})\n")
                 sys.stderr.flush()
 
+    hook.aegis_dying = True  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 
@@ -114,7 +125,9 @@ _unpack_request = REQUEST.unpack_from
 
 def report(step: int) -> bool:
     """Tell the agent that training reached ``step``; a no-op when not under an agent.
-    True when the master asked for a checkpoint that is due at this step."""
+    True when the master asked for a checkpoint that is due at this step. From the first call
+    on, the optimizer step hook (:mod:`aegis.autoprogress`) stops reporting."""
+    _writer.explicit = True
     buffer = _writer.buffer
     if buffer is None:
         if _writer.disabled:
@@ -128,6 +141,23 @@ def report(step: int) -> bool:
     answered: int
     request, target, _, answered = _unpack_request(buffer, REQUEST_AT)
     return request > answered and step >= target
+
+
+def report_step(step: int) -> bool:
+    """What the optimizer step hook (:mod:`aegis.autoprogress`) reports: ``step``, unless the
+    script reports its own steps. False when it does, or when there is no agent (the hook can
+    go then)."""
+    if _writer.explicit:
+        return False
+    buffer = _writer.buffer
+    if buffer is None:
+        if _writer.disabled:
+            return False
+        buffer = _writer.open()
+        if buffer is None:
+            return False
+    _pack_into(buffer, 0, step, _monotonic())
+    return True
 
 
 @dataclass(frozen=True, slots=True)

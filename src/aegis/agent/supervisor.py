@@ -11,7 +11,10 @@ Drive it from one event loop (the master link will)::
             await sup.stop()                    # SIGTERM the group, grace, SIGKILL
 
 Each incarnation's environment is the supervisor's plus ``AEGIS_RESTART_COUNT`` (0, 1, ...),
-``AEGIS_PROGRESS_FILE`` and the override given to :meth:`start`/:meth:`restart`. Its stdout and
+``AEGIS_PROGRESS_FILE``, the override given to :meth:`start`/:meth:`restart`, and a
+``PYTHONPATH`` with :data:`aegis.autoprogress.SITE_DIR` first (unless ``AEGIS_AUTO_PROGRESS=0``):
+each of its Python processes reports optimizer steps and an uncaught exception at once, whether
+or not the script imports aegis. Its stdout and
 stderr pass through line by line and feed a signature scanner; a watchdog reports hangs.
 
 With ``SupervisorSettings.prewarm`` a Python command is forked from a warm interpreter (a zygote,
@@ -33,6 +36,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from aegis import autoprogress
 from aegis import training as progress
 from aegis.agent import group, ports, pump, reaper, signatures, stacks, warm, watchdog
 from aegis.core import errors
@@ -234,6 +238,9 @@ class Supervisor:
             progress.ENV_VAR: self._progress.path,
             **(env or {}),
         }
+        path = autoprogress.pythonpath(child_env)
+        if path is not None:  # every Python process of the command gets the hooks at start-up
+            child_env[autoprogress.PATH_VAR] = path
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:

@@ -20,7 +20,9 @@ initialises CUDA. Then it talks to the agent over the socket on fd N, one JSON o
 
 The child leads a new process group, dies with its nanny (``PR_SET_PDEATHSIG``, so its exit is
 never lost), takes the per-incarnation environment, cwd and output descriptors, gets Python's
-start-up signal dispositions back, and runs the command as ``__main__`` from the top level of
+start-up signal dispositions back and the hooks a cold start gets from the agent's
+``sitecustomize`` (:func:`aegis.autoprogress.install`: the dying report, the optimizer step hook),
+and runs the command as ``__main__`` from the top level of
 this file, so an uncaught exception, ``SystemExit`` or ``KeyboardInterrupt`` ends it exactly as
 it ends a cold interpreter.
 """
@@ -34,6 +36,7 @@ import ast
 import builtins
 import contextlib
 import ctypes
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -47,6 +50,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aegis import autoprogress
 from aegis.forking import (
     cuda_initialized,
     next_request,
@@ -152,8 +156,11 @@ def become_child(request: dict[str, Any], fds: list[int], nanny: int, name: byte
     os.environ.clear()
     os.environ.update(request["env"])
     sys.orig_argv[:] = request["orig_argv"]
-    if request.get("learn"):
-        learn_at_first_progress(request["learn"])
+    learn = request.get("learn")
+    if learn:
+        learn_at_first_progress(learn)
+    # what the agent's sitecustomize does in a cold start (torch may be here already)
+    autoprogress.install(functools.partial(write_learned, learn) if learn else None)
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()  # as fresh as a cold start's (random reseeds itself after fork)
@@ -181,7 +188,7 @@ def await_rendezvous(env: Mapping[str, str], deadline_s: float = RENDEZVOUS_WAIT
 
 
 def learn_at_first_progress(path: str) -> None:
-    """Write the names in ``sys.modules`` (import order) to ``path`` at the first progress call.
+    """Write the names in ``sys.modules`` (:func:`write_learned`) at the first progress call.
 
     Through ``aegis.progress``'s own lazy binding, so later calls cost nothing extra; the agent
     prewarms these modules in the next zygote (lazy imports such as ``torch._dynamo`` included).
@@ -192,15 +199,21 @@ def learn_at_first_progress(path: str) -> None:
 
     def first_progress(step: int) -> None:
         report = aegis._load_report()
-        try:
-            with open(path + ".tmp", "w") as out:
-                out.write("\n".join(name for name in list(sys.modules) if name != "__main__"))
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass
+        write_learned(path)
         report(step)
 
     setattr(aegis, "_report", first_progress)  # noqa: B010 - a private hook, by design
+
+
+def write_learned(path: str) -> None:
+    """The names in ``sys.modules`` (import order) into ``path``, atomically; at the first
+    progress call, or at the first optimizer step a script that never calls it reports."""
+    try:
+        with open(path + ".tmp", "w") as out:
+            out.write("\n".join(name for name in list(sys.modules) if name != "__main__"))
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def learned(path: str | None) -> list[str]:

@@ -1,0 +1,149 @@
+"""Progress and early crash reports for a script that never imports aegis.
+
+:func:`install` runs before the user's code in every Python process of a job: the agent puts
+:data:`SITE_DIR` (a ``sitecustomize`` that chains to the user's own) first on the ``PYTHONPATH``
+of the training command, so cold starts, ``torchrun``'s workers and whatever a ``bash -c``
+wrapper starts get it at interpreter start-up; the zygote calls it in each warm child. Without
+``AEGIS_PROGRESS_FILE`` in the environment (not under an agent) it does nothing. It installs:
+
+- the dying excepthook (:func:`aegis.training.say_when_dying`): an uncaught exception is reported
+  as the interpreter begins to exit, not once it has finished;
+- a global optimizer step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``),
+  registered only once the process imports ``torch.optim`` (torch is never imported here): a
+  :class:`sys.meta_path` entry that only looks at ``sys.modules`` registers it at the next import
+  after ``torch.optim.optimizer`` has defined the function (right away in a zygote's child, which
+  has torch already).
+
+The step the hook reports is ``AEGIS_RESUME_STEP`` (the step the master had every rank resume
+from, when Aegis knows it; else 0) plus the number of ``step()`` calls of the optimizer that has
+stepped most in this process (per optimizer, so a script with one optimizer per parameter group
+or per parameter still counts iterations; a second optimizer stepping in the same iteration
+adds nothing). Only a higher number than the last one is written. An explicit
+``aegis.progress(step)`` takes precedence: from the script's first call on the hook writes
+nothing and removes itself. Keep this module free of heavy imports (it loads in every process
+of the job).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+from aegis import training
+
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+PATH_VAR = "PYTHONPATH"
+RESUME_STEP_VAR = "AEGIS_RESUME_STEP"  # = aegis.wire.messages.RESUME_STEP_ENV
+OFF_VAR = "AEGIS_AUTO_PROGRESS"  # 0: the agent leaves PYTHONPATH alone
+OPTIMIZER_MODULE = "torch.optim.optimizer"
+REGISTER = "register_optimizer_step_post_hook"
+_COUNT = "_aegis_steps"  # the per-optimizer count, kept on the optimizer itself
+_OFF = frozenset({"0", "off", "no", "false"})
+
+
+def pythonpath(env: Mapping[str, str]) -> str | None:
+    """The ``PYTHONPATH`` a job's command gets: :data:`SITE_DIR` first, then the job's own; None
+    when ``AEGIS_AUTO_PROGRESS=0`` (leave it as it is)."""
+    if env.get(OFF_VAR, "").strip().lower() in _OFF:
+        return None
+    theirs = [p for p in env.get(PATH_VAR, "").split(os.pathsep) if p and p != SITE_DIR]
+    return os.pathsep.join([SITE_DIR, *theirs])
+
+
+class _Steps:
+    """The hook's state, one per process (forked children inherit it)."""
+
+    __slots__ = ("base", "first", "handle", "installed", "most")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.most = 0  # the highest per-optimizer count so far
+        self.handle: Any = None  # torch's RemovableHandle
+        self.first: Callable[[], None] | None = None  # called at the first reported step
+        self.installed = False
+
+
+_steps = _Steps()
+
+
+def install(first_step: Callable[[], None] | None = None) -> bool:
+    """Install both hooks when under an agent (once per process); True when installed.
+    ``first_step`` runs at the first step the optimizer hook reports (the zygote learns the
+    loaded modules then)."""
+    if _steps.installed or not os.environ.get(training.ENV_VAR):
+        return False
+    _steps.installed = True
+    training.say_when_dying()
+    text = os.environ.get(RESUME_STEP_VAR, "")
+    _steps.base = int(text) if text.isdigit() else 0
+    _steps.first = first_step
+    module = sys.modules.get(OPTIMIZER_MODULE)
+    if module is None or not _register(module):
+        sys.meta_path.insert(0, _Watch())
+    return True
+
+
+def _register(module: ModuleType) -> bool:
+    """Register the hook with a (possibly still initialising) ``torch.optim.optimizer``."""
+    register = getattr(module, REGISTER, None)
+    if register is None:
+        return False
+    _steps.handle = register(_after_step)
+    return True
+
+
+class _Watch:
+    """A ``sys.meta_path`` entry that finds nothing: at each import it looks whether
+    ``torch.optim.optimizer`` can take the hook yet, registers it, and leaves ``meta_path``."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> None:
+        if self.done:
+            return
+        module = sys.modules.get(OPTIMIZER_MODULE)
+        if module is None:
+            return
+        self.done = True
+        try:
+            if not _register(module):
+                self.done = False  # not defined yet: at a later import
+                return
+        except Exception:
+            pass  # never break the import that brought us here
+        # a new list: the import system may be iterating over the current one
+        sys.meta_path = [finder for finder in sys.meta_path if finder is not self]
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """torch's global post hook: count the step, report it when it is the highest so far."""
+    try:
+        seen = optimizer.__dict__
+        count = seen.get(_COUNT, 0) + 1
+        seen[_COUNT] = count
+        if count <= _steps.most:
+            return
+        _steps.most = count
+        first = _steps.first
+        if first is not None:
+            _steps.first = None
+            first()
+        if not training.report_step(_steps.base + count):
+            _remove()  # the script reports itself, or there is no agent after all
+    except Exception:
+        pass  # never break a training step
+
+
+def _remove() -> None:
+    handle, _steps.handle = _steps.handle, None
+    if handle is not None:
+        handle.remove()

@@ -1,0 +1,121 @@
+"""A plain DDP job (gloo on CPU) that never imports aegis: what a new user brings.
+
+Rank 0 saves ``ckpt-N.pt`` every ``--ckpt-every`` steps (atomically); every rank resumes from the
+newest one. One log line per step, as ``examples/train_ddp.py`` writes them (the benchmark and
+the tests read them). Chaos: ``--crash-at-step S --crash-rank R`` raises once in rank R at step S
+(a marker in the checkpoint directory remembers the step), only once ``--crash-when FILE`` exists
+if given (at the first step >= S that finds it); ``--exit-at-step S --exit-rank R`` exits 13 once
+with no traceback; ``--stop-after-crash K`` ends the run K steps after the remembered crash.
+``--solo R:K[:GATE]`` (repeatable): after the last step and a barrier, rank R makes K more
+optimizer steps on its own, once GATE exists if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--ckpt-dir", default="/tmp/plain-ddp-ckpt")
+    p.add_argument("--step-time-s", type=float, default=0.01)
+    p.add_argument("--crash-at-step", type=int, default=-1)
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--crash-when", default="")
+    p.add_argument("--exit-at-step", type=int, default=-1)
+    p.add_argument("--exit-rank", type=int, default=1)
+    p.add_argument("--stop-after-crash", type=int, default=-1)
+    p.add_argument("--solo", action="append", default=[])
+    return p.parse_args()
+
+
+def log(rank: int, message: str) -> None:
+    now = datetime.datetime.now().isoformat(timespec="milliseconds")
+    print(f"{now} rank={rank} {message}", flush=True)
+
+
+def resume(ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    found = sorted(ckpt_dir.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+    if not found:
+        return 0
+    state = torch.load(found[-1], weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def wait_for(gate: str) -> None:
+    while gate and not os.path.exists(gate):
+        time.sleep(0.01)
+
+
+def solo(args: argparse.Namespace, rank: int, optimizer: torch.optim.Optimizer) -> None:
+    for spec in args.solo:
+        who, count, *gate = spec.split(":", 2)
+        if int(who) == rank:
+            wait_for(gate[0] if gate else "")
+            for _ in range(int(count)):
+                optimizer.step()
+            log(rank, f"solo {count} steps")
+
+
+def main() -> None:
+    args = parse()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    ckpt_dir = Path(args.ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = resume(ckpt_dir, model, optimizer)
+    log(rank, f"resumed from step {start}" if start else f"fresh start (world {world})")
+    crashed = ckpt_dir / f".crashed-rank-{args.crash_rank}"
+    last = args.steps
+    if crashed.exists() and args.stop_after_crash >= 0:
+        last = min(last, int(crashed.read_text()) + args.stop_after_crash)
+    data = torch.randn(64, 32, generator=torch.Generator().manual_seed(rank))
+    target = data.sum(dim=1, keepdim=True)
+    for step in range(start + 1, last + 1):
+        due = step >= args.crash_at_step >= 0 and rank == args.crash_rank
+        if due and not crashed.exists() and (not args.crash_when or Path(args.crash_when).exists()):
+            crashed.write_text(str(step))
+            log(rank, f"crashing at step {step}")
+            raise RuntimeError(f"injected crash of rank {rank} at step {step}")
+        exited = ckpt_dir / f".exited-rank-{rank}"
+        if step == args.exit_at_step and rank == args.exit_rank and not exited.exists():
+            exited.touch()
+            log(rank, f"crashing at step {step} (exit 13, no traceback)")
+            print(f"injected exit of rank {rank} at step {step}", file=sys.stderr, flush=True)
+            os._exit(13)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(ddp(data), target)
+        loss.backward()
+        optimizer.step()
+        log(rank, f"step {step} loss {loss.item():.4f}")
+        if step % args.ckpt_every == 0 and rank == 0:
+            tmp = ckpt_dir / f".ckpt-{step}.tmp"
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            torch.save(state, tmp)
+            tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
+        time.sleep(args.step_time_s)
+    dist.barrier()
+    solo(args, rank, optimizer)
+    log(rank, "done")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
