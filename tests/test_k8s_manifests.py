@@ -3,15 +3,25 @@ pods the operator would create from it."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+import re
+import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import nats.errors
 import pytest
 import yaml
 
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.checks import config as checks_config
+from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.kubernetes import crd_status, handlers, manifests
 from tests import k8s_schema
 
@@ -137,9 +147,14 @@ def test_the_master_deployment_learns_jobs_from_kubernetes_and_listens_on_the_po
     master = docs[("Deployment", "aegis-master")]["spec"]["template"]["spec"]["containers"][0]
     argv = master["command"]
     assert "--kubernetes" in argv
+    # the pod's own IP (downward API), not 0.0.0.0
     assert (
-        argv[argv.index("--grpc-host") + 1] == argv[argv.index("--metrics-host") + 1] == ("0.0.0.0")
+        argv[argv.index("--grpc-host") + 1]
+        == argv[argv.index("--metrics-host") + 1]
+        == ("$(POD_IP)")
     )
+    env = {e["name"]: e for e in master["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     rules = docs[("ClusterRole", "aegis-master")]["rules"]
     allowed = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
     # What platforms.kubernetes.master_side calls, and nothing that creates or deletes.
@@ -154,3 +169,92 @@ def test_the_master_deployment_learns_jobs_from_kubernetes_and_listens_on_the_po
     role, binding = optional
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert binding["subjects"][0]["name"] == "aegis-master"
+
+
+# -- authentication on by default (issue 20, part 1) ---------------------------------------------
+
+
+def _deployed() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in k8s_schema.render_kustomization(DEPLOY)}
+
+
+def _mounted_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, str]:
+    """(the Secret a file of ``container`` comes from, its key) for an absolute ``path``."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        if path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            secret = volumes[mount["name"]]["secret"]["secretName"]
+            return secret, path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    raise AssertionError(f"{path} is on no volume")
+
+
+def test_the_masters_load_the_keys_aegis_auth_init_makes(tmp_path: Path) -> None:
+    from aegis.cli import auth_cmd
+    from aegis.cli.main import main
+
+    pod = _deployed()[("Deployment", "aegis-master")]["spec"]["template"]["spec"]
+    master = pod["containers"][0]
+    argv = master["command"]
+    assert "--insecure" not in argv
+    secret, key = _mounted_file(pod, master, argv[argv.index("--auth-file") + 1])
+    assert main(["auth", "init", "--out", str(tmp_path)]) == 0
+    made = json.loads((tmp_path / auth_cmd.MANIFEST).read_text())["items"]
+    by_kind = {d["kind"]: d for d in made}
+    for doc in made:
+        assert k8s_schema.check_builtin(doc) == []
+    assert by_kind["Secret"]["metadata"]["name"] == secret
+    keys = by_kind["Secret"]["stringData"][key]
+    assert (
+        Authority.load(tmp_path / "auth.json").server_config()
+        == (by_kind["ConfigMap"]["data"][auth_cmd.NATS_FRAGMENT])
+    )
+    assert keys == (tmp_path / "auth.json").read_text()
+    for name in ("auth.json", auth_cmd.MANIFEST):  # the keys: owner-only
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+    assert main(["auth", "init", "--out", str(tmp_path)]) == 2  # made once: never replaced
+    assert (tmp_path / "auth.json").read_text() == keys
+
+
+def _loopback_config(rendered: str) -> str:
+    """The rendered nats.conf less what only works in the cluster (ports, store, routes): what
+    is left (the operator-mode include, any auth) goes on a loopback server as it is."""
+    text = re.sub(r"(?ms)^cluster \{.*?^\}\n", "", rendered)
+    dropped = ("port:", "http:", "server_name:", "jetstream ")
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.startswith(dropped))  # fmt: skip
+
+
+async def test_the_deployed_nats_refuses_anonymous_clients(tmp_path: Path) -> None:
+    """The rendered NATS configuration is operator mode (its ConfigMap includes what ``aegis
+    auth init`` made): a real nats-server with its auth blocks lets the master in, and no
+    anonymous client (nor one the account did not sign) reads the KV or sends a control
+    request."""
+    from aegis.cli import auth_cmd
+    from aegis.cli.main import main
+
+    docs = _deployed()
+    conf = docs[("ConfigMap", "aegis-nats")]["data"]["nats.conf"]
+    nats_pod = docs[("StatefulSet", "aegis-nats")]["spec"]["template"]["spec"]
+    volume = next(v for v in nats_pod["volumes"] if v["name"] == "config")
+    sources = [s["configMap"]["name"] for s in volume["projected"]["sources"]]
+    assert sources == ["aegis-nats", auth_cmd.CONFIGMAP_NAME]
+    assert f"include {auth_cmd.NATS_FRAGMENT}" in conf.splitlines()
+    assert "no_auth_user" not in conf and "authorization" not in conf
+    assert main(["auth", "init", "--out", str(tmp_path / "auth")]) == 0
+    authority = Authority.load(tmp_path / "auth" / "auth.json")
+    store_dir = tmp_path / "nats"
+    store_dir.mkdir()
+    shutil.copy(tmp_path / "auth" / auth_cmd.NATS_FRAGMENT, store_dir / auth_cmd.NATS_FRAGMENT)
+    server = EmbeddedNats(None, store_dir=store_dir, extra_config=_loopback_config(conf))
+    await asyncio.to_thread(server.start)
+    try:
+        master = await NatsBus.connect(server.url, authority.master_creds())
+        store = await KvStore.open(master, STATUS_BUCKET)
+        await store.put("default.jobA", b'{"token": "secret"}', expected_revision=None)
+        await master.close()
+        for creds in (None, Authority().master_creds()):  # anonymous; signed by another account
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                await NatsBus.connect(server.url, creds, max_reconnect_attempts=0,
+                                      connect_timeout_s=5)  # fmt: skip
+    finally:
+        server.stop()

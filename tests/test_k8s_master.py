@@ -380,7 +380,7 @@ async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: 
 
 def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:
     argv = [sys.executable, "-m", "aegis.cli.main", "master", "--nats", "nats://127.0.0.1:1",
-            "--cordon-drained"]  # fmt: skip
+            "--insecure", "--cordon-drained"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "--cordon-drained" in line]

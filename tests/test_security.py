@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority, UserCreds, decode_claims, order_verifier
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats
+from aegis.adapters.nats_server import EmbeddedNats, free_port
 from aegis.agent import link
 from aegis.core import events as ev
 from aegis.core.model import InvalidName, JobSpec, NodeName, initial_status, name_problem
@@ -36,7 +37,7 @@ from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
 from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until
+from tests.agent_waits import async_wait_until, async_wait_until_async
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -570,3 +571,49 @@ async def test_ctl_with_credentials_that_may_not_send_says_not_permitted(
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aegis: error: not permitted"), lines
     assert time.monotonic() - started < 60  # said at once, not after the timeout
+
+
+# -- (e) authentication on by default ----------------------------------------------------------
+
+
+def test_the_master_will_not_start_without_keys_and_says_so_before_connecting() -> None:
+    with socket.socket() as listener:  # where NATS would be: nobody may knock
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        url = f"nats://127.0.0.1:{listener.getsockname()[1]}"
+        result = subprocess.run([*AEGIS, "master", "--nats", url], capture_output=True,
+                                text=True, timeout=60, check=False)  # fmt: skip
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # it never connected
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "--auth-file" in lines[0] and "--insecure" in lines[0], lines
+
+
+async def test_insecure_is_the_explicit_way_to_run_without_authentication(tmp_path: Path) -> None:
+    server = EmbeddedNats()
+    await asyncio.to_thread(server.start)
+    port = free_port()
+    with (tmp_path / "master.log").open("ab") as out:
+        proc = subprocess.Popen([*AEGIS, "master", "--nats", server.url, "--insecure",
+                                 "--grpc-port", str(port), "--replica-id", "open"],
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        access = ("default", "nosuch", "nosuch-0")
+
+        async def answers() -> bool:
+            assert proc.poll() is None, (tmp_path / "master.log").read_text()
+            try:
+                await fetch(port, access[1], access[2], ns=access[0])
+            except grpc_creds.CredsRefused:
+                return True  # it serves (and refuses an unknown job)
+            except ConnectionError:
+                return False
+            return False
+
+        await async_wait_until_async(answers, 60, "the insecure master's credentials server")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        server.stop()

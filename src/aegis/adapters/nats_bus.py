@@ -5,6 +5,7 @@ reconnects to a survivor when its server dies. On a cluster the KV buckets are r
 (``replicas``); while a bucket elects a new leader after a server died (seconds), a write times out
 or finds no responder: ``KvStore.put`` tries again until ``retry_s``, and a retried write that
 finds its own bytes already stored (the first try landed, its ack was lost) counts as done.
+With ``tls_ca`` the client trusts that CA only (a server that requires TLS is met with it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import nats
 from nats.aio.client import Client
@@ -35,6 +37,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from aegis.adapters import tls
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Handler, StoreConflict
@@ -110,6 +113,7 @@ class NatsBus:
         on_closed: Callable[[], None] | None = None,
         connect_timeout_s: float = 5.0,
         max_reconnect_attempts: int = -1,
+        tls_ca: Path | None = None,
     ) -> NatsBus:
         made: list[NatsBus] = []
 
@@ -140,6 +144,8 @@ class NatsBus:
             options["user_jwt_cb"] = creds.jwt_bytes
             options["signature_cb"] = creds.sign_nonce
             options["inbox_prefix"] = creds.inbox_prefix.encode()
+        if tls_ca is not None:
+            options["tls"] = tls.client_context(tls_ca)
         try:
             client = await nats.connect(**options)  # type: ignore[arg-type]
         except NoServersError as exc:  # every server refused (and no reconnecting for ever)

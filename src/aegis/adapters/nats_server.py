@@ -3,7 +3,8 @@
 JetStream on a temporary store directory, operator-mode auth when an ``Authority`` is given,
 ``/healthz`` polled until ready. The server gets SIGKILL when its parent dies (PR_SET_PDEATHSIG),
 so a crash of ``aegis run`` never leaves a server behind. It listens on loopback unless told
-otherwise (``host="0.0.0.0"`` for a master in a pod); the monitor port stays on loopback.
+otherwise (``host="0.0.0.0"`` for a master in a pod); the monitor port stays on loopback. With
+``tls_dir`` (``tls.crt``/``tls.key``, ``adapters.tls``) every client must speak TLS.
 
 ``NatsCluster`` starts N such servers as one JetStream cluster (routes between them on loopback,
 the same operator-mode credentials on every server); ``urls`` lists them all, comma-separated,
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
+from aegis.adapters.tls import TlsDir
 from aegis.core.errors import LocalError
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,11 @@ class EmbeddedNats:
         extra_config: str = "",
         port: int | None = None,
         host: str = "127.0.0.1",
+        tls_dir: TlsDir | None = None,
     ) -> None:
         self.authority = authority
         self.host = host
+        self.tls_dir = tls_dir.check() if tls_dir is not None else None
         self.port = port or free_port(host)
         self.monitor_port = free_port()
         self._own_port = not port  # chosen here: may be chosen again if it was taken meanwhile
@@ -97,6 +101,9 @@ class EmbeddedNats:
         )
         if self.authority is not None:
             text += self.authority.server_config()
+        if self.tls_dir is not None:
+            text += (f'tls {{ cert_file: "{self.tls_dir.cert}", '
+                     f'key_file: "{self.tls_dir.key}", timeout: 5 }}\n')  # fmt: skip
         return text + self.extra_config
 
     def start(self, timeout_s: float = 10.0, attempts: int = 3) -> None:

@@ -65,6 +65,7 @@ class LinkSettings:
     checks: checks_config.ChecksConfig = field(default_factory=checks_config.ChecksConfig)
     ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
     decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
+    tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
 
 
 class LinkUnavailable(Exception):
@@ -110,6 +111,7 @@ class MasterLink:
                 on_error=self._on_nats_error,
                 on_closed=self._on_closed,
                 connect_timeout_s=s.connect_timeout_s,
+                tls_ca=s.tls_ca,
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise LinkUnavailable(str(exc)) from exc
@@ -124,7 +126,8 @@ class MasterLink:
     async def _fetch_creds(self) -> grpc_creds.WorkerCreds:
         """Any master replica hands out credentials: try each address in turn. A refusal looks
         the same whatever its cause (a replica may not know the job yet): the next one is
-        asked; a refusal is final when no replica gives credentials."""
+        asked; a refusal is final when no replica gives credentials. With ``tls_ca`` the call
+        speaks TLS, trusting that CA only; a TLS mismatch is a refusal (``TlsRefused``)."""
         s = self.settings
         targets = [t.strip() for t in s.grpc_target.split(",") if t.strip()]
         per_target = s.connect_timeout_s / max(1, len(targets))
@@ -139,6 +142,7 @@ class MasterLink:
                     pod=s.pod,
                     token=s.token,
                     timeout_s=per_target,
+                    tls_ca=s.tls_ca,
                 )
             except (ConnectionError, OSError, TimeoutError) as exc:
                 error = exc

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from aegis.adapters.grpc.creds import CredsRefused
+from aegis.adapters.grpc.creds import CredsRefused, TlsRefused
 from aegis.agent import link, reaper, supervisor
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
@@ -56,6 +56,10 @@ async def run_linked(
             flush=True,
         )
         return None
+    except TlsRefused as exc:
+        print(f"aegis agent: error: no TLS session with the master: {exc.detail}",
+              file=sys.stderr)  # fmt: skip
+        return CONFIG_ERROR_EXIT
     except CredsRefused as exc:
         print(f"aegis agent: error: the master refused credentials: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT

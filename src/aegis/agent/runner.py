@@ -38,6 +38,7 @@ class MasterSettings:
     namespace: str = "default"
     node: str = ""
     heartbeat_s: float = 1.0
+    tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ def _link_settings(master: MasterSettings) -> link.LinkSettings:
         node=master.node,
         heartbeat_s=master.heartbeat_s,
         connect_timeout_s=master.connect_timeout_s,
+        tls_ca=master.tls_ca,
         inject=link.inject_from_env(),
         checks=checks_config.from_env(os.environ),
         ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from aegis.adapters import tls
 from aegis.agent import runner, signatures, supervisor, warm
 
 LOG_LEVEL_VAR = "AEGIS_LOG_LEVEL"
@@ -41,6 +42,13 @@ def agent(
     job: Annotated[str | None, typer.Option(help="This pod's job.")] = None,
     pod: Annotated[str | None, typer.Option(help="This pod's name.")] = None,
     token_file: Annotated[str | None, typer.Option(help="The bootstrap token file.")] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="Speak TLS to the master and NATS, trusting this CA certificate only "
+            "(ca.crt of the master's --tls-dir)."
+        ),
+    ] = None,
     namespace: Annotated[str, typer.Option(help="This pod's job namespace.")] = "default",
     node: Annotated[str, typer.Option(envvar="AEGIS_NODE", help="The node this pod runs on.")] = "",
     heartbeat_s: Annotated[
@@ -77,6 +85,11 @@ def agent(
         except signatures.SignatureConfigError as exc:
             raise typer.BadParameter(str(exc), param_hint="--signatures") from exc
     master_settings = None
+    if tls_ca is not None:
+        try:
+            tls.check_ca(tls_ca)
+        except tls.TlsConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--tls-ca") from None
     if master is not None:
         host, port = parse_master(master)
         master_settings = runner.MasterSettings(
@@ -89,6 +102,7 @@ def agent(
             namespace=namespace,
             node=node,
             heartbeat_s=heartbeat_s,
+            tls_ca=tls_ca,
         )
     settings = runner.AgentSettings(
         supervisor=supervisor.SupervisorSettings(

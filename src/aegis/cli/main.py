@@ -9,6 +9,7 @@ from typer._click import exceptions as click_errors
 
 from aegis.cli import (
     agent_cmd,
+    auth_cmd,
     check_cmd,
     ctl_cmd,
     incidents_cmd,
@@ -36,6 +37,7 @@ for module in (
     replay_cmd,
     run_cmd,
     agent_cmd,
+    auth_cmd,
     simulate_cmd,
     check_cmd,
     slurm_cmd,

@@ -1,7 +1,13 @@
 """``aegis master``: one master replica (leader election among replicas on the NATS KV).
 
 ``--kubernetes``: jobs come from AegisJob resources and their status goes back to them
-(``platforms.kubernetes.master_side``), next to the replica and only while it leads."""
+(``platforms.kubernetes.master_side``), next to the replica and only while it leads.
+
+Authentication is not optional: without ``--auth-file`` (the keys ``aegis auth init`` writes) the
+master refuses to start, before connecting, unless told ``--insecure`` (a NATS server without
+auth, on a trusted network). ``--tls-dir DIR`` (``tls.crt``, ``tls.key``, ``ca.crt``: a
+Kubernetes TLS Secret) makes the credentials server speak TLS only and the NATS connection trust
+``ca.crt`` only."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import typer
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.tls import TlsConfigError, TlsDir
 from aegis.cli import pace_options
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import metrics
@@ -41,7 +48,22 @@ def master(
     ],
     auth_file: Annotated[
         Path | None,
-        typer.Option(help="The operator/account keys shared by all replicas (0600)."),
+        typer.Option(
+            help="The operator/account keys shared by all replicas (0600; `aegis auth init`)."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="Run without --auth-file: NATS without authentication (a trusted network only)."
+        ),
+    ] = False,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="tls.crt and tls.key: the credentials server speaks TLS only; ca.crt (if "
+            "there): the CA the NATS server's certificate must be signed by."
+        ),
     ] = None,
     grpc_port: Annotated[int, typer.Option(min=0, max=65535, help="Credentials server.")] = 0,
     grpc_host: Annotated[str, typer.Option(help="Address the credentials server binds.")] = (
@@ -96,11 +118,10 @@ def master(
     ] = False,
 ) -> None:
     """Run a master replica: standby until it holds the lease, then leader of every job."""
-    if auth_file is not None and not auth_file.is_file():
-        raise typer.BadParameter(f"no such file: {auth_file}", param_hint="--auth-file")
     if cordon_drained and not kubernetes:
         raise typer.BadParameter("needs --kubernetes", param_hint="--cordon-drained")
-    authority = Authority.load(auth_file) if auth_file else None
+    authority = _authority(auth_file, insecure)
+    tls = _tls(tls_dir)
     settings = ReplicaSettings(
         replica_id=replica_id or f"{socket.gethostname()}:{os.getpid()}",
         lease=LeaseSettings.for_replicas(replicas, lease_s),
@@ -114,6 +135,7 @@ def master(
         log_dir=log_dir,
         grpc_host=grpc_host,
         grpc_port=grpc_port,
+        tls_dir=tls,
     )
     logging.basicConfig(
         stream=sys.stderr,
@@ -137,6 +159,37 @@ def master(
             namespaces=tuple(k8s_namespace or ()), cordon=cordon_drained
         )
     asyncio.run(_serve(replica, side))
+
+
+def _authority(auth_file: Path | None, insecure: bool) -> Authority | None:
+    """The keys of ``--auth-file``; None only with ``--insecure``; exit 2 (one line) when
+    neither or both are given."""
+    if auth_file is None and not insecure:
+        print(
+            "aegis: error: aegis master needs --auth-file FILE (the keys `aegis auth init` "
+            "writes), or --insecure to run NATS without authentication",
+            file=sys.stderr,
+        )
+        raise typer.Exit(2)
+    if auth_file is None:
+        return None
+    if insecure:
+        raise typer.BadParameter("not with --auth-file", param_hint="--insecure")
+    try:
+        return Authority.load(auth_file)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise typer.BadParameter(
+            f"cannot read {auth_file}: {exc}", param_hint="--auth-file"
+        ) from None
+
+
+def _tls(tls_dir: Path | None) -> TlsDir | None:
+    if tls_dir is None:
+        return None
+    try:
+        return TlsDir(tls_dir).check()
+    except TlsConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-dir") from None
 
 
 def _rendezvous_rule(kubernetes: bool, host: str | None, port_base: int) -> RendezvousRule:
@@ -173,7 +226,8 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
 
     assert isinstance(kubernetes, master_side.KubernetesSettings)
     creds = replica.authority.master_creds() if replica.authority else None
-    bus = await NatsBus.connect(replica.nats_url, creds, name=f"{replica.settings.replica_id}-k8s")
+    bus = await NatsBus.connect(replica.nats_url, creds, name=f"{replica.settings.replica_id}-k8s",
+                                tls_ca=replica.settings.nats_ca)  # fmt: skip
     try:
         replicas = replica.settings.lease.replicas
         store = await KvStore.open(bus, STATUS_BUCKET, replicas=replicas)

@@ -33,6 +33,7 @@ from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.adapters.ports import Subscription
+from aegis.adapters.tls import TlsDir
 from aegis.core import events as ev
 from aegis.core.model import (
     JobSpec,
@@ -66,6 +67,11 @@ class ReplicaSettings:
     grpc_port: int = 0
     poll_s: float = 0.25
     creds_ttl_s: float | None = 3600.0
+    tls_dir: TlsDir | None = None  # the credentials server's certificate; NATS's CA (ca.crt)
+
+    @property
+    def nats_ca(self) -> Path | None:
+        return self.tls_dir.ca if self.tls_dir is not None else None
 
 
 LOOKUP_READ_S = 2.0  # how long a handshake waits for the store before using the cached record
@@ -146,7 +152,9 @@ class Replica:
 
     async def run(self) -> None:
         creds = self.authority.master_creds() if self.authority else None
-        self.bus = await NatsBus.connect(self.nats_url, creds, name=self.settings.replica_id)
+        self.bus = await NatsBus.connect(
+            self.nats_url, creds, name=self.settings.replica_id, tls_ca=self.settings.nats_ca
+        )
         self.store = await KvStore.open(
             self.bus, STATUS_BUCKET, replicas=self.settings.lease.replicas
         )
@@ -163,6 +171,7 @@ class Replica:
             host=self.settings.grpc_host,
             port=self.settings.grpc_port,
             ttl_s=self.settings.creds_ttl_s,
+            tls_dir=self.settings.tls_dir,
         )
         refresher = asyncio.create_task(self._refresh_records(), name="records")
         try:

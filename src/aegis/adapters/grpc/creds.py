@@ -4,19 +4,26 @@ Every refusal looks the same from outside (one status, one message): an unknown 
 name outside the rule, an ended job and a wrong bootstrap token, so no one learns which jobs
 exist by asking. The master's log says which it was, the peer's strings truncated and escaped,
 at a bounded rate.
+
+With ``tls_dir`` (a ``tls.TlsDir``) the server speaks TLS only; an agent given ``tls_ca`` trusts
+that CA only. A handshake that fails for a TLS reason (no CA given to a TLS server, a certificate
+the CA did not sign, a plain server) is ``TlsRefused``, one line saying which.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc import aio
 
+from aegis.adapters import tls
 from aegis.adapters.grpc._generated import aegis_pb2, aegis_pb2_grpc
 from aegis.adapters.nats_auth import Authority, UserCreds, job_subject_prefix
 from aegis.core.errors import RemoteError
@@ -32,6 +39,11 @@ _NO_TOKEN = "\0no job\0"  # compared when there is no job, so a refusal takes as
 
 class CredsRefused(RemoteError):
     """The master refused to hand out credentials (wrong token, unknown job or pod)."""
+
+
+class TlsRefused(CredsRefused):
+    """No TLS session with the master: its certificate is not trusted, or one side speaks
+    TLS and the other does not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,24 +137,45 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     ttl_s: float | None = 3600.0,
+    tls_dir: tls.TlsDir | None = None,
 ) -> tuple[aio.Server, int]:
-    """Start the credentials server; returns it and the port it listens on."""
+    """Start the credentials server; returns it and the port it listens on (TLS only with
+    ``tls_dir``)."""
     # a request is four short strings: anything near a megabyte is an attack on the log
     server = aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     aegis_pb2_grpc.add_CredentialsServicer_to_server(
         _Servicer(authority, nats_url, lookup, ttl_s), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls_dir is None:
+        bound = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials([tls_dir.check().key_pair()])
+        bound = server.add_secure_port(address, credentials)
     await server.start()
     return server, bound
 
 
+def _channel(target: str, tls_ca: Path | None) -> aio.Channel:
+    if tls_ca is None:
+        return aio.insecure_channel(target)
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+    return aio.secure_channel(target, credentials)
+
+
 async def fetch(
-    target: str, *, namespace: str, job: str, pod: str, token: str, timeout_s: float
+    target: str,
+    *,
+    namespace: str,
+    job: str,
+    pod: str,
+    token: str,
+    timeout_s: float,
+    tls_ca: Path | None = None,
 ) -> WorkerCreds:
-    """The agent's one call. Raises ``CredsRefused`` on refusal, ``ConnectionError`` when the
-    master cannot be reached in time."""
-    async with aio.insecure_channel(target) as channel:
+    """The agent's one call. Raises ``CredsRefused`` on refusal (``TlsRefused`` when TLS is the
+    trouble), ``ConnectionError`` when the master cannot be reached in time."""
+    async with _channel(target, tls_ca) as channel:
         stub = aegis_pb2_grpc.CredentialsStub(channel)
         request = aegis_pb2.SyncWorkerCredsRequest(
             job=job, namespace=namespace, pod=pod, bootstrap_token=token
@@ -152,6 +185,9 @@ async def fetch(
         except aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
                 raise CredsRefused(exc.code().name.lower(), detail=exc.details() or "") from None
+            why = await asyncio.to_thread(tls.diagnose, target, tls_ca, min(timeout_s, 5.0))
+            if why is not None:
+                raise TlsRefused("no TLS session with the master", detail=why) from None
             raise ConnectionError(f"master at {target}: {exc.code().name}") from None
     creds = UserCreds(
         jwt=reply.user_jwt,
