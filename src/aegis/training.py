@@ -128,14 +128,9 @@ def report(step: int) -> bool:
     True when the master asked for a checkpoint that is due at this step. From the first call
     on, the optimizer step hook (:mod:`aegis.autoprogress`) stops reporting."""
     _writer.explicit = True
-    buffer = _writer.buffer
+    buffer = _write_step(step)
     if buffer is None:
-        if _writer.disabled:
-            return False
-        buffer = _writer.open()
-        if buffer is None:
-            return False
-    _pack_into(buffer, 0, step, _monotonic())
+        return False
     request: int
     target: int
     answered: int
@@ -149,15 +144,21 @@ def report_step(step: int) -> bool:
     go then)."""
     if _writer.explicit:
         return False
+    return _write_step(step) is not None
+
+
+def _write_step(step: int) -> mmap.mmap | None:
+    """``step`` into the progress file (opened at the first call); the buffer, or None when
+    there is no agent."""
     buffer = _writer.buffer
     if buffer is None:
         if _writer.disabled:
-            return False
+            return None
         buffer = _writer.open()
         if buffer is None:
-            return False
+            return None
     _pack_into(buffer, 0, step, _monotonic())
-    return True
+    return buffer
 
 
 @dataclass(frozen=True, slots=True)
