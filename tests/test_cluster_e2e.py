@@ -108,7 +108,8 @@ out = sys.argv[1]
 restart = os.environ.get("AEGIS_RESTART_COUNT", "0")
 host = socket.gethostname()
 with open(os.path.join(out, f"r{rank}-i{restart}"), "w") as f:
-    f.write(f"{host} {os.environ['MASTER_ADDR']} {world}")
+    f.write(f"{host} {os.environ['MASTER_ADDR']} {world}\\n")
+    f.write("\\n".join(os.listdir("/dev/shm")))
 value = torch.ones(1)
 for step in range(20):
     dist.all_reduce(value)
@@ -134,8 +135,11 @@ async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> 
     assert _ips(run.pods) == [address_of(0), address_of(1)]
     for incarnation in (0, 1):
         for rank in range(4):
-            host, master, world = (out / f"r{rank}-i{incarnation}").read_text().split()
+            first, *shm = (out / f"r{rank}-i{incarnation}").read_text().splitlines()
+            host, master, world = first.split()
             assert (host, master, world) == (f"node-{rank // 2}", address_of(0), "4")
+            other = f"-t-{1 - rank // 2}-"  # the other pod's shared memory is not visible
+            assert shm and not [name for name in shm if other in name], shm
     assert leftovers(run.log_dir) == []
 
 
