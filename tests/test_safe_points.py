@@ -18,16 +18,32 @@ def running(drain: int | None = None) -> Driver:
     return job
 
 
-def test_the_job_is_committed_at_the_lowest_step_every_pod_committed_once_per_step() -> None:
+def test_the_job_is_committed_at_the_newest_step_every_pod_committed_once_per_step() -> None:
     job, safe = running(), SafePoints("job")
     a, b, c = job.pods
-    assert safe.committed(job.status, a, 10) is None
-    assert safe.committed(job.status, b, 10) is None
+    for pod in (a, b):
+        assert safe.committed(job.status, pod, 5) is None
+        assert safe.committed(job.status, pod, 10) is None
     assert safe.committed(job.status, c, 5) == 5
     assert safe.committed(job.status, c, 10) == 10
     assert safe.committed(job.status, c, 10) is None  # the same step again
-    assert safe.committed(job.status, a, 8) is None  # a pod never goes back
-    assert safe.committed_step == 10
+    assert safe.committed(job.status, a, 8) is None  # an older step changes nothing
+    assert safe.committed_step == 10 and safe.resume_step() == 10
+
+
+def test_ranks_that_saved_at_different_steps_have_no_common_step_and_restart_together() -> None:
+    """A checkpoint request seen late: ranks a and b saved at 27, c at 26. The newest step of
+    each is not a step every rank can load: nothing is committed, and a restart starts every
+    rank afresh (AEGIS_RESUME_STEP 0) rather than c from 26 and the others from nothing."""
+    job, safe = running(), SafePoints("job")
+    a, b, c = job.pods
+    assert safe.resume_step() is None  # nothing committed by anyone: each rank its own
+    for pod, step in ((a, 27), (b, 27), (c, 26)):
+        assert safe.committed(job.status, pod, step) is None
+    assert safe.committed_step == -1 and safe.resume_step() == 0
+    assert safe.committed(job.status, c, 28) is None
+    assert safe.committed(job.status, a, 28) is None
+    assert safe.committed(job.status, b, 28) == 28  # a step all have, later
 
 
 def test_after_a_rewind_a_step_a_pod_committed_before_counts_only_when_committed_again() -> None:
@@ -35,7 +51,7 @@ def test_after_a_rewind_a_step_a_pod_committed_before_counts_only_when_committed
     old 6 belongs to the abandoned timeline, so b's 6 alone does not commit the job."""
     job, safe = running(), SafePoints("job")
     a, b, c = job.pods
-    for pod, step in ((a, 6), (b, 4), (c, 4)):
+    for pod, step in ((a, 4), (a, 6), (b, 4), (c, 4)):
         safe.committed(job.status, pod, step)
     assert safe.committed_step == 4
     safe.rewound()

@@ -400,10 +400,11 @@ class JobRunner:
                 env = {"MASTER_ADDR": meet.host, key: str(meet.port)}
                 if key == "MASTER_PORT":
                     self.safe.rewound()
-                if key == "MASTER_PORT" and self.safe.committed_step >= 0:
+                resume = self.safe.resume_step() if key == "MASTER_PORT" else None
+                if resume is not None:
                     # every rank resumes from the step all pods committed, never a newer one
                     # only some of them have
-                    env[m.RESUME_STEP_ENV] = str(self.safe.committed_step)
+                    env[m.RESUME_STEP_ENV] = str(resume)
             order = RoundOrder(
                 action.order, action.phase, action.seq, action.pods, action.exit_code, env
             )

@@ -22,6 +22,8 @@ from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
 
+KEPT_STEPS = 16  # committed steps remembered per pod
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSettings:
@@ -35,7 +37,10 @@ class SafePoints:
     job: str
     settings: RequestSettings = field(default_factory=RequestSettings)
     committed_step: int = -1
-    pod_steps: dict[PodName, int] = field(default_factory=dict)  # committed, per pod
+    # the steps each pod committed (its newest KEPT_STEPS): the job is committed at a step only
+    # when every pod has that very step (ranks that saved a late request at different steps
+    # have no common one: the newest of each is not a step all can load)
+    pod_steps: dict[PodName, set[int]] = field(default_factory=dict)
     steps: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # this round's
     step_rate: float = 0.0  # training steps per second, smoothed
     request_seq: int = -1  # the RunCommand round a checkpoint was requested in
@@ -43,9 +48,14 @@ class SafePoints:
     declined_seq: int = -1
 
     def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
-        """``pod`` committed ``step``: the job's new committed step, or None if unchanged."""
-        self.pod_steps[pod] = max(step, self.pod_steps.get(pod, -1))
-        committed = min(self.pod_steps.get(p, -1) for p in status.pod_infos)
+        """``pod`` committed ``step``: the job's new committed step (the newest step every pod
+        committed), or None if unchanged."""
+        steps = self.pod_steps.setdefault(pod, set())
+        steps.add(step)
+        if len(steps) > KEPT_STEPS:
+            steps.discard(min(steps))
+        common = set.intersection(*(self.pod_steps.get(p, set()) for p in status.pod_infos))
+        committed = max(common, default=-1)
         if committed <= self.committed_step:
             return None
         self.committed_step = committed
@@ -54,7 +64,17 @@ class SafePoints:
     def rewound(self) -> None:
         """Training (re)starts from the job's committed step: what a pod committed beyond it
         belongs to an abandoned timeline and counts again only when committed anew."""
-        self.pod_steps = {p: min(s, self.committed_step) for p, s in self.pod_steps.items()}
+        self.pod_steps = {
+            p: {s for s in steps if s <= self.committed_step} for p, steps in self.pod_steps.items()
+        }
+
+    def resume_step(self) -> int | None:
+        """The step every rank resumes from (``AEGIS_RESUME_STEP``): the committed step; 0 (a
+        fresh start) when pods committed steps but none in common, so that no rank resumes from
+        a step the others do not have; None when nothing was committed (each rank its own)."""
+        if self.committed_step >= 0:
+            return self.committed_step
+        return 0 if any(self.pod_steps.values()) else None
 
     def step_seen(self, status: JobStatus, pod: PodName, seq: int, step: int, now: float) -> None:
         """A heartbeat's training step (of the current round only: a restart rewinds)."""
