@@ -14,6 +14,7 @@ from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority, UserCreds, decode_claims
 from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
+from aegis.wire.tokens import pod_token
 from tests.agent_waits import async_wait_until
 
 
@@ -49,8 +50,8 @@ async def test_worker_of_job_a_cannot_publish_or_subscribe_to_job_b(
 
     await worker.subscribe("aegis.default.job-a.master", on_own)
     await worker.subscribe("aegis.default.job-b.master", on_own)  # refused by the server
-    await worker.publish("aegis.default.job-b.worker", b"intrusion")  # refused
-    await worker.publish("aegis.default.job-a.worker", b"mine")
+    await worker.publish("aegis.default.job-b.worker.a-0", b"intrusion")  # refused
+    await worker.publish("aegis.default.job-a.worker.a-0", b"mine")
     await worker.flush()
     await master.publish("aegis.default.job-b.master", b"secret order of job b")
     await master.publish("aegis.default.job-a.master", b"order of job a")
@@ -140,18 +141,18 @@ async def test_right_token_gets_creds_scoped_to_its_job(
         namespace="default",
         job="job-a",
         pod="job-a-1",
-        token="s3cret",
+        token=pod_token("s3cret", "default", "job-a", "job-a-1"),
         timeout_s=5,
     )
     claims = decode_claims(got.creds.jwt)
     # least privilege (issue 20): reports out, orders and replies in, nothing else
-    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.worker"]
+    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.worker.job-a-1"]
     assert claims["nats"]["sub"]["allow"] == [
         "aegis.default.job-a.master",
-        "_INBOX_default_job-a.>",
+        "_INBOX_default_job-a_job-a-1.>",
     ]
     assert got.rank == 1 and got.worker_num == 2 and got.nats_url == nats_server.url
-    assert got.creds.inbox_prefix == "_INBOX_default_job-a"
+    assert got.creds.inbox_prefix == "_INBOX_default_job-a_job-a-1"
     bus = await NatsBus.connect(got.nats_url, got.creds, max_reconnect_attempts=0)
     await bus.flush()
     await bus.close()
@@ -165,6 +166,6 @@ async def test_unknown_pod_or_job_is_refused(creds_server: int) -> None:
                 namespace="default",
                 job=job,
                 pod=pod,
-                token="s3cret",
+                token=pod_token("s3cret", "default", job, pod),
                 timeout_s=5,
             )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from aegis.adapters import memory
+from aegis.adapters.nats_auth import worker_subject
 from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
@@ -81,7 +82,7 @@ class Harness:
             data=data,
             id=msg_id,
         )
-        await self.bus.publish(self.runner.worker_subject, codec.encode(msg))
+        await self.bus.publish(worker_subject(self.runner.prefix, pod), codec.encode(msg))
         await self.bus.flush()
 
     async def settle(self) -> None:
@@ -172,7 +173,7 @@ async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness
         b"x" * (codec.MAX_MESSAGE_BYTES + 1),
         json.dumps({"job": "job"}).encode(),
     ):
-        await harness.bus.publish(harness.runner.worker_subject, raw)
+        await harness.bus.publish(worker_subject(harness.runner.prefix, "job-0"), raw)
     await harness.send("job-0", m.MessageType.ERROR, m.ErrorData("old"), seq=before.seq - 1)
     other = m.Message(
         job="other",
@@ -184,7 +185,7 @@ async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness
         ts=0,
         data=m.ErrorData("x"),
     )
-    await harness.bus.publish(harness.runner.worker_subject, codec.encode(other))
+    await harness.bus.publish(worker_subject(harness.runner.prefix, "job-0"), codec.encode(other))
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r2")  # duplicate
     await harness.send("job-0", m.MessageType.FINISH, m.ExitData(0), msg_id="r1")  # re-sent id

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from aegis.platforms.kubernetes import handlers, manifests
+from aegis.platforms.kubernetes import crd_status, handlers, manifests
+from aegis.wire.tokens import pod_token
 
 Body = dict[str, Any]
 
@@ -47,6 +48,9 @@ class FakeCluster:
 
     async def ensure_secret(self, namespace: str, body: Body) -> None:
         self.secrets.setdefault((namespace, body["metadata"]["name"]), body)
+
+    async def get_secret(self, namespace: str, name: str) -> Body | None:
+        return copy.deepcopy(self.secrets.get((namespace, name)))
 
     async def ensure_service(self, namespace: str, body: Body) -> None:
         self.services.setdefault((namespace, body["metadata"]["name"]), body)
@@ -99,6 +103,29 @@ async def test_job_created_makes_one_agent_pod_per_worker_when_the_job_is_new() 
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert ("ml", "train-aegis-token") in cluster.secrets
     assert cluster.services[("ml", "train")]["spec"]["clusterIP"] == "None"
+
+
+async def test_each_pod_mounts_only_its_own_secret_derived_from_the_jobs() -> None:
+    """Per-pod identity (issue 20): pod train-1 mounts ``train-1-aegis-token`` (owner-only),
+    holding pod_token(job secret, ml, train, train-1); the job's own Secret is mounted by
+    no pod."""
+    cluster = new_cluster()
+    await handlers.job_created(job_body(), cluster)
+    job_token = crd_status.token(cluster.secrets[("ml", "train-aegis-token")])
+    assert job_token
+    for rank in range(3):
+        pod = cluster.pods[("ml", f"train-{rank}")]
+        [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == manifests.TOKEN_VOLUME]
+        assert volume["secret"] == {"secretName": f"train-{rank}-aegis-token", "defaultMode": 0o400}
+        secret = cluster.secrets[("ml", f"train-{rank}-aegis-token")]
+        assert crd_status.token(secret) == pod_token(job_token, "ml", "train", f"train-{rank}")
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+        assert secret["metadata"]["labels"][manifests.LABEL_RANK] == str(rank)
+    # a replacement of rank 2 mounts the same Secret, which keeps its content
+    before = copy.deepcopy(cluster.secrets)
+    del cluster.pods[("ml", "train-2")]
+    assert await handlers.replace_rank("ml", "train", 2, cluster)
+    assert cluster.secrets == before
 
 
 async def test_job_created_is_idempotent_when_resumed() -> None:

@@ -94,6 +94,36 @@ def test_operator_pods_fit_the_pod_schema_in_both_agent_modes(mode: str) -> None
     assert k8s_schema.check_builtin(handlers.headless_service(job)) == []
 
 
+def test_spec_tls_ca_config_map_makes_every_agent_trust_that_ca_only() -> None:
+    """TLS in a cluster (issue 20): ``spec.tls.caConfigMap`` names the CA's ConfigMap; each pod
+    mounts it read-only and its agent gets ``--tls-ca`` on it (before the user's command).
+    Without it the pods are as before."""
+    doc = _example()
+    doc["metadata"]["uid"] = "uid-1"
+    doc["spec"]["tls"] = {"caConfigMap": "aegis-ca"}
+    k8s_schema.check_custom(doc, _crd())
+    job = manifests.view(doc)
+    for rank in range(job.replicas):
+        pod = manifests.pod_manifest(job, rank)
+        assert k8s_schema.check_builtin(pod) == []
+        main = pod["spec"]["containers"][0]
+        agent = main["command"][: main["command"].index("--")]
+        at = agent.index("--tls-ca")
+        ca = Path(agent[at + 1])
+        [mount] = [v for v in main["volumeMounts"] if v["name"] == manifests.CA_VOLUME]
+        assert mount == {"name": "aegis-ca", "mountPath": str(ca.parent), "readOnly": True}
+        assert ca.name == "ca.crt"
+        [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == manifests.CA_VOLUME]
+        assert volume["configMap"] == {"name": "aegis-ca"}
+    doc["spec"]["tls"] = {"caConfigMap": 7}
+    with pytest.raises(jsonschema.ValidationError):
+        k8s_schema.check_custom(doc, _crd())
+    del doc["spec"]["tls"]
+    plain = manifests.pod_manifest(manifests.view(doc), 0)
+    assert "--tls-ca" not in plain["spec"]["containers"][0]["command"]
+    assert manifests.CA_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
+
+
 @pytest.mark.parametrize(
     "checks",
     [{"enabled": []}, {"enabled": ["disk"]}, {"budgets_s": {"io": 0}}, {"budgets_s": {"io": -5}}],

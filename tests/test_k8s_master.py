@@ -23,7 +23,7 @@ import kmock
 import msgspec
 import pytest
 
-from aegis.adapters.nats_auth import job_subject_prefix
+from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.phases import Phase
@@ -183,7 +183,9 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     ack = m.Message(job="train", namespace="ml", pod="train-1", type=m.MessageType.ACK,
                     phase=Phase.PENDING, seq=record["status"]["seq"], ts=time.time(),
                     data=m.AckData(node="node-b", pod_ip="10.0.0.11"), id="ack-1")  # fmt: skip
-    await k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(ack))
+    await k8s.bus.publish(
+        worker_subject(job_subject_prefix("ml", "train"), "train-1"), codec.encode(ack)
+    )
 
     async def replacing() -> bool:
         return k8s.status().get("replacing") == {"train-1": "u1"}
@@ -320,7 +322,7 @@ async def says(k8s: Cluster, pod: str, kind: m.MessageType, phase: Phase, seq: i
     """What ``pod``'s agent would publish."""
     msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=phase, seq=seq,
                     ts=time.time(), data=data, id=f"{pod}-{time.monotonic()}")  # fmt: skip
-    await k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(msg))
+    await k8s.bus.publish(worker_subject(job_subject_prefix("ml", "train"), pod), codec.encode(msg))
 
 
 async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: Cluster) -> None:
@@ -391,7 +393,9 @@ def _send(k8s: Cluster, pod: str, kind: m.MessageType, data: m.Payload, seq: int
     ident = f"{pod}-{time.monotonic_ns()}"
     msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=Phase.PENDING,
                     seq=seq, ts=time.time(), data=data, id=ident)  # fmt: skip
-    return k8s.bus.publish(f"{job_subject_prefix('ml', 'train')}.worker", codec.encode(msg))
+    return k8s.bus.publish(
+        worker_subject(job_subject_prefix("ml", "train"), pod), codec.encode(msg)
+    )
 
 
 async def test_every_round_meets_at_rank_0s_current_pod_ip(k8s: Cluster) -> None:

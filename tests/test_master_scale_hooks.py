@@ -4,6 +4,7 @@ histogram, the lease lengths chosen for one server and for a cluster, and the se
 from __future__ import annotations
 
 from aegis.adapters import memory
+from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_bus import server_list
 from aegis.core.model import JobSpec, initial_status
 from aegis.core.phases import Phase
@@ -35,6 +36,10 @@ def _heartbeat(pod: str, ts: float) -> bytes:
     return codec.encode(msg)
 
 
+def _subject(pod: str) -> str:
+    return worker_subject(job_subject_prefix("default", "hb"), pod)
+
+
 def _sample(metrics: MasterMetrics, name: str) -> float:
     value = metrics.registry.get_sample_value(name)
     assert value is not None
@@ -45,8 +50,12 @@ async def test_heartbeat_lag_is_observed_from_the_agents_timestamp() -> None:
     metrics = MasterMetrics()
     runner = _runner(now=1000.0)
     metrics.attach(runner)
-    await runner.on_worker_message("x", _heartbeat("hb-0", ts=999.7))  # 0.3 s on the way
-    await runner.on_worker_message("x", _heartbeat("hb-1", ts=1000.5))  # a clock ahead: 0
+    await runner.on_worker_message(
+        _subject("hb-0"), _heartbeat("hb-0", ts=999.7)
+    )  # 0.3 s on the way
+    await runner.on_worker_message(
+        _subject("hb-1"), _heartbeat("hb-1", ts=1000.5)
+    )  # a clock ahead: 0
     assert _sample(metrics, "aegis_heartbeat_lag_seconds_count") == 2
     assert abs(_sample(metrics, "aegis_heartbeat_lag_seconds_sum") - 0.3) < 1e-6
     le = {"le": "0.25"}
@@ -58,7 +67,7 @@ async def test_a_heartbeat_of_an_unknown_pod_is_not_observed() -> None:
     metrics = MasterMetrics()
     runner = _runner(now=1000.0)
     metrics.attach(runner)
-    await runner.on_worker_message("x", _heartbeat("hb-9", ts=999.0))
+    await runner.on_worker_message(_subject("hb-9"), _heartbeat("hb-9", ts=999.0))
     assert _sample(metrics, "aegis_heartbeat_lag_seconds_count") == 0
     assert runner.drops.counts["unknown_pod"] == 1
 

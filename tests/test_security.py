@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from aegis.adapters.grpc import creds as grpc_creds
-from aegis.adapters.nats_auth import Authority, UserCreds, decode_claims, order_verifier
+from aegis.adapters.nats_auth import (
+    Authority,
+    UserCreds,
+    decode_claims,
+    order_verifier,
+    write_pod_token,
+)
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, free_port
 from aegis.agent import link
@@ -34,9 +40,9 @@ from aegis.master.lease import LeaseSettings
 from aegis.master.ports import NullPlatform
 from aegis.master.replica import Replica, ReplicaSettings, submit_job
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
-from aegis.platforms.local import LocalPlatform, LocalSettings
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m
+from aegis.wire.tokens import pod_token
 from tests.agent_waits import async_wait_until, async_wait_until_async
 
 pytestmark = pytest.mark.timeout(180)
@@ -69,9 +75,16 @@ async def new_job(
     return runner
 
 
+def secret(job: str, pod: str, ns: str = "default") -> str:
+    """Pod ``pod``'s own bootstrap secret (the platform hands it to that pod only)."""
+    return pod_token(TOKEN, ns, job, pod)
+
+
 async def fetch(
-    port: int, job: str, pod: str, token: str = TOKEN, ns: str = "default"
+    port: int, job: str, pod: str, token: str | None = None, ns: str = "default"
 ) -> grpc_creds.WorkerCreds:
+    """Credentials as pod ``pod`` with its own secret (or ``token``)."""
+    token = secret(job, pod, ns) if token is None else token
     return await grpc_creds.fetch(
         f"127.0.0.1:{port}", namespace=ns, job=job, pod=pod, token=token, timeout_s=10
     )
@@ -137,7 +150,9 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
     async with master_service(nats_server, authority) as service:
         runner = await new_job(service, "sec")
         agent = link.MasterLink(
-            link.LinkSettings(f"127.0.0.1:{service.grpc_port}", "default", "sec", "sec-0", TOKEN)
+            link.LinkSettings(
+                f"127.0.0.1:{service.grpc_port}", "default", "sec", "sec-0", secret("sec", "sec-0")
+            )
         )
         await agent.connect()  # pod 0's real link: ACKs, takes orders
         spy = Spy(service.bus)
@@ -149,20 +164,20 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
             evil = {"BASH_ENV": str(tmp_path / "evil.sh")}
             forged = forged_order("sec", Order.RUN, evil, epoch=999_999)
             await bus1.publish("aegis.default.sec.master", forged)  # the probe
-            await bus1.subscribe("aegis.default.sec.worker", spy.on)  # read pod 0's reports
+            await bus1.subscribe("aegis.default.sec.worker.sec-0", spy.on)  # pod 0's reports
             await bus1.flush()
             await async_wait_until(
                 lambda: refused(errors, "Publish", '"aegis.default.sec.master"'),
                 what="the server's refusal of the forged order",
             )
             await async_wait_until(
-                lambda: refused(errors, "Subscription", '"aegis.default.sec.worker"'),
+                lambda: refused(errors, "Subscription", '"aegis.default.sec.worker.sec-0"'),
                 what="the server's refusal to let pod 1 read the reports",
             )
             await spy.caught_up("aegis.default.sec.master")
             assert forged not in spy.seen
             # the real master's orders still reach pod 0 once pod 1 ACKs (as it may)
-            await bus1.publish("aegis.default.sec.worker", ack("sec", "sec-1"))
+            await bus1.publish("aegis.default.sec.worker.sec-1", ack("sec", "sec-1"))
             await bus1.flush()
             await async_wait_until(lambda: not agent.orders.empty(), what="the bootcheck order")
             order = agent.orders.get_nowait()
@@ -239,10 +254,10 @@ async def test_an_order_cannot_set_bash_env_or_any_key_the_agent_does_not_know(
     async def on_report(subject: str, payload: bytes) -> None:
         reports.append(codec.decode(payload))
 
-    await master.subscribe("aegis.default.envj.worker", on_report)
+    await master.subscribe("aegis.default.envj.worker.*", on_report)
     await master.flush()
     token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
+    token_file.write_text(pod_token(TOKEN, "default", "envj", "envj-0"))
     script = (
         f'echo "$MASTER_PORT $AEGIS_RESUME_STEP ${{LD_PRELOAD:-none}} ${{BASH_ENV:-none}}" > {out}'
     )
@@ -356,24 +371,24 @@ async def test_a_job_named_like_another_with_a_suffix_shares_nothing_with_it(
         await new_job(service, "jobp", pods=1)
         other = await new_job(service, "jobp-2", pods=1)
         spy = Spy(service.bus)
-        await service.bus.subscribe("aegis.default.jobp-2.worker", spy.on)
+        await service.bus.subscribe("aegis.default.jobp-2.worker.*", spy.on)
         errors: list[str] = []
         creds = await fetch(service.grpc_port, "jobp", "jobp-0")
         worker = await connect(nats_server, creds.creds, errors)
         try:
             forged = ack("jobp-2", "jobp-2-0")
-            await worker.publish("aegis.default.jobp-2.worker", forged)
+            await worker.publish("aegis.default.jobp-2.worker.jobp-2-0", forged)
             await worker.subscribe("aegis.default.jobp-2.>", spy.on)
             await worker.flush()
             await async_wait_until(
-                lambda: refused(errors, "Publish", '"aegis.default.jobp-2.worker"'),
+                lambda: refused(errors, "Publish", '"aegis.default.jobp-2.worker.jobp-2-0"'),
                 what="the forged ACK refused",
             )
             await async_wait_until(
                 lambda: refused(errors, "Subscription", '"aegis.default.jobp-2.>"'),
                 what="the subscription refused",
             )
-            await spy.caught_up("aegis.default.jobp-2.worker")
+            await spy.caught_up("aegis.default.jobp-2.worker.jobp-2-0")
             assert forged not in spy.seen
             assert other.status.phase is Phase.PENDING and other.status.outstanding == 1
         finally:
@@ -419,7 +434,7 @@ async def test_the_standalone_master_adopts_no_job_outside_the_rule_and_ended_jo
             assert "default.jobP" not in replica.runners
             got = await fetch(replica.grpc_port, "fine", "fine-0")
             assert decode_claims(got.creds.jwt)["nats"]["pub"]["allow"] == [
-                "aegis.default.fine.worker"
+                "aegis.default.fine.worker.fine-0"
             ]
             runner = replica.runners["default.fine"]
             runner.platform_event(ev.QuitRequested("the operator ended it"))
@@ -430,27 +445,94 @@ async def test_the_standalone_master_adopts_no_job_outside_the_rule_and_ended_jo
         await bus.close()
 
 
+# -- (c) per-pod identity: no pod speaks for another -------------------------------------------
+
+
+async def test_one_pods_secret_gets_no_other_pods_credentials_nor_the_jobs_secret_any(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """The probe: the token was per job, so pod 1 got credentials as pod 0. Now each pod has
+    its own secret; pod 1's asks as pod 0 in vain, and the job's own secret is no pod's."""
+    async with master_service(nats_server, authority) as service:
+        await new_job(service, "who", pods=3)
+        own = await fetch(service.grpc_port, "who", "who-1")  # pod 1, its own secret: fine
+        assert own.rank == 1
+        for pod in ("who-0", "who-2"):
+            with pytest.raises(grpc_creds.CredsRefused):
+                await fetch(service.grpc_port, "who", pod, secret("who", "who-1"))
+        with pytest.raises(grpc_creds.CredsRefused):
+            await fetch(service.grpc_port, "who", "who-0", TOKEN)
+    # no secret reveals another: all different, none is the job's, and none is a prefix
+    tokens = {secret("who", f"who-{i}") for i in range(3)} | {TOKEN}
+    assert len(tokens) == 4
+    assert secret("who", "who-0") != pod_token(TOKEN, "team2", "who", "who-0")
+
+
+async def test_a_pods_credentials_report_as_that_pod_only(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """Pod 1's credentials publish on pod 1's worker subject only: an Error "from pod 0" is
+    refused by the server, and one that reached the master on the wrong subject anyway (a
+    server without auth) is dropped and counted, never pod 0's fault."""
+    async with master_service(nats_server, authority) as service:
+        runner = await new_job(service, "imp", pods=2)
+        spy = Spy(service.bus)
+        await service.bus.subscribe("aegis.default.imp.worker.*", spy.on)
+        errors: list[str] = []
+        pod1 = await fetch(service.grpc_port, "imp", "imp-1")
+        bus1 = await connect(nats_server, pod1.creds, errors)
+        try:
+            forged = ack("imp", "imp-0")  # pod 0's ACK, from pod 1's credentials
+            await bus1.publish("aegis.default.imp.worker.imp-0", forged)
+            await bus1.publish("aegis.default.imp.worker", forged)
+            await bus1.subscribe("_INBOX_default_imp_imp-0.>", spy.on)
+            await bus1.flush()
+            for verb, subject in (("Publish", "aegis.default.imp.worker.imp-0"),
+                                  ("Publish", "aegis.default.imp.worker"),
+                                  ("Subscription", "_INBOX_default_imp_imp-0.>")):  # fmt: skip
+                await async_wait_until(
+                    lambda v=verb, s=subject: refused(errors, v, f'"{s}"'), what=f"{verb} {subject}"
+                )
+            await spy.caught_up("aegis.default.imp.worker.imp-0")
+            assert forged not in spy.seen
+            # on its own subject pod 1's own ACK is taken
+            await bus1.publish("aegis.default.imp.worker.imp-1", ack("imp", "imp-1"))
+            await bus1.flush()
+            await async_wait_until(lambda: runner.status.outstanding == 1, what="pod 1's ACK")
+            # pod 0's ACK on pod 1's subject (as if the server had let it through)
+            await runner.on_worker_message("aegis.default.imp.worker.imp-1", forged)
+            assert runner.drops.counts["wrong_pod"] == 1
+            assert runner.status.outstanding == 1 and runner.status.phase is Phase.PENDING
+        finally:
+            await bus1.close()
+
+
 # -- (d) the smaller ones ----------------------------------------------------------------------
 
 
 async def test_inboxes_are_per_namespace(nats_server: EmbeddedNats, authority: Authority) -> None:
-    """default/joba and team2/joba shared ``_INBOX_joba``: each now has its own."""
+    """default/joba and team2/joba shared ``_INBOX_joba``: each now has its own (each pod
+    its own, ``_INBOX_<ns>_<job>_<pod>``)."""
     a, b = (authority.worker_creds(ns, "joba", "joba-0", 60) for ns in ("default", "team2"))
-    assert (a.inbox_prefix, b.inbox_prefix) == ("_INBOX_default_joba", "_INBOX_team2_joba")
+    assert (a.inbox_prefix, b.inbox_prefix) == (
+        "_INBOX_default_joba_joba-0",
+        "_INBOX_team2_joba_joba-0",
+    )
     errors_a: list[str] = []
     bus_a = await connect(nats_server, a, errors_a)
     bus_b = await connect(nats_server, b, [])
     master = await NatsBus.connect(nats_server.url, authority.master_creds())
     seen_a, seen_b = Spy(master), Spy(master)
     try:
-        await bus_a.subscribe("_INBOX_team2_joba.>", seen_a.on)
-        await bus_b.subscribe("_INBOX_team2_joba.>", seen_b.on)
+        await bus_a.subscribe("_INBOX_team2_joba_joba-0.>", seen_a.on)
+        await bus_b.subscribe("_INBOX_team2_joba_joba-0.>", seen_b.on)
         await bus_a.flush()
         await bus_b.flush()
         await async_wait_until(
-            lambda: refused(errors_a, "Subscription", '"_INBOX_team2_joba.>"'), what="refusal"
+            lambda: refused(errors_a, "Subscription", '"_INBOX_team2_joba_joba-0.>"'),
+            what="refusal",
         )
-        await seen_b.caught_up("_INBOX_team2_joba.reply")
+        await seen_b.caught_up("_INBOX_team2_joba_joba-0.reply")
         assert seen_a.seen == []
     finally:
         for bus in (bus_a, bus_b, master):
@@ -468,11 +550,12 @@ async def test_every_refusal_looks_the_same_and_an_ended_job_gets_no_credentials
         await async_wait_until(ended.done.is_set, 60, "the job to end")
         answers = set()
         for job, pod, token in (
-            ("nosuch", "nosuch-0", TOKEN),  # no such job
+            ("nosuch", "nosuch-0", secret("nosuch", "nosuch-0")),  # no such job
             ("alive", "alive-0", "guess"),  # a wrong token
-            ("alive", "alive-9", TOKEN),  # no such pod
-            ("ended", "ended-0", TOKEN),  # an ended job
-            ("Alive", "Alive-0", TOKEN),  # a name outside the rule
+            ("alive", "alive-0", TOKEN),  # the job's secret is no pod's
+            ("alive", "alive-9", secret("alive", "alive-9")),  # no such pod
+            ("ended", "ended-0", secret("ended", "ended-0")),  # an ended job
+            ("Alive", "Alive-0", secret("Alive", "Alive-0")),  # a name outside the rule
         ):
             with pytest.raises(grpc_creds.CredsRefused) as caught:
                 await fetch(service.grpc_port, job, pod, token)
@@ -512,7 +595,9 @@ async def test_a_flood_of_bad_messages_is_counted_exactly_and_logged_rarely(
         worker = await connect(nats_server, creds.creds, [])
         try:
             for i in range(300):
-                await worker.publish("aegis.default.flood.worker", b"{not json\n" + bytes(i))
+                await worker.publish(
+                    "aegis.default.flood.worker.flood-0", b"{not json\n" + bytes(i)
+                )
             await worker.flush()
             await async_wait_until(lambda: runner.drops.counts["malformed"] == 300, 60, "drops")
         finally:
@@ -537,17 +622,19 @@ def test_authority_save_replaces_an_existing_world_readable_file(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["authority.json"]
 
 
-def test_the_bootstrap_token_file_is_owner_only_from_its_first_byte(tmp_path: Path) -> None:
-    platform = LocalPlatform(LocalSettings(("n0",), (), ("true",), tmp_path))
-    token_file = tmp_path / ".bootstrap-token"
+def test_a_pods_token_file_is_owner_only_from_its_first_byte(tmp_path: Path) -> None:
+    folder = tmp_path / ".bootstrap-tokens"
+    folder.mkdir(mode=0o755)
+    token_file = folder / "j-0"
     token_file.write_text("")
     token_file.chmod(0o644)
     before = token_file.stat().st_ino
-    platform.attach(lambda event: None, namespace="default", job="j", pods={},
-                    grpc_target="127.0.0.1:1", token="s3cret")  # fmt: skip
-    assert token_file.read_text() == "s3cret" and _mode(token_file) == 0o600
-    assert token_file.stat().st_ino != before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".bootstrap-token"]
+    path = write_pod_token(tmp_path, "s3cret", "default", "j", "j-0")
+    assert path == token_file and _mode(folder) == 0o700
+    assert token_file.read_text() == pod_token("s3cret", "default", "j", "j-0")
+    assert _mode(token_file) == 0o600 and token_file.stat().st_ino != before
+    assert sorted(p.name for p in folder.iterdir()) == ["j-0"]
+    assert "s3cret" not in token_file.read_text()
 
 
 async def test_ctl_with_credentials_that_may_not_send_says_not_permitted(

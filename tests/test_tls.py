@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,7 @@ from aegis.core.phases import Phase
 from aegis.master.ports import NullPlatform
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.served_job import ServedJob
+from aegis.wire.tokens import pod_token
 from tests.agent_waits import async_wait_until
 from tests.tls_helpers import issue, make_ca
 
@@ -72,7 +74,8 @@ def _lookup(ns: str, job: str) -> grpc_creds.JobAccess:
 
 async def _fetch(port: int, ca: Path | None, timeout_s: float = 10) -> grpc_creds.WorkerCreds:
     return await grpc_creds.fetch(f"127.0.0.1:{port}", namespace="default", job="tj", pod="tj-0",
-                                  token=TOKEN, timeout_s=timeout_s, tls_ca=ca)  # fmt: skip
+                                  token=pod_token(TOKEN, "default", "tj", "tj-0"),
+                                  timeout_s=timeout_s, tls_ca=ca)  # fmt: skip
 
 
 async def test_the_credentials_server_speaks_tls_to_whoever_trusts_its_ca_only(
@@ -161,7 +164,7 @@ async def test_an_agent_that_trusts_the_ca_runs_a_job_one_that_does_not_is_refus
         served = await ServedJob.submit(bus, store, JobSpec("tj", "default", 1, 0), ["n0"],
                                         NullPlatform())  # fmt: skip
         token_file = tmp_path / "token"
-        token_file.write_text(served.token)
+        token_file.write_text(served.pod_token("tj-0"))
         async with tls_master(tls_nats, authority, pki, tmp_path) as port:
             for name, extra in (("none", ()), ("stranger", ("--tls-ca", str(pki.stranger_ca)))):
                 marker = tmp_path / f"ran-{name}"
@@ -177,5 +180,21 @@ async def test_an_agent_that_trusts_the_ca_runs_a_job_one_that_does_not_is_refus
             async with asyncio.timeout(60):
                 status = await served.wait()
             assert status.phase is Phase.SUCCEED, status
+        # an operator reads the job from the store over the same TLS (``aegis status``)
+        store_args = ("status", "tj", "--nats", tls_nats.url, "--auth-file",
+                      str(tmp_path / "auth.json"), "--timeout-s", "5", "--json")  # fmt: skip
+        for extra, code in (((), 1), (("--tls-ca", str(pki.ca)), 0)):
+            proc = await asyncio.create_subprocess_exec(
+                *AEGIS, *store_args, *extra,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+            assert proc.returncode == code, err.decode()
+            if code:
+                lines = err.decode().strip().splitlines()
+                assert len(lines) == 1 and "cannot read the store" in lines[0], lines
+            else:
+                assert json.loads(out)["phase"] == Phase.SUCCEED.value
     finally:
         await bus.close()

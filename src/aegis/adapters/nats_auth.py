@@ -4,10 +4,11 @@ account with JetStream, and user JWTs scoped to one job (DESIGN section 4).
 A JWT is ``base64url(header).base64url(claims).base64url(ed25519 signature by the issuer)``.
 The server runs in operator mode with a MEMORY resolver preloaded with both account JWTs.
 The master's user may use every subject (and JetStream); a worker's user may only publish on
-its job's worker subject ``aegis.<namespace>.<job>.worker`` and subscribe to its job's master
-subject ``aegis.<namespace>.<job>.master`` and its inbox ``_INBOX_<namespace>_<job>.>``: it can
-never publish an order. Names follow one rule (``core.model.check_names``: no '.', '*', '>',
-no '_'), so no job's subjects or inbox are a prefix of another's.
+its own pod's worker subject ``aegis.<namespace>.<job>.worker.<pod>`` and subscribe to its job's
+master subject ``aegis.<namespace>.<job>.master`` and its own inbox
+``_INBOX_<namespace>_<job>_<pod>.>``: it can never publish an order, nor report as another pod.
+Names follow one rule (``core.model.check_names``: no '.', '*', '>', no '_'), so no job's
+subjects or inbox are a prefix of another's.
 
 Orders are signed besides (``Authority.sign_order``, checked by ``order_verifier``) with the
 account key: the agent knows its public key as the issuer of its own credentials.
@@ -32,7 +33,8 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from aegis.core.model import check_names
+from aegis.core.model import POD_NAME_MAX, InvalidName, check_names, name_problem
+from aegis.wire.tokens import pod_token
 
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 
@@ -68,9 +70,15 @@ def job_subject_prefix(namespace: str, job: str) -> str:
     return f"aegis.{namespace}.{job}"
 
 
-def job_inbox_prefix(namespace: str, job: str) -> str:
-    """``_INBOX_<namespace>_<job>``: '_' is in no valid name, so the pair is unambiguous."""
-    return f"_INBOX_{namespace}_{job}"
+def worker_subject(prefix: str, pod: str) -> str:
+    """Where pod ``pod`` of the job of ``prefix`` reports: ``<prefix>.worker.<pod>``."""
+    return f"{prefix}.worker.{pod}"
+
+
+def pod_inbox_prefix(namespace: str, job: str, pod: str) -> str:
+    """``_INBOX_<namespace>_<job>_<pod>``: '_' is in no valid name, so the triple is
+    unambiguous and no pod's inbox is a prefix of another's."""
+    return f"_INBOX_{namespace}_{job}_{pod}"
 
 
 def write_secret(path: Path, text: str) -> None:
@@ -88,6 +96,18 @@ def write_secret(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_pod_token(directory: Path, job_token: str, namespace: str, job: str, pod: str) -> Path:
+    """Pod ``pod``'s own bootstrap secret (``wire.tokens.pod_token``) in
+    ``<directory>/.bootstrap-tokens/<pod>`` (0600, the folder 0700): the file its agent's
+    ``--token-file`` names. Returns the path."""
+    folder = directory / ".bootstrap-tokens"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / pod
+    write_secret(path, pod_token(job_token, namespace, job, pod))
+    return path
 
 
 _ORDER_DOMAIN = b"aegis-order\0"  # an order's signature can never pass for a JWT's
@@ -196,12 +216,15 @@ class Authority:
         return self._user("aegis-master", None, None, ttl_s, inbox="_INBOX")
 
     def worker_creds(self, namespace: str, job: str, pod: str, ttl_s: float | None) -> UserCreds:
-        """Publish its job's worker subject only; subscribe its job's master subject and its
-        inbox only (``InvalidName`` for a name outside the rule)."""
+        """Bound to one pod: publish its own worker subject only (the master takes a report
+        from pod P only on P's subject), subscribe its job's master subject and its own inbox
+        only (``InvalidName`` for a name outside the rule)."""
         check_names(namespace, job)
+        if (problem := name_problem("pod", pod, POD_NAME_MAX)) is not None:
+            raise InvalidName(problem)
         prefix = job_subject_prefix(namespace, job)
-        inbox = job_inbox_prefix(namespace, job)
-        pub, sub = [f"{prefix}.worker"], [f"{prefix}.master", f"{inbox}.>"]
+        inbox = pod_inbox_prefix(namespace, job, pod)
+        pub, sub = [worker_subject(prefix, pod)], [f"{prefix}.master", f"{inbox}.>"]
         return self._user(f"{namespace}/{job}/{pod}", pub, sub, ttl_s, inbox=inbox)
 
     def _user(

@@ -290,7 +290,8 @@ class MasterLink:
         again) nothing goes: a report stays in ``pending`` for the resend."""
         assert self.bus is not None and self.creds is not None
         try:
-            await self.bus.publish(f"{self.creds.subject_prefix}.worker", codec.encode(msg))
+            subject = nats_auth.worker_subject(self.creds.subject_prefix, self.settings.pod)
+            await self.bus.publish(subject, codec.encode(msg))
         except BusClosed:
             log.debug("not sent while disconnected: %s %s", msg.type, msg.id)
 

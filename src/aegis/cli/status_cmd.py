@@ -1,5 +1,5 @@
-"""``aegis status JOB [--log-dir D | --nats URL [--auth-file F] | --ctl-file F] [--json]``: the
-user-facing summary and the per-pod table.
+"""``aegis status JOB [--log-dir D | --nats URL [--auth-file F] [--tls-ca CA] | --ctl-file F]
+[--json]``: the user-facing summary and the per-pod table.
 
 Read from the job's log directory (``events.jsonl`` replayed through the core: a finished run,
 or a running ``aegis run``, whose event log is flushed per line), or from a running master's
@@ -39,6 +39,9 @@ NatsOption = Annotated[
 AuthFileOption = Annotated[
     Path | None, typer.Option(help="With --nats: the keys file the master replicas load.")
 ]
+TlsCaOption = Annotated[
+    Path | None, typer.Option(help="With --nats: trust this CA only (a NATS server with TLS).")
+]
 CtlFileOption = Annotated[
     Path | None, typer.Option(help="Read the store of a running aegis run (its control file).")
 ]
@@ -70,7 +73,11 @@ def pod_table(summary: status_summary.Summary) -> Table:
 
 
 def _store_target(
-    nats: str | None, auth_file: Path | None, ctl_file: Path | None, namespace: str | None
+    nats: str | None,
+    auth_file: Path | None,
+    ctl_file: Path | None,
+    namespace: str | None,
+    tls_ca: Path | None = None,
 ) -> status_store.StoreTarget:
     if ctl_file is not None:
         try:
@@ -88,7 +95,7 @@ def _store_target(
         except (OSError, ValueError, KeyError) as exc:
             print(f"aegis: error: cannot read keys file {auth_file}: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
-    return status_store.StoreTarget(nats, creds, namespace or "default")
+    return status_store.StoreTarget(nats, creds, namespace or "default", tls_ca)
 
 
 def from_store_or_exit(
@@ -116,6 +123,7 @@ def status(
     log_dir: LogDirOption = None,
     nats: NatsOption = None,
     auth_file: AuthFileOption = None,
+    tls_ca: TlsCaOption = None,
     ctl_file: CtlFileOption = None,
     namespace: Annotated[
         str | None, typer.Option(help="The job's namespace in the store (default: default).")
@@ -127,11 +135,12 @@ def status(
     if sum(x is not None for x in (log_dir, nats, ctl_file)) > 1:
         print("aegis: error: pass one of --log-dir, --nats, --ctl-file", file=sys.stderr)
         raise typer.Exit(2)
-    if auth_file is not None and nats is None:
-        print("aegis: error: --auth-file goes with --nats", file=sys.stderr)
-        raise typer.Exit(2)
+    for name, given in (("--auth-file", auth_file), ("--tls-ca", tls_ca)):
+        if given is not None and nats is None:
+            print(f"aegis: error: {name} goes with --nats", file=sys.stderr)
+            raise typer.Exit(2)
     if nats is not None or ctl_file is not None:
-        target = _store_target(nats, auth_file, ctl_file, namespace)
+        target = _store_target(nats, auth_file, ctl_file, namespace, tls_ca)
         summary = from_store_or_exit(job, target, timeout_s)
         source = f"store: {target.nats_url}"
     else:

@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nats import errors as nats_errors
@@ -35,6 +36,7 @@ class StoreTarget:
     nats_url: str
     creds: UserCreds | None
     namespace: str
+    tls_ca: Path | None = None  # trust this CA only (a NATS server that speaks TLS)
 
 
 async def read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[str, Any] | None:
@@ -56,7 +58,7 @@ async def _read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[
             bus = await _first(
                 NatsBus.connect(target.nats_url, target.creds, name="aegis-status",
                                 max_reconnect_attempts=0, connect_timeout_s=timeout_s,
-                                on_error=on_error),
+                                on_error=on_error, tls_ca=target.tls_ca),
                 refused,
             )  # fmt: skip
             try:

@@ -25,6 +25,7 @@ NodeName = NewType("NodeName", str)
 # '-', beginning and ending with a letter or digit, at most 63 characters. No '.', '*' or '>'
 # (NATS subject tokens), so no job's subjects can be a prefix of another's.
 NAME_MAX = 63
+POD_NAME_MAX = 253  # a pod's name is the job's and a suffix: Kubernetes allows 253
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -32,11 +33,12 @@ class InvalidName(ValueError):
     """A job or namespace name outside the one rule (``name_problem``)."""
 
 
-def name_problem(kind: str, name: str) -> str | None:
-    """Why ``name`` cannot be a job's (``kind``: "job" or "namespace") name; None when it can."""
-    shown = repr(name[: NAME_MAX + 1]) + ("..." if len(name) > NAME_MAX + 1 else "")
-    if len(name) > NAME_MAX:
-        return f"{kind} name {shown} is longer than {NAME_MAX} characters"
+def name_problem(kind: str, name: str, max_len: int = NAME_MAX) -> str | None:
+    """Why ``name`` cannot be a job's (``kind``: "job" or "namespace") name, or with
+    ``max_len=POD_NAME_MAX`` a pod's; None when it can."""
+    shown = repr(name[: max_len + 1]) + ("..." if len(name) > max_len + 1 else "")
+    if len(name) > max_len:
+        return f"{kind} name {shown} is longer than {max_len} characters"
     if not _NAME.fullmatch(name):
         return (
             f"{kind} name {shown} is not a DNS label (lowercase letters, digits and '-', "

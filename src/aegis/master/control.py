@@ -37,7 +37,7 @@ from typing import Literal, Protocol, runtime_checkable
 import msgspec
 
 from aegis.adapters import netns
-from aegis.adapters.nats_auth import UserCreds
+from aegis.adapters.nats_auth import UserCreds, worker_subject
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.model import PodName
@@ -205,7 +205,7 @@ async def _feed_hang(runner: JobRunner, pod: str) -> None:
         data=m.HangData(idle_s=0.0, stacks="(reported by aegis ctl hang)"),
         id=f"ctl-{secrets.token_hex(8)}",
     )  # fmt: skip
-    await runner.on_worker_message(runner.worker_subject, codec.encode(msg))
+    await runner.on_worker_message(worker_subject(runner.prefix, pod), codec.encode(msg))
 
 
 async def serve_control(

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from aegis.adapters.nats_auth import job_subject_prefix
+from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core import actions as act
@@ -137,7 +137,8 @@ class JobRunner:
         self.revision, self.epoch, self.fence = revision, epoch, fence
         self.extra = dict(extra or {})  # stored with the record (token, nodes)
         prefix = job_subject_prefix(spec.namespace, spec.job)
-        self.master_subject, self.worker_subject = f"{prefix}.master", f"{prefix}.worker"
+        self.prefix, self.master_subject = prefix, f"{prefix}.master"
+        self.worker_subject = worker_subject(prefix, "*")  # every pod's (one token each)
         self.events = EventLogWriter(log_dir / "events.jsonl" if log_dir else None)
         self.drops = DropCounter(spec.job)
         self.seen = SeenIds()
@@ -161,7 +162,9 @@ class JobRunner:
     # -- inputs --------------------------------------------------------------------------------
 
     async def on_worker_message(self, subject: str, payload: bytes) -> None:
-        """NATS callback for ``<prefix>.worker``: decode strictly, drop and count bad input."""
+        """NATS callback for ``<prefix>.worker.<pod>``: decode strictly, drop and count bad
+        input. A report counts only on its own pod's subject (the one its credentials may
+        publish on): pod 1 cannot speak for pod 0."""
         try:
             msg = codec.decode(payload)
             event = to_event(msg, job=self.spec.job, namespace=self.spec.namespace)
@@ -171,6 +174,9 @@ class JobRunner:
         pod = PodName(msg.pod)
         if pod not in self.status.pod_infos:
             self.drops.add("unknown_pod", f"from pod {msg.pod}")
+            return
+        if subject != worker_subject(self.prefix, pod):
+            self.drops.add("wrong_pod", f"pod {msg.pod} reported on {subject}")
             return
         self.last_seen[pod] = time.monotonic()
         if isinstance(msg.data, m.CheckpointData):

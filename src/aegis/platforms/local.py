@@ -103,7 +103,7 @@ class LocalPlatform:
         self.job = ""
         self.initial: dict[PodName, str] = {}
         self.grpc_target = ""
-        self.token_file: Path | None = None
+        self.job_token: str | None = None
         self.namespace = "default"
         self._tasks: set[asyncio.Task[None]] = set()
         self.slowed: set[str] = {
@@ -147,8 +147,7 @@ class LocalPlatform:
         publisher to the master replicas); ``pods`` is the initial placement."""
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
         self.grpc_target = grpc_target
-        self.token_file = self.settings.log_dir / ".bootstrap-token"
-        nats_auth.write_secret(self.token_file, token)  # 0600 from its first byte, atomically
+        self.job_token = token  # each pod gets only its own secret, derived from it
 
     async def launch_all(self) -> None:
         for pod, node in sorted(self.initial.items()):
@@ -217,7 +216,10 @@ class LocalPlatform:
         await _kill_group(proc, self.settings.grace_s)
 
     async def _spawn(self, state: _Pod) -> None:
-        assert self.token_file is not None
+        assert self.job_token is not None
+        token_file = nats_auth.write_pod_token(
+            self.settings.log_dir, self.job_token, self.namespace, self.job, state.name
+        )
         state.incarnation += 1
         state.containers_on_node += 1
         self.used_nodes.add(state.node)
@@ -229,7 +231,7 @@ class LocalPlatform:
             "--master", self.grpc_target,
             "--namespace", self.namespace, "--job", self.job,
             "--pod", state.name, "--node", state.node,
-            "--token-file", str(self.token_file),
+            "--token-file", str(token_file),
             "--grace-s", str(s.grace_s), "--hang-timeout-s", str(s.hang_timeout_s),
             "--heartbeat-s", str(s.heartbeat_s),
             "--", *s.command,

@@ -22,6 +22,7 @@ from aegis.master.ports import Platform
 from aegis.master.replica import submit_job
 from aegis.platforms.platform_server import PlatformServer
 from aegis.wire import status_json
+from aegis.wire.tokens import pod_token
 
 
 @dataclass(slots=True)
@@ -29,7 +30,7 @@ class ServedJob:
     store: KvStore
     spec: JobSpec
     server: PlatformServer
-    token: str  # the agents' bootstrap token (the leader checks it)
+    token: str  # the job's secret: each pod's is derived from it (the leader checks it)
 
     @classmethod
     async def submit(
@@ -47,6 +48,10 @@ class ServedJob:
         token = secrets.token_urlsafe(24)
         await submit_job(store, spec, nodes, token, pod_ips)
         return cls(store, spec, server, token)
+
+    def pod_token(self, pod: str) -> str:
+        """The bootstrap secret to hand pod ``pod``'s agent (``--token-file``), and no other."""
+        return pod_token(self.token, self.spec.namespace, self.spec.job, pod)
 
     async def status(self) -> JobStatus:
         got = await self.store.get(status_key(self.spec))

@@ -27,8 +27,9 @@ from aegis.adapters import tls
 from aegis.adapters.grpc._generated import aegis_pb2, aegis_pb2_grpc
 from aegis.adapters.nats_auth import Authority, UserCreds, job_subject_prefix
 from aegis.core.errors import RemoteError
-from aegis.core.model import name_problem
+from aegis.core.model import POD_NAME_MAX, name_problem
 from aegis.wire.logsafe import RateLimitedLog, shown
+from aegis.wire.tokens import pod_token
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class JobAccess:
 
     namespace: str
     job: str
-    token: str
+    token: str  # the job's secret: each pod's is derived from it (``wire.tokens.pod_token``)
     pods: tuple[str, ...]
     ended: bool = False  # a job in a terminal phase gets no more credentials
 
@@ -107,12 +108,17 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
     async def _access(self, request: aegis_pb2.SyncWorkerCredsRequest) -> JobAccess | None:
         """The job, when the request may have its credentials; None (logged) when not."""
         namespace, job, pod = request.namespace, request.job, request.pod
-        problem = name_problem("namespace", namespace) or name_problem("job", job)
+        problem = (
+            name_problem("namespace", namespace)
+            or name_problem("job", job)
+            or name_problem("pod", pod, POD_NAME_MAX)
+        )
         access = None
         if problem is None:
             found = self.lookup(namespace, job)
             access = await found if inspect.isawaitable(found) else found
-        expected = access.token if access is not None else _NO_TOKEN
+        # the pod's own secret, derived from the job's: the job's secret itself is refused
+        expected = pod_token(access.token if access else _NO_TOKEN, namespace, job, pod)
         right = hmac.compare_digest(expected.encode(), request.bootstrap_token.encode())
         if problem is None and access is None:
             problem = "no such job"

@@ -23,7 +23,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from aegis.platforms.kubernetes import manifests
+from aegis.platforms.kubernetes import crd_status, manifests
+from aegis.wire.tokens import pod_token
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class ClusterApi(Protocol):
         """Create the Secret unless it exists (its content is then kept)."""
         ...
 
+    async def get_secret(self, namespace: str, name: str) -> Body | None: ...
+
     async def ensure_service(self, namespace: str, body: Body) -> None: ...
 
 
@@ -68,14 +71,39 @@ CREATE_BACKOFF_S = 0.25
 
 
 def token_secret(job: manifests.JobView) -> Body:
-    token = base64.b64encode(secrets.token_urlsafe(24).encode()).decode()
+    """The job's secret: read by the master (and this operator) only, never mounted."""
+    return _secret(job, crd_status.token_secret_name(job.name), secrets.token_urlsafe(24))
+
+
+def pod_token_secret(job: manifests.JobView, rank: int, job_token: str) -> Body:
+    """The one Secret the pod of ``rank`` mounts: its own bootstrap secret, derived from the
+    job's (``wire.tokens.pod_token``), so no pod can speak for another."""
+    pod = manifests.pod_name(job.name, rank)
+    body = _secret(job, manifests.pod_token_secret_name(pod),
+                   pod_token(job_token, job.namespace, job.name, pod))  # fmt: skip
+    body["metadata"]["labels"][manifests.LABEL_RANK] = str(rank)
+    return body
+
+
+def _secret(job: manifests.JobView, name: str, token: str) -> Body:
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{job.name}-aegis-token", "namespace": job.namespace,
+        "metadata": {"name": name, "namespace": job.namespace,
                      "labels": {manifests.LABEL_JOB: job.name},
                      "ownerReferences": [_owner(job)]},
-        "data": {"token": token},
+        "data": {"token": base64.b64encode(token.encode()).decode()},
     }  # fmt: skip
+
+
+async def _job_token(api: ClusterApi, job: manifests.JobView) -> str:
+    """The job's secret, as stored (made now if the Secret is missing: idempotent)."""
+    await api.ensure_secret(job.namespace, token_secret(job))
+    found = crd_status.token(
+        await api.get_secret(job.namespace, crd_status.token_secret_name(job.name))
+    )
+    if found is None:
+        raise LookupError(f"job {job.namespace}/{job.name}: its token Secret has no token")
+    return found
 
 
 def headless_service(job: manifests.JobView) -> Body:
@@ -144,10 +172,14 @@ async def replace_rank(
 
 
 async def _create(api: ClusterApi, job: manifests.JobView, rank: int) -> bool:
-    """Create one pod, retrying a failed call (kopf does not retry an event handler)."""
+    """Create one pod (after its own token Secret), retrying a failed call (kopf does not
+    retry an event handler)."""
     body = manifests.pod_manifest(job, rank)
     for attempt in range(CREATE_ATTEMPTS):
         try:
+            await api.ensure_secret(
+                job.namespace, pod_token_secret(job, rank, await _job_token(api, job))
+            )
             return await api.create_pod(job.namespace, body)
         except Exception as exc:
             if attempt == CREATE_ATTEMPTS - 1:

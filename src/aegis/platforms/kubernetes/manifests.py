@@ -34,6 +34,8 @@ LABEL_RANK = "aegis.dev/rank"
 AGENT_VOLUME = "aegis-agent"
 TOKEN_VOLUME = "aegis-token"
 TOKEN_DIR = "/var/run/aegis"
+CA_VOLUME = "aegis-ca"
+CA_DIR = "/var/run/aegis-ca"  # spec.tls.caConfigMap's ca.crt: the CA the agent trusts
 DEFAULT_MASTER = "aegis-master.aegis-system.svc:50051"
 DEFAULT_AGENT_IMAGE = "ghcr.io/aegis-ft/aegis:0.1.0"
 RENDEZVOUS_PORT = TORCH_PORT
@@ -63,6 +65,7 @@ class JobView:
     master: str
     hang_timeout_s: float
     checks: Mapping[str, Any]
+    tls_ca_configmap: str  # "" : the master speaks plain gRPC (and NATS) to the agents
     phase: str
     should_quit: bool
     error_nodes: tuple[str, ...]
@@ -96,6 +99,7 @@ def view(body: Mapping[str, Any]) -> JobView:
         master=spec.get("master", DEFAULT_MASTER),
         hang_timeout_s=float(spec.get("hang_timeout_s", 0.0)),
         checks=spec.get("checks", {}),
+        tls_ca_configmap=str((spec.get("tls") or {}).get("caConfigMap", "")),
         phase=str(status.get("phase", "")),
         should_quit=bool(status.get("should_quit", False)),
         error_nodes=_nodes(status.get("error_nodes")),
@@ -106,6 +110,11 @@ def view(body: Mapping[str, Any]) -> JobView:
 
 def _nodes(entries: Any) -> tuple[str, ...]:
     return tuple(str(e["node"]) for e in entries or [] if isinstance(e, Mapping) and "node" in e)
+
+
+def pod_token_secret_name(pod: str) -> str:
+    """The Secret holding only this pod's bootstrap secret (the one it mounts)."""
+    return f"{pod}-aegis-token"
 
 
 def pod_name(job: str, rank: int) -> str:
@@ -137,6 +146,7 @@ def agent_argv(job: JobView, rank: int, agent: str) -> list[str]:
         agent, "agent", "--master", job.master, "--namespace", job.namespace,
         "--job", job.name, "--pod", pod_name(job.name, rank),
         "--token-file", f"{TOKEN_DIR}/token", "--hang-timeout-s", str(job.hang_timeout_s),
+        *(("--tls-ca", f"{CA_DIR}/ca.crt") if job.tls_ca_configmap else ()),
         "--",
     ]  # fmt: skip
 
@@ -169,7 +179,11 @@ def pod_manifest(job: JobView, rank: int) -> Body:
     mounts = main.setdefault("volumeMounts", [])
     mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     volumes = spec.setdefault("volumes", [])
-    volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": f"{job.name}-aegis-token"}})
+    secret = {"secretName": pod_token_secret_name(pod_name(job.name, rank)), "defaultMode": 0o400}
+    volumes.append({"name": TOKEN_VOLUME, "secret": secret})
+    if job.tls_ca_configmap:  # the CA that signed the master's and NATS's certificates
+        mounts.append({"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": True})
+        volumes.append({"name": CA_VOLUME, "configMap": {"name": job.tls_ca_configmap}})
     if job.agent_mode == "initContainer":
         mounts.append({"name": AGENT_VOLUME, "mountPath": "/aegis"})
         volumes.append({"name": AGENT_VOLUME, "emptyDir": {}})

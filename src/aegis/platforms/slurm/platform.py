@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aegis.adapters import nats_auth
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
@@ -74,7 +75,7 @@ class SlurmPlatform:
         self.namespace, self.job = "default", ""
         self.initial: dict[PodName, str] = {}
         self.master = ""
-        self.token_file: Path | None = None
+        self.job_token: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def attach(
@@ -92,9 +93,7 @@ class SlurmPlatform:
         HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
         self.master = master
-        self.token_file = self.settings.log_dir / ".bootstrap-token"
-        self.token_file.write_text(token)
-        self.token_file.chmod(0o600)
+        self.job_token = token  # each pod gets only its own secret, derived from it
 
     async def launch_all(self) -> None:
         for pod, node in sorted(self.initial.items()):
@@ -221,7 +220,10 @@ class SlurmPlatform:
         await _stop_step(proc, self.settings.grace_s)
 
     async def _spawn(self, state: _Pod) -> None:
-        assert self.token_file is not None
+        assert self.job_token is not None
+        token_file = nats_auth.write_pod_token(
+            self.settings.log_dir, self.job_token, self.namespace, self.job, state.name
+        )
         state.incarnation += 1
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
@@ -229,7 +231,7 @@ class SlurmPlatform:
         inject = s.inject.get(state.node, frozenset())
         step = commands.AgentStep(
             job=self.job, namespace=self.namespace, pod=state.name,
-            node=state.node, master=self.master, token_file=self.token_file, command=s.command,
+            node=state.node, master=self.master, token_file=token_file, command=s.command,
             grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
             job_id=self.requested.get(state.node),
         )  # fmt: skip
