@@ -5,6 +5,8 @@ Real nats-server; the master is a ``Replica`` in this process."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import TRANSIENT, KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.master.lease import Lease, LeaseSettings
 from aegis.master.replica import MalformedRecord, decode_record, submit_job
 from aegis.wire import status_json
 from tests.poll_helpers import Master, consumer_counts, standalone_master, wait_for
@@ -189,3 +192,42 @@ async def test_a_malformed_record_is_skipped_counted_once_and_every_other_job_ad
         assert malformed.revisions["default.a-bytes"] == rev
         assert "default.c-fields" not in malformed.revisions and mended > rev
         assert master.polls.failed == {}, master.polls.failed
+
+
+async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_waits(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """A standby opened a lease watcher per try (every <= 2 s), each a consumer that outlived
+    its stop by minutes (~150 per standby). Now one serves the whole wait; the standby still
+    leads as soon as the leader lets go."""
+    bus = await NatsBus.connect(nats_server.url, authority.master_creds())
+    settings = LeaseSettings(lease_s=1.0)
+    leader, standby = (Lease(bus.client, name, settings) for name in ("m1", "m2"))
+    try:
+        for lease in (leader, standby):
+            await lease.open()
+        assert await leader.try_acquire()
+        keeping = asyncio.create_task(leader.keep())
+        tries = 0
+        acquire = standby.try_acquire
+
+        async def counted() -> bool:
+            nonlocal tries
+            tries += 1
+            return await acquire()
+
+        standby.try_acquire = counted  # type: ignore[method-assign]
+        waiting = asyncio.create_task(standby.wait_for_lead())
+        await wait_for(lambda: tries >= 8, "eight tries of the standby")
+        assert not waiting.done() and standby.watchers_opened == 1
+        assert (await consumer_counts(bus))[settings.bucket] <= 1
+        keeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
+        await leader.release()
+        async with asyncio.timeout(30):
+            epoch = await waiting
+        assert epoch == standby.epoch and standby.watchers_opened == 1
+        assert standby._watcher is None  # stopped once it led
+    finally:
+        await bus.close()

@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js import api
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
@@ -78,6 +79,10 @@ class Lease:
         self._revision = 0
         self._valid_until = 0.0
         self.renew_failures = 0  # consecutive failed renewals (a cluster failover)
+        # One watcher for a standby's whole wait (each watcher is a JetStream consumer that
+        # outlives its stop by minutes: one per try filled the bucket with them).
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self.watchers_opened = 0
 
     async def open(self) -> None:
         js = self.client.jetstream()
@@ -179,29 +184,44 @@ class Lease:
         """Until this replica holds the lease; returns the epoch."""
         assert self.kv is not None
         since = cancellations()
-        while not await self.try_acquire():
-            raise_if_cancelled(since)
-            await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
+        try:
+            while not await self.try_acquire():
+                raise_if_cancelled(since)
+                await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
+        finally:
+            await self._stop_watching()
         raise_if_cancelled(since)  # won, but asked to stop meanwhile: run's finally releases
         assert self.epoch is not None
         return self.epoch
 
     async def _wait_vacancy(self, timeout_s: float) -> None:
+        """Until the lease is deleted or expires (its marker), or ``timeout_s``, on the one
+        watcher of this wait (opened on first use, again only after it failed)."""
         assert self.kv is not None
-        try:
-            watcher = await self.kv.watch(self.settings.key, include_history=False)
-        except Exception as exc:  # the bucket is electing a leader (a cluster failover)
-            log.debug("lease: cannot watch yet: %s", exc)
-            await asyncio.sleep(RETRY_AFTER_FAILURE_S)
-            return
-        try:
-            async with asyncio.timeout(timeout_s):
-                async for entry in watcher:
-                    if entry is not None and entry.operation in ("DEL", "PURGE"):
-                        return
-        except TimeoutError:
-            return
-        finally:
+        if self._watcher is None:
+            try:
+                self._watcher = await self.kv.watch(self.settings.key, include_history=False)
+                self.watchers_opened += 1
+            except Exception as exc:  # the bucket is electing a leader (a cluster failover)
+                log.debug("lease: cannot watch yet: %s", exc)
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                return
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                entry = await self._watcher.updates(timeout=left)  # type: ignore[no-untyped-call]
+            except (nats.errors.TimeoutError, TimeoutError):
+                return
+            except Exception as exc:  # the watcher broke: a new one on the next wait
+                log.debug("lease: watching failed: %s", exc)
+                await self._stop_watching()
+                return
+            if entry is not None and entry.operation in ("DEL", "PURGE"):
+                return
+
+    async def _stop_watching(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
 

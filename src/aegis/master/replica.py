@@ -246,13 +246,20 @@ class Replica:
 
     async def _drop_failed_runners(self) -> None:
         """A job loop that died of an error (a store timeout through a failover), not of a
-        lost lease: forget it, so the next poll adopts the job again from its record."""
+        lost lease: forget it, so the next poll adopts the job again from its record. A loop
+        that returned (the job ended): forget it too, and its subscriptions, so a master that
+        serves jobs for days holds only the running ones (the key stays in ``finished``)."""
         for key, runner in list(self.runners.items()):
             task = runner.task
             if task is None or not task.done() or task.cancelled():
                 continue
             error = task.exception()
-            if error is None or isinstance(error, LeadershipLost):
+            if error is None:
+                self.finished.add(key)
+                del self.runners[key]
+                await self._unsubscribe(runner, key)
+                continue
+            if isinstance(error, LeadershipLost):
                 continue
             if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLost):
                 continue
