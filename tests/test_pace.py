@@ -137,3 +137,16 @@ def test_one_report_per_committed_checkpoint() -> None:
     pace.committed()
     beat(pace, 7, 100.0, 120.0, rate=30.0, step0=400)
     assert len(beat(pace, 7, 121.0, 140.0, rate=6.0, step0=1000)) == 1
+
+
+def test_a_dip_shorter_than_a_window_is_no_slowdown_and_one_that_stays_is() -> None:
+    """The probe of issue 18: a loaded machine halved the pace for a few seconds before the
+    injected node turned slow, and that was reported. A drop must now last one more window."""
+    pace = Pace(PaceSettings(window_s=5.0, drop=0.5))
+    assert beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0) == []
+    # 5 s at a sixth of the pace: the median of the 5-s window stays low for a few seconds
+    assert beat(pace, 3, 21.0, 25.0, rate=5.0, step0=600) == []
+    assert beat(pace, 3, 26.0, 50.0, rate=30.0, step0=625) == []  # back: nothing reported
+    assert pace.low_since is None
+    reasons = beat(pace, 3, 51.0, 70.0, rate=5.0, step0=1345)  # slow for good
+    assert len(reasons) == 1 and "for 5 s" in reasons[0], reasons

@@ -12,7 +12,9 @@ is the median interval rate over the last ``window_s`` seconds (at least ``min_i
 intervals, so long steps get a longer window). The best pace since training (re)started is the
 run's; a pace below ``drop`` times that is a slowdown, reported once per RunCommand round and
 at most once per committed checkpoint (a node that is slow only now and then, or a pace that
-changes for good, does not start round after round).
+changes for good, does not start round after round), and only once the pace has stayed below
+for ``confirm_s`` (one more window by default: a loaded machine's dip of a few seconds, as a
+fresh clone's ``make test`` saw on a quiet machine, is not a slow node; a slow node stays slow).
 
 What is not a slowdown: training that stops stepping (the end of the job, a final save: no
 advance, no interval; a hang is the hang watchdog's), one long pause such as an evaluation (one
@@ -38,6 +40,13 @@ class PaceSettings:
     drop: float = 0.3  # a pace below this fraction of the run's best pace is a slowdown
     min_intervals: int = 5  # the pace is the median of at least this many advances
     min_interval_s: float = 1.0  # an interval spans at least this long (the heartbeat period)
+    # A drop must last this long (None: one more window) before it is a slowdown: a loaded
+    # machine's dip of a few seconds is not a slow node, a slow node stays slow.
+    confirm_s: float | None = None
+
+    @property
+    def confirm_after_s(self) -> float:
+        return self.window_s if self.confirm_s is None else self.confirm_s
 
     def __post_init__(self) -> None:
         if self.window_s < 0:
@@ -48,6 +57,8 @@ class PaceSettings:
             raise ValueError(f"min_intervals must be >= 1, got {self.min_intervals}")
         if self.min_interval_s <= 0:
             raise ValueError(f"min_interval_s must be > 0, got {self.min_interval_s:g}")
+        if self.confirm_s is not None and self.confirm_s < 0:
+            raise ValueError(f"confirm_s must be >= 0 s, got {self.confirm_s:g}")
 
 
 @dataclass(slots=True)
@@ -61,6 +72,7 @@ class Pace:
     started: float | None = None  # when the job's step first advanced this round
     last: tuple[float, int] | None = None  # (time, job step) of the last advance
     intervals: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+    low_since: float | None = None  # when the pace fell below the drop (and has stayed)
 
     def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
         """A heartbeat of round ``seq`` reported ``pod`` at ``step``: the reason to report a
@@ -83,15 +95,19 @@ class Pace:
         pace = self._pace(now)
         if pace is None:
             return None
-        if pace > self.best:
-            self.best = pace
+        self.best = max(self.best, pace)
+        if pace >= s.drop * self.best:
+            self.low_since = None
             return None
-        if self.reported or not self.armed or pace >= s.drop * self.best:
+        if self.low_since is None:
+            self.low_since = now
+        if self.reported or not self.armed or now - self.low_since < s.confirm_after_s:
             return None
         self.reported, self.armed = True, False
         return (
             f"{pace:.2f} steps/s over the last {now - self.intervals[0][0]:.0f} s, below "
-            f"{s.drop:.0%} of this run's pace of {self.best:.2f} steps/s"
+            f"{s.drop:.0%} of this run's pace of {self.best:.2f} steps/s for "
+            f"{now - self.low_since:.0f} s"
         )
 
     def committed(self) -> None:
@@ -100,7 +116,7 @@ class Pace:
 
     def _new_round(self, seq: int) -> None:
         self.seq, self.best, self.reported = seq, 0.0, False
-        self.started = self.last = None
+        self.started = self.last = self.low_since = None
         self.steps.clear()
         self.intervals.clear()
 
