@@ -95,7 +95,7 @@ async def test_ctl_taints_reports_a_hang_and_stops_a_running_job(tmp_path: Path)
     assert result.exit_code == 1
     assert not (log_dir / "control.json").exists()  # its credentials die with the run
     events = (log_dir / "events.jsonl").read_text()
-    assert '"reason":"operator said so"' in events and '"type":"Hang"' in events
+    assert '"reason":"operator said so"' in events and '"type":"HangJudged"' in events
 
 
 async def test_ctl_ends_with_exit_1_when_the_server_goes_away_while_it_waits(

@@ -33,6 +33,7 @@ def test_replay_json_gives_one_status_per_event(capsys: pytest.CaptureFixture[st
         "worker_num": 3,
         "max_retry": 2,
         "software_restart": False,  # a log without the field: the rules before it existed
+        "repeat_limit": 0,  # likewise: no restart-or-stop
     }
 
 

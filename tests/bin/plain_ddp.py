@@ -6,6 +6,11 @@ the tests read them). Chaos: ``--crash-at-step S --crash-rank R`` raises once in
 (a marker in the checkpoint directory remembers the step), only once ``--crash-when FILE`` exists
 if given (at the first step >= S that finds it); ``--exit-at-step S --exit-rank R`` exits 13 once
 with no traceback; ``--stop-after-crash K`` ends the run K steps after the remembered crash.
+``--hang-at-step S --hang-rank R`` sleeps forever in rank R at step S, once (a marker in the
+checkpoint directory), while the other ranks wait for it in DDP's backward. ``--quiet``: only
+rank 0 logs its steps.
+``--crash-times N`` crashes in N incarnations (not once), the k-th at the step
+S + k x ``--crash-step-shift``.
 ``--solo R:K[:GATE]`` (repeatable): after the last step and a barrier, rank R makes K more
 optimizer steps on its own, once GATE exists if given.
 """
@@ -33,9 +38,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--crash-at-step", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--crash-when", default="")
+    p.add_argument("--crash-times", type=int, default=1)
+    p.add_argument("--crash-step-shift", type=int, default=0)
     p.add_argument("--exit-at-step", type=int, default=-1)
     p.add_argument("--exit-rank", type=int, default=1)
     p.add_argument("--stop-after-crash", type=int, default=-1)
+    p.add_argument("--quiet", action="store_true", help="only rank 0 logs its steps")
+    p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--solo", action="append", default=[])
     return p.parse_args()
 
@@ -89,9 +99,17 @@ def main() -> None:
     data = torch.randn(64, 32, generator=torch.Generator().manual_seed(rank))
     target = data.sum(dim=1, keepdim=True)
     for step in range(start + 1, last + 1):
-        due = step >= args.crash_at_step >= 0 and rank == args.crash_rank
-        if due and not crashed.exists() and (not args.crash_when or Path(args.crash_when).exists()):
+        times = ckpt_dir / f".crashes-rank-{args.crash_rank}"
+        count = int(times.read_text()) if times.exists() else 0
+        at = args.crash_at_step + args.crash_step_shift * count
+        due = step >= at and args.crash_at_step >= 0 and rank == args.crash_rank
+        if (
+            due
+            and count < args.crash_times
+            and (not args.crash_when or Path(args.crash_when).exists())
+        ):
             crashed.write_text(str(step))
+            times.write_text(str(count + 1))
             log(rank, f"crashing at step {step}")
             raise RuntimeError(f"injected crash of rank {rank} at step {step}")
         exited = ckpt_dir / f".exited-rank-{rank}"
@@ -100,11 +118,18 @@ def main() -> None:
             log(rank, f"crashing at step {step} (exit 13, no traceback)")
             print(f"injected exit of rank {rank} at step {step}", file=sys.stderr, flush=True)
             os._exit(13)
+        hung = ckpt_dir / f".hung-rank-{rank}"
+        if step == args.hang_at_step and rank == args.hang_rank and not hung.exists():
+            hung.touch()
+            log(rank, f"hanging at step {step}")
+            while True:
+                time.sleep(3600)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(ddp(data), target)
         loss.backward()
         optimizer.step()
-        log(rank, f"step {step} loss {loss.item():.4f}")
+        if rank == 0 or not args.quiet:
+            log(rank, f"step {step} loss {loss.item():.4f}")
         if step % args.ckpt_every == 0 and rank == 0:
             tmp = ckpt_dir / f".ckpt-{step}.tmp"
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -231,7 +232,8 @@ class MasterLink:
         master's round begins while the interpreter finishes; its order stops what is left)."""
         phase, seq = self.run_round
         self.dying_reported.add((report.pid, report.restart_count))
-        reason = f"uncaught {report.exception} (reported as the process exits)"
+        said = _exception_line(report.evidence, report.exception)
+        reason = f"uncaught {said} (reported as the process exits)"
         await self._send_error(phase, seq, reason, 1, report.evidence)
 
     async def _send_error(
@@ -246,7 +248,9 @@ class MasterLink:
         lines = [f"{x.fault_class}: {x.line}" for x in evidence.matches[-5:]]
         lines += list(evidence.last_lines[-20:])
         cls = evidence.fault_class or "" if fault_class is None else fault_class
-        data = m.ErrorData(reason=reason, fault_class=cls, exit_code=exit_code, lines=lines)
+        step = self.sup.last_step if self.sup is not None else None
+        data = m.ErrorData(reason=reason, fault_class=cls, exit_code=exit_code, lines=lines,
+                           step=step)  # fmt: skip
         await self._send(m.MessageType.ERROR, phase, seq, data)
 
     async def hang_detected(self, report: ports.HangReport) -> None:
@@ -256,7 +260,8 @@ class MasterLink:
             for s in report.stacks
         )
         phase, seq = self.run_round
-        await self._send(m.MessageType.HANG, phase, seq, m.HangData(report.idle_s, stacks))
+        data = m.HangData(report.idle_s, stacks, report.timeout_s, report.why)
+        await self._send(m.MessageType.HANG, phase, seq, data)
 
     async def checkpoint_committed(self, step: int) -> None:
         """The saver daemon committed ``step``: the master's safe point for evictions."""
@@ -314,7 +319,9 @@ class MasterLink:
             phase, seq = self.run_round
             step = self.sup.last_step if self.sup is not None else None
             self.ever_stepped |= step is not None
-            await self._send(m.MessageType.HEARTBEAT, phase, seq, m.HeartbeatData(step))
+            watchdog = self.sup.hang_timeout_text if self.sup is not None else ""
+            data = m.HeartbeatData(step, watchdog)
+            await self._send(m.MessageType.HEARTBEAT, phase, seq, data)
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
             except TimeoutError:
@@ -483,7 +490,7 @@ class MasterLink:
             enabled=configured.enabled,
             inject=self.settings.inject,
             group=group,
-            hung=self.hung,
+            hung=self.hung and _held_hung(order.env, self.settings.pod),
             host=self.check_host,
         )
         if order.order is Order.BOOTCHECK:
@@ -529,3 +536,23 @@ def inject_from_env() -> frozenset[str]:
     """The chaos switch set by ``aegis run --inject-fault NODE:CHECK`` for this node."""
     raw = os.environ.get("AEGIS_INJECT_FAULT", "")
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _held_hung(env: dict[str, str], pod: str) -> bool:
+    """Whether this pod's hang counts in the checks: the master names the pods it holds hung
+    (a rank that waited in a collective for the stuck one is not); no name list: it does."""
+    named = env.get(m.HUNG_PODS_ENV)
+    return named is None or pod in named.split(",")
+
+
+def _exception_line(evidence: ports.Evidence, name: str) -> str:
+    """The traceback's last line for ``name`` ("RuntimeError: what it said"), at most 200
+    characters, so two faults are the same only if they said the same; else the name."""
+    for line in reversed(evidence.last_lines):
+        text = _RANK_PREFIX.sub("", line.strip())  # torch.distributed's "[rank1]: "
+        if text == name or text.startswith(f"{name}: "):
+            return text[:200]
+    return name
+
+
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")

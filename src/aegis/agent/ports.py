@@ -106,6 +106,7 @@ class HangReport:
     last_activity_ts: float  # time.monotonic() of the last progress (or output)
     detected_ts: float  # time.monotonic() when the hang was declared
     stacks: tuple[StackDump, ...]
+    why: str = ""  # how the timeout was chosen (``hang_policy``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

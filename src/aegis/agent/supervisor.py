@@ -38,7 +38,7 @@ from typing import Any
 
 from aegis import autoprogress
 from aegis import training as progress
-from aegis.agent import group, ports, pump, reaper, signatures, stacks, warm, watchdog
+from aegis.agent import group, hang_policy, ports, pump, reaper, signatures, stacks, warm, watchdog
 from aegis.core import errors
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
 @dataclasses.dataclass(frozen=True, slots=True)
 class SupervisorSettings:
     grace_s: float = 10.0
-    hang_timeout_s: float = 600.0  # 0 turns the hang watchdog off
+    hang_timeout_s: float | None = None  # None: calibrated (hang_policy); 0: off; > 0: fixed
     keep_lines: int = 50
     signatures: tuple[signatures.Signature, ...] = signatures.DEFAULT_SIGNATURES
     stdout_fd: int = 1  # where the command's output goes
@@ -79,6 +79,7 @@ class _Incarnation:
     status: asyncio.Future[int] | None = None  # the raw wait status (reaper's or nanny's)
     warm: bool = False
     last_output_ts: float = dataclasses.field(default_factory=time.monotonic)
+    started: float = dataclasses.field(default_factory=time.monotonic)
     reason: ports.ExitReason | None = None
     terminator: asyncio.Task[None] | None = None
     watchdog: asyncio.Task[None] | None = None
@@ -114,6 +115,8 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._tasks = asyncio.TaskGroup()
         self._progress: watchdog.ProgressFile | None = None
+        self.step_history = hang_policy.StepHistory()  # the run's steps: calibrates the watchdog
+        self.hang_timeout: tuple[float, str] | None = None  # the watchdog's current choice
         self._warm: warm.Zygotes | None = None
 
     async def __aenter__(self) -> Supervisor:
@@ -164,6 +167,14 @@ class Supervisor:
     def hung(self) -> bool:
         """Whether the running command is in a reported hang (no progress past the timeout)."""
         return self.running and self._current is not None and self._current.hung
+
+    @property
+    def hang_timeout_text(self) -> str:
+        """The watchdog's current timeout and how it was chosen ("" before its first look)."""
+        if self.hang_timeout is None:
+            return ""
+        timeout_s, why = self.hang_timeout
+        return f"{timeout_s:.0f} s ({why})"
 
     @property
     def last_step(self) -> int | None:
@@ -274,7 +285,7 @@ class Supervisor:
             inc.pumps.append(
                 await pump.open_pump(read_fd, stream, sink, lambda s, b: self._on_line(inc, s, b))
             )
-        if self._settings.hang_timeout_s > 0:
+        if self._settings.hang_timeout_s != 0:
             inc.watchdog = self._background(self._watch_hangs(inc), f"watchdog-{pid}")
         self._background(self._watch_exit(inc), f"exit-{pid}")
         if self._warm is not None:
@@ -420,10 +431,16 @@ class Supervisor:
         def set_hung(hung: bool) -> None:
             inc.hung = hung
 
-        settings = watchdog.WatchSettings(self._settings.hang_timeout_s, inc.restart_count)
+        def chosen(timeout_s: float, why: str) -> None:
+            self.hang_timeout = (timeout_s, why)
+
+        policy = hang_policy.HangPolicy(fixed_s=self._settings.hang_timeout_s or None)
+        settings = watchdog.WatchSettings(policy, inc.restart_count, inc.started)
+        activity = watchdog.TreeActivity(lambda: group.members(inc.pid), inc.started)
         await watchdog.watch(
-            settings, self._progress, lambda: inc.last_output_ts, collect, report, set_hung
-        )
+            settings, self.step_history, self._progress, lambda: inc.last_output_ts, activity,
+            collect, report, set_hung, chosen,
+        )  # fmt: skip
 
     async def _report(self, call: Coroutine[Any, Any, None]) -> None:
         try:

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import mmap
 import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
+import psutil
+
 from aegis import training as progress
-from aegis.agent import ports
+from aegis.agent import hang_policy, ports
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,12 @@ class ProgressFile:
         """The id of the last request the training saved for (0: none)."""
         return int(progress.ANSWERED.unpack_from(self._map, progress.ANSWERED_AT)[0])
 
+    def holding_until(self) -> float:
+        """Until when the training holds after saving for the last request (0.0: it does not:
+        no request, or not answered yet)."""
+        request, _, hold_until = progress.REQUEST_ONLY.unpack_from(self._map, progress.REQUEST_AT)
+        return float(hold_until) if request and self.answered() == request else 0.0
+
     def opted_in(self) -> bool:
         """Whether the training takes checkpoint requests (``save_if_requested`` was called)."""
         return bool(progress.OPTED_IN.unpack_from(self._map, progress.OPTED_IN_AT)[0])
@@ -67,34 +76,108 @@ class ProgressFile:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WatchSettings:
-    timeout_s: float
+    policy: hang_policy.HangPolicy
     restart_count: int
+    started: float  # time.monotonic() of the incarnation's start
 
 
 Activity = Callable[[], float]  # monotonic time of the last output (or of the start)
 Collect = Callable[[], Awaitable[tuple[ports.StackDump, ...]]]
 Report = Callable[[ports.HangReport], Awaitable[None]]
 SetHung = Callable[[bool], None]
+Members = Callable[[], list[psutil.Process]]
+
+CPU_BUSY_S = 0.05  # CPU seconds per second of the process tree that count as working
+CUDA_EVERY_S = 10.0
+
+
+class TreeActivity:
+    """The process tree's CPU use (the last time it was busy) and whether CUDA is loaded in
+    it, sampled at most once a second (``/proc``, psutil)."""
+
+    def __init__(self, members: Members, started: float) -> None:
+        self.members, self.last_busy, self.cuda = members, started, False
+        self._cpu: dict[int, float] = {}
+        self._sampled = self._cuda_checked = -math.inf
+
+    def sample(self, now: float) -> None:
+        if now - self._sampled < 1.0:
+            return
+        elapsed, self._sampled = now - self._sampled, now
+        used, seen = 0.0, {}
+        procs = self.members()
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            seen[proc.pid] = total = times.user + times.system
+            used += max(0.0, total - self._cpu.get(proc.pid, total))
+        self._cpu = seen
+        if math.isfinite(elapsed) and used >= CPU_BUSY_S * min(elapsed, 5.0):
+            self.last_busy = now
+        if now - self._cuda_checked >= CUDA_EVERY_S:
+            self._cuda_checked = now
+            self.cuda = any(_has_cuda(proc.pid) for proc in procs)
+
+
+def _has_cuda(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            return any(b"libcuda.so" in line for line in maps)
+    except OSError:
+        return False
+
+
+class Calibration:
+    """The incarnation's reading of the progress file: its steps go into the run's history."""
+
+    def __init__(self, history: hang_policy.StepHistory, started: float) -> None:
+        self.history, self.started = history, started
+        self.previous: tuple[int, float] | None = None
+
+    def update(self, seen: tuple[int, float] | None) -> float | None:
+        """The last step's time (None: none in this incarnation yet)."""
+        if seen is None:
+            return None
+        if seen != self.previous:
+            hang_policy.record_step(self.history, self.started, self.previous, seen)
+            self.previous = seen
+        return seen[1]
 
 
 async def watch(
     settings: WatchSettings,
+    history: hang_policy.StepHistory,
     progress_file: ProgressFile,
     last_output: Activity,
+    activity: TreeActivity,
     collect: Collect,
     report: Report,
     set_hung: SetHung,
+    on_timeout: Callable[[float, str], None] = lambda timeout_s, why: None,
 ) -> None:
-    """Run until cancelled; report each idle spell longer than the timeout once."""
-    interval = min(0.1, settings.timeout_s / 10)
-    hung = False
+    """Run until cancelled; report each stall the policy calls a hang once. ``on_timeout``
+    hears each new choice of timeout (logged, and sent with heartbeats)."""
+    interval = 0.1 if settings.policy.fixed_s is None else min(0.1, settings.policy.fixed_s / 10)
+    calibration = Calibration(history, settings.started)
+    hung, said = False, ("", 0.0)
     while True:
         await asyncio.sleep(interval)
         seen = progress_file.read()
-        last_step = None if seen is None else seen[0]
-        last = last_output() if seen is None else seen[1]
+        last_step_ts = calibration.update(seen)
         now = time.monotonic()
-        if now - last < settings.timeout_s:
+        activity.sample(now)
+        look = hang_policy.Idle(now, settings.started, last_step_ts, last_output(),
+                                activity.last_busy, activity.cuda,
+                                progress_file.holding_until())  # fmt: skip
+        verdict = hang_policy.judge(settings.policy, history, look)
+        if _changed(said, verdict):
+            said = (verdict.rule, verdict.timeout_s)
+            log.info("hang watchdog: a stall of %.0f s is a hang (%s)",
+                     verdict.timeout_s, verdict.why)  # fmt: skip
+            on_timeout(verdict.timeout_s, verdict.why)
+        if not verdict.hung:
             if hung:
                 log.warning("progress again after a hang")
                 hung = False
@@ -104,16 +187,24 @@ async def watch(
             continue
         hung = True
         set_hung(True)
-        log.warning("no progress for %.1f s: collecting stack dumps", now - last)
+        log.warning("no progress for %.1f s (timeout %.0f s: %s): collecting stack dumps",
+                    verdict.idle_s, verdict.timeout_s, verdict.why)  # fmt: skip
         stacks = await collect()
         await report(
             ports.HangReport(
                 restart_count=settings.restart_count,
-                timeout_s=settings.timeout_s,
-                idle_s=now - last,
-                last_step=last_step,
-                last_activity_ts=last,
+                timeout_s=verdict.timeout_s,
+                idle_s=verdict.idle_s,
+                last_step=None if seen is None else seen[0],
+                last_activity_ts=now - verdict.idle_s,
                 detected_ts=now,
                 stacks=stacks,
+                why=verdict.why,
             )
         )
+
+
+def _changed(said: tuple[str, float], verdict: hang_policy.Verdict) -> bool:
+    """A new choice worth a log line: the first, another rule, or a timeout 25% away."""
+    rule, before = said
+    return rule != verdict.rule or abs(verdict.timeout_s - before) > 0.25 * max(before, 1.0)

@@ -36,8 +36,14 @@ def agent(
         float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL on stop.")
     ] = 10.0,
     hang_timeout_s: Annotated[
-        float, typer.Option(min=0, help="Report a hang after this long without progress; 0: off.")
-    ] = 600.0,
+        float | None,
+        typer.Option(
+            min=0,
+            help="Report a hang after this long without progress; 0: off; default: "
+            "calibrated from the run (10 x p99 step within 30..600 s; no step signal: "
+            "60 s with no output and no CPU).",
+        ),
+    ] = None,
     master: Annotated[str | None, typer.Option(help="The master, HOST:PORT.")] = None,
     job: Annotated[str | None, typer.Option(help="This pod's job.")] = None,
     pod: Annotated[str | None, typer.Option(help="This pod's name.")] = None,

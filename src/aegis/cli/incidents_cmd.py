@@ -32,6 +32,8 @@ def describe(incident: incidents_tool.Incident) -> list[str]:
         f"{incident.detected_by}: {incident.pod}{node}"
         f"{' (counted)' if incident.counted else ' (not counted)'}",
     ]
+    if incident.suspect:
+        lines.append(f"  suspect: {incident.suspect}")
     if incident.evidence:
         lines.append("  evidence:")
     for item in incident.evidence:

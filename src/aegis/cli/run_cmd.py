@@ -150,8 +150,19 @@ def run(
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")] = 3,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     spare_nodes: Annotated[int, typer.Option(min=0, help="Spare nodes for replacements.")] = 2,
-    hang_timeout_s: Annotated[float, typer.Option(min=0, help="0: no hang watchdog.")] = 0.0,
+    hang_timeout_s: Annotated[
+        float | None,
+        typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
+    ] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    repeat_limit: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Stop the job when the same error comes back at the same step this many "
+            "times in a row (a deterministic bug: no restart fixes it); 0: never.",
+        ),
+    ] = 3,
     checks_on_every_fault: Annotated[
         bool,
         typer.Option(
@@ -223,6 +234,7 @@ def run(
         hang_timeout_s=hang_timeout_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
         software_restart=not checks_on_every_fault,
+        repeat_limit=repeat_limit,
         pace_window_s=pace_window_s,
         pace_drop=pace_drop,
         grace_s=grace_s,

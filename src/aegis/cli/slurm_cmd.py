@@ -95,7 +95,10 @@ def submit(
         Path | None,
         typer.Option(help="Shared directory for logs and the store (default ./.aegis/JOB)."),
     ] = None,
-    hang_timeout_s: Annotated[float, typer.Option(min=0, help="0: no hang watchdog.")] = 0.0,
+    hang_timeout_s: Annotated[
+        float | None,
+        typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
+    ] = None,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
     nats: Annotated[
@@ -160,7 +163,7 @@ def run_coordinator(
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     advertise: Annotated[str, typer.Option(help="How agents reach this host.")] = "127.0.0.1",
     nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
-    hang_timeout_s: Annotated[float, typer.Option(min=0)] = 0.0,
+    hang_timeout_s: Annotated[float | None, typer.Option(min=0)] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
     status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,

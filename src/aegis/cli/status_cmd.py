@@ -64,11 +64,14 @@ def load_or_exit(job: str, log_dir: Path | None) -> joblog.JobLog:
 
 def pod_table(summary: status_summary.Summary) -> Table:
     table = Table(title_justify="left", expand=False)
-    for column in ("pod", "node", "inner phase", "retries", "last failure"):
+    watched = any(row.watchdog for row in summary.pods)
+    columns = ("pod", "node", "inner phase", "retries", "last failure")
+    for column in (*columns, "hang watchdog") if watched else columns:
         table.add_column(column)
     for row in summary.pods:
-        table.add_row(row.pod, row.node or "-", row.inner_phase, str(row.retries),
-                      row.last_failed_reason or "-")  # fmt: skip
+        cells = (row.pod, row.node or "-", row.inner_phase, str(row.retries),
+                 row.last_failed_reason or "-")  # fmt: skip
+        table.add_row(*cells, *((row.watchdog or "-",) if watched else ()))
     return table
 
 

@@ -53,16 +53,21 @@ class PodErrored:
     seq: int
     reason: str
     fault_class: str = ""
+    step: int | None = None  # the training's last step when it failed (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
 class HangReported:
-    """The pod's agent saw no progress for its hang timeout (processes are left running)."""
+    """The pod's agent saw no progress for its hang timeout (processes are left running).
+    ``blame``: the pod is the one the hang is about (the master named it from every pod's
+    stacks, ``core.suspects``), so it is marked slow (it leaves at the next commit); False when
+    no pod could be singled out: the fault is counted, nobody is marked."""
 
     pod: PodName
     phase: Phase
     seq: int
     reason: str = "hang"
+    blame: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,11 +94,14 @@ def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, no
             return _on_success(status, msg.pod, info, now)
         case ev.PodFinished(exit_code=code) if phase is Phase.RUN_COMMAND:
             return _count_fault(spec, status, msg.pod, f"exit code {code}", now, leaving=None)
-        case ev.PodErrored(reason=reason, fault_class=cls) if phase is Phase.RUN_COMMAND:
+        case ev.PodErrored(reason=reason, fault_class=cls, step=step) if phase is Phase.RUN_COMMAND:
             checks = _needs_checks(spec, cls)
-            return _count_fault(spec, status, msg.pod, reason, now, leaving=None, checks=checks)
-        case ev.HangReported(reason=reason) if phase is Phase.RUN_COMMAND:
-            marked = _mark_slow(status, msg.pod, info)
+            key = None if step is None else (step, reason)
+            return _count_fault(
+                spec, status, msg.pod, reason, now, leaving=None, checks=checks, repeat=key
+            )
+        case ev.HangReported(reason=reason, blame=blame) if phase is Phase.RUN_COMMAND:
+            marked = _mark_slow(status, msg.pod, info) if blame else status
             return _count_fault(spec, marked, msg.pod, reason, now, leaving=None)
         case _:
             return _reject(status, act.RejectReason.WRONG_PHASE, f"{type(msg).__name__} in {phase}")
@@ -162,19 +165,36 @@ def _count_fault(
     *,
     leaving: Phase | None,
     checks: bool = True,
+    repeat: tuple[int, str] | None = None,
 ) -> Result:
     """Transition 5: one fault of ``pod`` in RunCommand. ``leaving``: the pod's inner phase when
     it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again).
     ``checks``: whether a present pod's fault needs a troubleshooting round (a software fault
-    does not: every pod restarts in place at once)."""
+    does not: every pod restarts in place at once). ``repeat``: (step, what it said) of an
+    error at a known step: the same one ``spec.repeat_limit`` times in a row stops the job."""
     info = status.pod_infos[pod]
-    counted = updates.pod(info, retries=info.retries + 1, reason=reason, ts=now)
+    count = 0
+    if repeat is not None:
+        same = (status.repeat_step, status.repeat_reason) == repeat
+        count = status.repeat_count + 1 if same else 1
+    verdict = ""
+    spent = info.retries + 1 > spec.max_retry or _budget_exhausted(spec, status)
+    if repeat is not None and spec.repeat_limit and count >= spec.repeat_limit and not spent:
+        verdict = (f"the same fault {count} times in a row at step {repeat[0]} "
+                   f"({repeat[1]}): a restart does not fix it; stopping")  # fmt: skip
+    counted = updates.pod(info, retries=info.retries + 1, reason=verdict or reason, ts=now)
     status = updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, counted),
         recover_count=_capped_recover_count(spec, status),
+        repeat_step=repeat[0] if repeat is not None else -1,
+        repeat_reason=repeat[1] if repeat is not None else "",
+        repeat_count=count,
     )
     record = act.RecordFault(pod=pod, reason=reason, counted=True)
+    if verdict:  # (a budget spent by this very fault says so first, below)
+        new_status, actions = _fail(spec, status, verdict, now, budget_spent=False)
+        return new_status, (record, *actions)
     if leaving is None and not checks:
         new_status, actions = _restart_in_place(spec, status, now)
         return new_status, (record, *actions)

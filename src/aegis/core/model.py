@@ -64,12 +64,19 @@ class JobSpec:
     # at once, without a troubleshooting round. False: every fault gets the round (the rule of
     # the jobs logged before this existed: their event logs replay with it).
     software_restart: bool = True
+    # Restart or stop: the same error (reason) at the same step in this many incarnations in a
+    # row ends the job Failed at once (a deterministic bug, a corrupt sample: no restart fixes
+    # it, and the rest of the budget would be spent for nothing). 0: never (the rule of the
+    # jobs logged before this existed).
+    repeat_limit: int = 3
 
     def __post_init__(self) -> None:
         if self.worker_num < 1:
             raise ValueError(f"worker_num must be >= 1, got {self.worker_num}")
         if self.max_retry < 0:
             raise ValueError(f"max_retry must be >= 0, got {self.max_retry}")
+        if self.repeat_limit < 0:
+            raise ValueError(f"repeat_limit must be >= 0, got {self.repeat_limit}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,11 @@ class JobStatus:
     away: int = 0  # pods gone (awaiting replacement or not yet re-ACKed) outside Pending
     slow_count: int = 0  # pods marked slow
     drain_count: int = 0  # pods marked for a drain
+    # The last counted fault, when it was an error at a known step: (step, what it said), and
+    # how many incarnations in a row have ended with it (restart or stop).
+    repeat_step: int = -1
+    repeat_reason: str = ""
+    repeat_count: int = 0
 
 
 def pod_names(spec: JobSpec) -> tuple[PodName, ...]:

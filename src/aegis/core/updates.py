@@ -66,6 +66,9 @@ def status(
     away: int | None = None,
     slow_count: int | None = None,
     drain_count: int | None = None,
+    repeat_step: int | None = None,
+    repeat_reason: str | None = None,
+    repeat_count: int | None = None,
 ) -> JobStatus:
     return JobStatus(
         phase=status.phase if phase is None else phase,
@@ -78,4 +81,7 @@ def status(
         away=status.away if away is None else away,
         slow_count=status.slow_count if slow_count is None else slow_count,
         drain_count=status.drain_count if drain_count is None else drain_count,
+        repeat_step=status.repeat_step if repeat_step is None else repeat_step,
+        repeat_reason=status.repeat_reason if repeat_reason is None else repeat_reason,
+        repeat_count=status.repeat_count if repeat_count is None else repeat_count,
     )

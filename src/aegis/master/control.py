@@ -15,10 +15,10 @@ Commands:
   when it is committed (or when the deadline passes, with a warning), replacements are placed
   elsewhere, and the job resumes from that checkpoint. No fault is counted. ``undrain NODE..``
   makes the nodes schedulable again.
-- ``hang POD``: the runner is fed exactly what the pod's agent would send on a hang (a ``Hang``
-  message with ``idle_s`` 0 and no stacks, in the current round), so the core marks the pod slow
-  and evicts it at the next committed checkpoint; it is recorded in ``events.jsonl`` like any
-  agent report and replays identically.
+- ``hang POD``: the pod is reported hung in the current round, named by the operator (no wait
+  for the other pods' reports, ``master/hang_judge.py``), so the core marks it slow and evicts it
+  at the next committed checkpoint; it is recorded in ``events.jsonl`` (``HangJudged``) and
+  replays identically.
 """
 
 from __future__ import annotations
@@ -37,14 +37,12 @@ from typing import Literal, Protocol, runtime_checkable
 import msgspec
 
 from aegis.adapters import netns
-from aegis.adapters.nats_auth import UserCreds, worker_subject
+from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master.job_runner import JobRunner
-from aegis.wire import codec
-from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +196,7 @@ async def _drain(
 
 
 async def _feed_hang(runner: JobRunner, pod: str) -> None:
-    status = runner.status
-    msg = m.Message(
-        job=runner.spec.job, namespace=runner.spec.namespace, pod=pod, type=m.MessageType.HANG,
-        phase=status.phase, seq=status.seq, ts=runner.clock(),
-        data=m.HangData(idle_s=0.0, stacks="(reported by aegis ctl hang)"),
-        id=f"ctl-{secrets.token_hex(8)}",
-    )  # fmt: skip
-    await runner.on_worker_message(worker_subject(runner.prefix, pod), codec.encode(msg))
+    runner.hang_named(PodName(pod), "hang: reported by aegis ctl hang")
 
 
 async def serve_control(

@@ -40,6 +40,7 @@ from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
+from aegis.master.hang_judge import GatherSettings, HangJudge
 from aegis.master.pace import Pace, PaceSettings
 from aegis.master.ports import Platform
 from aegis.master.safe_points import RequestSettings, SafePoints
@@ -76,6 +77,8 @@ class JobSettings:
     drain_deadline_s: float = 60.0  # default wait for the commit before a drain evicts anyway
     # The pace watch (master/pace.py): a run that slows well below its own pace gets the checks.
     pace: PaceSettings = field(default_factory=PaceSettings)
+    # A hang is judged from every pod's report of it (master/hang_judge.py).
+    hang_gather: GatherSettings = field(default_factory=GatherSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,7 @@ class RoundOrder:
 class _Platform:
     event: ev.Event
     record: eventlog.PlatformRecord
+    evidence: tuple[m.Message, ...] = ()  # agent reports the record stands for (listeners)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,7 @@ class JobRunner:
                                    settings.checkpoint_hold_s)  # fmt: skip
         self.safe = SafePoints(spec.job, requests)
         self.pace = Pace(settings.pace)
+        self.hangs = HangJudge(settings.hang_gather)
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
@@ -188,13 +193,46 @@ class JobRunner:
         if event is None:  # a heartbeat: its arrival, and the training step it carries
             if isinstance(msg.data, m.HeartbeatData) and msg.data.step is not None:
                 self._step_seen(pod, msg.seq, msg.data.step)
+            if isinstance(msg.data, m.HeartbeatData) and msg.data.hang_timeout:
+                # the pod's watchdog, for ``aegis status`` (stored with the next status write)
+                self.extra.setdefault("watchdogs", {})[pod] = msg.data.hang_timeout[:300]
             for on_heartbeat in self.heartbeat_listeners:
                 on_heartbeat(self, msg)
             return
         if not self.seen.check_and_add(msg.id):
             self.drops.add("duplicate_id")
             return
+        if isinstance(msg.data, m.HangData) and self._hold_hang(msg):
+            return
         self.queue.put_nowait(_Message(msg, event))
+
+    def _hold_hang(self, msg: m.Message) -> bool:
+        """A hang report of the current training round waits for the others (hang_judge)."""
+        try:
+            wait = self.hangs.hold(self.status, msg)
+        except LookupError:
+            return False  # not this round's: the core decides, as about any stale report
+        if wait == 0.0:
+            self._judge_hangs(msg.seq)
+        elif wait is not None:
+            asyncio.get_running_loop().call_later(wait, self._judge_hangs, msg.seq)
+        return True
+
+    def _judge_hangs(self, seq: int) -> None:
+        if self.hangs.seq != seq or not self.hangs.held or self.done.is_set():
+            return  # judged already (every pod reported before the window closed)
+        evidence = self.hangs.messages()
+        event, record = self.hangs.judge(self.status, self.clock())
+        self.queue.put_nowait(_Platform(event, record, evidence))
+
+    def hang_named(self, pod: PodName, reason: str) -> None:
+        """A hang of ``pod`` named from outside (``aegis ctl hang``): no window, it is blamed."""
+        status = self.status
+        report = eventlog.HangReportRecord(pod, 0.0, reason)
+        record = eventlog.HangJudgedRecord(pod, status.phase, status.seq, self.clock(), reason,
+                                           True, "named by the operator", [report])  # fmt: skip
+        event = ev.HangReported(pod, status.phase, status.seq, reason, True)
+        self.queue.put_nowait(_Platform(event, record))
 
     def _checkpoint_reported(self, pod: PodName, step: int) -> None:
         """The safe point is fed to the core once per new step the whole job committed."""
@@ -361,9 +399,9 @@ class JobRunner:
                 self.watched.add(item.event.pod)
             for action in actions:
                 await self._execute(action)
-            if isinstance(item, _Message):
+            for msg in (item.msg,) if isinstance(item, _Message) else item.evidence:
                 for on_message in self.message_listeners:
-                    on_message(self, item.msg)
+                    on_message(self, msg)
             for listener in self.listeners:
                 listener(self, item.event, actions)
         if request is not None:  # after the round's own orders (a restart resets the file)
@@ -404,6 +442,10 @@ class JobRunner:
                     self.settings.rendezvous, self.spec, self.status, action.seq, free_port
                 )
                 env = {"MASTER_ADDR": meet.host, key: str(meet.port)}
+                if action.order is Order.TROUBLESHOOT:  # only these pods' hang checks fail
+                    env[m.HUNG_PODS_ENV] = ",".join(sorted(
+                        pod for pod, info in self.status.pod_infos.items() if info.slow
+                    ))  # fmt: skip
                 if key == "MASTER_PORT":
                     self.safe.rewound()
                 resume = self.safe.resume_step() if key == "MASTER_PORT" else None
@@ -547,7 +589,7 @@ def runner_from_record(record: dict[str, Any], revision: int, **kwargs: Any) -> 
         )
         for o in record.get("orders", [])
     ]
-    kept = ("token", "nodes", "hardware_rescheduled", "committed_step")
+    kept = ("token", "nodes", "hardware_rescheduled", "committed_step", "watchdogs")
     runner.extra = {k: record[k] for k in kept if k in record}
     runner.safe.committed_step = int(record.get("committed_step", -1))
     return runner

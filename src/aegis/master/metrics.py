@@ -140,6 +140,10 @@ class MasterMetrics:
             "aegis_recovery_duration_seconds", "From detection until back in RunCommand",
             ["level"], buckets=LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip
+        self.hang_suspects = Counter(
+            "aegis_hang_suspects", "Hangs judged from every pod's stacks, by the node of the pod "
+            "named (\"none\": the stacks singled out nobody)", ["node"], registry=r,
+        )  # fmt: skip
         self.heartbeat_lag = Histogram(
             "aegis_heartbeat_lag_seconds",
             "From an agent sending a heartbeat (its timestamp) to the master handling it",
@@ -190,6 +194,12 @@ class MasterMetrics:
 
     def _on_event(self, job: _Job, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
         runner, now = job.runner, job.runner.clock()
+        if isinstance(event, ev.HangReported) and any(
+            isinstance(a, act.RecordFault) for a in actions
+        ):
+            info = runner.status.pod_infos.get(event.pod)
+            node = str(info.node) if event.blame and info is not None else "none"
+            self.hang_suspects.labels(node).inc()
         for action in actions:
             match action:
                 case act.RecordFault(pod=pod, counted=counted):
@@ -221,7 +231,9 @@ class MasterMetrics:
                 return "heartbeat", (time.monotonic() - seen) if seen is not None else None
             case ev.PodRestarted():
                 return "platform", None
-            case ev.PodErrored() | ev.HangReported() | ev.PodFinished():
+            case ev.HangReported():  # the pod named may be one that never reported
+                return "hang", job.fault_latency.pop(pod, ("hang", None))[1]
+            case ev.PodErrored() | ev.PodFinished():
                 kind, latency = job.fault_latency.pop(pod, ("exit", 0.0))
                 return kind, latency
             case _:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from aegis.adapters import lifecycle, nats_auth
+from aegis.agent import hang_policy
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
@@ -43,7 +44,7 @@ class LocalSettings:
     log_dir: Path
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
     grace_s: float = 5.0
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
     ckpt_dir: Path | None = None  # the pods' checkpoint saver persists under <ckpt_dir>/<pod>
@@ -232,7 +233,7 @@ class LocalPlatform:
             "--namespace", self.namespace, "--job", self.job,
             "--pod", state.name, "--node", state.node,
             "--token-file", str(token_file),
-            "--grace-s", str(s.grace_s), "--hang-timeout-s", str(s.hang_timeout_s),
+            "--grace-s", str(s.grace_s), *hang_policy.flag(s.hang_timeout_s),
             "--heartbeat-s", str(s.heartbeat_s),
             "--", *s.command,
         ]  # fmt: skip

@@ -38,7 +38,7 @@ class RunSettings:
     max_retry: int = 3
     job: str = "job"
     namespace: str = "default"
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     grace_s: float = 5.0
@@ -55,6 +55,7 @@ class RunSettings:
     # the master's pace watch (0 s: off), and when an injected slow node turns slow: at the
     # job's first committed checkpoint (a node that slows during training), or from the start
     software_restart: bool = True  # False: every fault gets the checks (JobSpec)
+    repeat_limit: int = 3  # the same error at the same step this often in a row: stop (0: never)
     pace_window_s: float = 30.0
     pace_drop: float = 0.3
     slow_from_start: bool = False
@@ -175,7 +176,7 @@ async def _run_job(
 ) -> RunResult:
     spec = JobSpec(
         settings.job, settings.namespace, settings.nodes, settings.max_retry,
-        settings.software_restart,
+        settings.software_restart, settings.repeat_limit,
     )  # fmt: skip
     nodes, spares = node_names(settings)
     platform = LocalPlatform(

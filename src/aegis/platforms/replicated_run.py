@@ -69,7 +69,7 @@ class ReplicatedRun:
         self.master_env = {**os.environ, **(master_env or {})}
         self.spec = JobSpec(
             settings.job, settings.namespace, settings.nodes, settings.max_retry,
-            settings.software_restart,
+            settings.software_restart, settings.repeat_limit,
         )  # fmt: skip
         self.masters: list[subprocess.Popen[bytes]] = []
         self.authority = Authority()

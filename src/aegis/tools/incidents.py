@@ -4,7 +4,8 @@ An incident opens at the first fault (``RecordFault``), eviction or replacement 
 open, and closes when the job is back in ``RunCommand`` or terminal: the rule of the master's
 fault log (``aegis.master.faultlog``), so incident ids agree with ``faults.jsonl``. Evidence comes
 from the agents' reports recorded in the event log: matched log lines and fault class (Error),
-stack dumps (Hang), check results (troubleshooting Finish).
+stack dumps (the master's ``HangJudged`` record: every pod's, and the suspect it named; a Hang
+report in an older log), check results (troubleshooting Finish).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import msgspec
 
 from aegis.core import actions as act
 from aegis.core import events as ev
-from aegis.core.model import JobStatus
+from aegis.core.model import JobStatus, PodName, rank_of
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.tools import replay
+from aegis.wire import eventlog
 from aegis.wire import messages as m
 from aegis.wire.translate import verdict_of
 
@@ -64,6 +66,7 @@ class Incident:
     decisions: list[Decision] = field(default_factory=list)
     closed_ts: float | None = None
     outcome: Phase | None = None
+    suspect: str = ""  # a hang's: "<pod> (rank R, node N): <why>"
 
     @property
     def level_name(self) -> str | None:
@@ -83,7 +86,7 @@ class Incident:
             "decisions": [{"ts": d.ts, "text": d.text, "level": d.level} for d in self.decisions],
             "closed_ts": self.closed_ts,
             "outcome": self.outcome.value if self.outcome else None,
-            "recovery_s": self.recovery_s,
+            "recovery_s": self.recovery_s, "suspect": self.suspect,
         }  # fmt: skip
 
 
@@ -92,6 +95,36 @@ def _ev_dict(e: Evidence) -> dict[str, Any]:
 
 
 _message = msgspec.json.Decoder(m.Message)
+_judged = msgspec.json.Decoder(eventlog.HangJudgedRecord)
+
+
+def hang_judged(entry_text: str) -> eventlog.HangJudgedRecord | None:
+    """The master's judgement of a hang recorded on this line, if it is one."""
+    if '"HangJudged"' not in entry_text:
+        return None
+    try:
+        return _judged.decode(entry_text.encode())
+    except msgspec.DecodeError:
+        return None
+
+
+def hang_evidence(judged: eventlog.HangJudgedRecord, ts: float) -> list[Evidence]:
+    """Every pod's stacks of the hang, as each reported them."""
+    return [
+        Evidence(
+            ts, r.pod, "stacks", f"no progress for {r.idle_s:.1f} s", tuple(r.stacks.splitlines())
+        )
+        for r in judged.reports
+    ]
+
+
+def suspect_line(judged: eventlog.HangJudgedRecord, status: JobStatus) -> str:
+    """``<pod> (rank R, node N): <why>`` of a hang that named one; "" when none was."""
+    if not judged.blame:
+        return ""
+    info = status.pod_infos.get(PodName(judged.pod))
+    node = info.node if info is not None else "?"
+    return f"{judged.pod} (rank {rank_of(PodName(judged.pod))}, node {node}): {judged.suspect_why}"
 
 
 def detected_by(event: ev.Event) -> str:
@@ -211,6 +244,10 @@ def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) ->
             note = decision(action)
             if note is not None:
                 current.decisions.append(Decision(ts, note.text, note.level))
+        judged = hang_judged(done.entry.text) if current is not None else None
+        if current is not None and judged is not None:
+            current.evidence.extend(hang_evidence(judged, ts))
+            current.suspect = current.suspect or suspect_line(judged, before)
         if current is not None:
             evidence, verdict = evidence_of(done.entry.text, ts)
             if evidence is not None and (evidence.kind != "checks" or phase in _CHECKING):

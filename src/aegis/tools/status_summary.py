@@ -30,6 +30,7 @@ class PodRow:
     inner_phase: str
     retries: int
     last_failed_reason: str
+    watchdog: str = ""  # the pod's hang watchdog: its timeout and how it was chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +69,26 @@ class Summary:
 
 def _row(p: PodRow) -> dict[str, Any]:
     return {"pod": p.pod, "node": p.node, "inner_phase": p.inner_phase, "retries": p.retries,
-            "last_failed_reason": p.last_failed_reason}  # fmt: skip
+            "last_failed_reason": p.last_failed_reason, "watchdog": p.watchdog}  # fmt: skip
 
 
-def summarize(spec: JobSpec, status: JobStatus, hardware_rescheduled: int) -> Summary:
+def summarize(
+    spec: JobSpec,
+    status: JobStatus,
+    hardware_rescheduled: int,
+    watchdogs: dict[str, str] | None = None,
+) -> Summary:
+    """``watchdogs``: each pod's hang watchdog as its agent last said (a running master's)."""
+    said = watchdogs or {}
     rows = tuple(
-        PodRow(pod, str(info.node), info.inner_phase.value, info.retries, info.last_failed_reason)
+        PodRow(
+            pod,
+            str(info.node),
+            info.inner_phase.value,
+            info.retries,
+            info.last_failed_reason,
+            str(said.get(pod, "")),
+        )
         for pod, info in pods_by_rank(status)
     )
     return Summary(
@@ -102,4 +117,5 @@ def from_record(record: dict[str, Any]) -> Summary:
     spec, status = status_json.from_dict(record)
     counted = record.get(HARDWARE_RESCHEDULED)
     rescheduled = int(counted) if counted is not None else len(status.error_nodes)
-    return summarize(spec, status, rescheduled)
+    watchdogs = record.get("watchdogs")
+    return summarize(spec, status, rescheduled, watchdogs if isinstance(watchdogs, dict) else None)

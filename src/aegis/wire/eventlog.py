@@ -2,7 +2,8 @@
 
 Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
 platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``,
-``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``, ``SlowdownReported``), each with
+``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``, ``SlowdownReported``, and
+``HangJudged``: every pod's hang report and the pod it is about), each with
 the ``ts`` the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines
 through the same ``step`` and so reproduces every decision.
 """
@@ -17,6 +18,7 @@ import msgspec
 from aegis.core import events as ev
 from aegis.core.errors import RemoteError
 from aegis.core.model import JobSpec, JobStatus, NodeName, PodName, initial_status
+from aegis.core.phases import Phase
 from aegis.wire import messages as m
 from aegis.wire.codec import WireError
 from aegis.wire.translate import to_event
@@ -28,6 +30,7 @@ class SpecRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_num: int
     max_retry: int
     software_restart: bool = False  # absent: a log of the rules before it existed
+    repeat_limit: int = 0  # absent likewise: no restart-or-stop
 
 
 class JobCreated(msgspec.Struct, tag="JobCreated", tag_field="type", forbid_unknown_fields=True):
@@ -98,6 +101,32 @@ class SlowdownReportedRecord(
     reason: str = "training slowed down"
 
 
+class HangReportRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One pod's hang report, as its agent sent it."""
+
+    pod: str
+    idle_s: float
+    stacks: str = ""
+    timeout_s: float = 0.0
+    why: str = ""
+
+
+class HangJudgedRecord(
+    msgspec.Struct, tag="HangJudged", tag_field="type", forbid_unknown_fields=True
+):
+    """The master's reading of a hang: every pod's report of it (stacks), and the pod it is
+    about (``blame``), or the first reporter with ``blame`` false when none stood out."""
+
+    pod: str
+    phase: Phase
+    seq: int
+    ts: float
+    reason: str
+    blame: bool = True
+    suspect_why: str = ""
+    reports: list[HangReportRecord] = []
+
+
 PlatformRecord = (
     JobCreated
     | PodRestartedRecord
@@ -107,6 +136,7 @@ PlatformRecord = (
     | DrainRequestedRecord
     | DrainForcedRecord
     | SlowdownReportedRecord
+    | HangJudgedRecord
 )
 _PLATFORM_TYPES = {
     "JobCreated",
@@ -117,6 +147,7 @@ _PLATFORM_TYPES = {
     "DrainRequested",
     "DrainForced",
     "SlowdownReported",
+    "HangJudged",
 }
 
 
@@ -153,9 +184,8 @@ def encode(record: PlatformRecord | m.Message) -> bytes:
 def job_created(
     spec: JobSpec, nodes: list[str], ts: float, pod_ips: list[str] | None = None
 ) -> JobCreated:
-    rec = SpecRecord(
-        spec.job, spec.namespace, spec.worker_num, spec.max_retry, spec.software_restart
-    )
+    rec = SpecRecord(spec.job, spec.namespace, spec.worker_num, spec.max_retry,
+                     spec.software_restart, spec.repeat_limit)  # fmt: skip
     return JobCreated(spec=rec, ts=ts, nodes=nodes, pod_ips=list(pod_ips or []))
 
 
@@ -204,6 +234,8 @@ def entry(spec: JobSpec, number: int, text: str) -> Entry:
             event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
         case SlowdownReportedRecord(ts=ts, reason=reason):
             event = ev.SlowdownReported(reason)
+        case HangJudgedRecord(pod=pod, phase=phase, seq=seq, ts=ts, reason=reason, blame=blame):
+            event = ev.HangReported(PodName(pod), phase, seq, reason, blame)
         case m.Message(ts=ts):
             try:
                 event = to_event(record, job=spec.job, namespace=spec.namespace)

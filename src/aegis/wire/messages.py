@@ -32,9 +32,12 @@ RESUME_STEP_ENV = "AEGIS_RESUME_STEP"  # the step every rank resumes from (run r
 
 # Every key an order's ``env`` may carry: the agent applies these and drops (and counts) any
 # other, so an order can never set BASH_ENV, LD_PRELOAD, PYTHONPATH, ...
+# A troubleshooting order names the pods the master holds hung (marked slow): only their hang
+# check fails. Every pod's watchdog fires when one rank stalls a collective; the others waited.
+HUNG_PODS_ENV = "AEGIS_HUNG_PODS"
 ORDER_ENV_KEYS = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "CHECK_MASTER_PORT", RESUME_STEP_ENV,
-     CKPT_REQUEST_ENV, CKPT_STEP_ENV, CKPT_HOLD_ENV}
+     CKPT_REQUEST_ENV, CKPT_STEP_ENV, CKPT_HOLD_ENV, HUNG_PODS_ENV}
 )  # fmt: skip
 
 
@@ -93,6 +96,7 @@ class ErrorData(
     fault_class: str = ""
     exit_code: int | None = None
     lines: list[str] = []
+    step: int | None = None  # the training's last step (None: it reported none)
 
 
 class HangData(
@@ -100,12 +104,15 @@ class HangData(
 ):
     idle_s: float
     stacks: str = ""
+    timeout_s: float = 0.0  # the watchdog's timeout when it fired (0: not said)
+    why: str = ""  # how that timeout was chosen
 
 
 class HeartbeatData(
     msgspec.Struct, tag="heartbeat", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
     step: int | None = None
+    hang_timeout: str = ""  # the watchdog's current choice: "30 s (how it was chosen)"
 
 
 class CheckpointData(

@@ -21,6 +21,7 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
             "worker_num": spec.worker_num,
             "max_retry": spec.max_retry,
             "software_restart": spec.software_restart,
+            "repeat_limit": spec.repeat_limit,
         },
         "status": {
             "phase": status.phase.value,
@@ -47,6 +48,12 @@ def to_dict(spec: JobSpec, status: JobStatus) -> dict[str, Any]:
             "error_nodes": [
                 {"node": e.node, "reason": e.reason, "ts": e.ts} for e in status.error_nodes
             ],
+            # restart or stop: the last counted error at a known step, and its run of repeats
+            "repeat": {
+                "step": status.repeat_step,
+                "reason": status.repeat_reason,
+                "count": status.repeat_count,
+            },
         },
     }
 
@@ -72,6 +79,7 @@ def from_dict(record: dict[str, Any]) -> tuple[JobSpec, JobStatus]:
             drain=p.get("drain", False),  # absent in records of earlier versions
         )
     phase = Phase(raw["phase"])
+    repeat = raw.get("repeat") or {}  # absent in records of earlier versions
     infos = list(pods.values())
     away = 0
     if phase is not Phase.PENDING and phase not in TERMINAL_PHASES:
@@ -93,5 +101,8 @@ def from_dict(record: dict[str, Any]) -> tuple[JobSpec, JobStatus]:
         away=away,
         slow_count=sum(1 for i in infos if i.slow),
         drain_count=sum(1 for i in infos if i.drain),
+        repeat_step=int(repeat.get("step", -1)),
+        repeat_reason=str(repeat.get("reason", "")),
+        repeat_count=int(repeat.get("count", 0)),
     )
     return spec, status

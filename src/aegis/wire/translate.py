@@ -27,9 +27,9 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
         case m.ChecksData(response=response):
             verdict = verdict_of(response)
             return ev.ChecksReported(pod, msg.phase, msg.seq, verdict, failing_checks(response))
-        case m.ErrorData(reason=reason, fault_class=fault_class):
+        case m.ErrorData(reason=reason, fault_class=fault_class, step=step):
             label = f"{fault_class}: {reason}" if fault_class else reason
-            return ev.PodErrored(pod, msg.phase, msg.seq, label, fault_class)
+            return ev.PodErrored(pod, msg.phase, msg.seq, label, fault_class, step)
         case m.HangData(idle_s=idle_s):
             return ev.HangReported(pod, msg.phase, msg.seq, f"hang: no progress for {idle_s:.1f} s")
         case m.CheckpointData(step=step):

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aegis.agent import hang_policy
 from aegis.checks import config as checks_config
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 
@@ -63,7 +64,7 @@ class JobView:
     agent_mode: str
     agent_image: str
     master: str
-    hang_timeout_s: float
+    hang_timeout_s: float | None  # None: each agent calibrates its own
     checks: Mapping[str, Any]
     tls_ca_configmap: str  # "" : the master speaks plain gRPC (and NATS) to the agents
     phase: str
@@ -97,7 +98,7 @@ def view(body: Mapping[str, Any]) -> JobView:
         agent_mode=agent.get("mode", "initContainer"),
         agent_image=agent.get("image", DEFAULT_AGENT_IMAGE),
         master=spec.get("master", DEFAULT_MASTER),
-        hang_timeout_s=float(spec.get("hang_timeout_s", 0.0)),
+        hang_timeout_s=_optional_float(spec.get("hang_timeout_s")),
         checks=spec.get("checks", {}),
         tls_ca_configmap=str((spec.get("tls") or {}).get("caConfigMap", "")),
         phase=str(status.get("phase", "")),
@@ -106,6 +107,10 @@ def view(body: Mapping[str, Any]) -> JobView:
         drained_nodes=_nodes(status.get("drained_nodes")),
         replacing={str(k): str(v) for k, v in (status.get("replacing") or {}).items() if v},
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _nodes(entries: Any) -> tuple[str, ...]:
@@ -145,7 +150,7 @@ def agent_argv(job: JobView, rank: int, agent: str) -> list[str]:
     return [
         agent, "agent", "--master", job.master, "--namespace", job.namespace,
         "--job", job.name, "--pod", pod_name(job.name, rank),
-        "--token-file", f"{TOKEN_DIR}/token", "--hang-timeout-s", str(job.hang_timeout_s),
+        "--token-file", f"{TOKEN_DIR}/token", *hang_policy.flag(job.hang_timeout_s),
         *(("--tls-ca", f"{CA_DIR}/ca.crt") if job.tls_ca_configmap else ()),
         "--",
     ]  # fmt: skip

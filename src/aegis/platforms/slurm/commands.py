@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from aegis.agent import hang_policy
+
 DRAIN_PREFIX = "aegis: "
 
 
@@ -114,7 +116,7 @@ class AgentStep:
     token_file: Path
     command: tuple[str, ...]
     grace_s: float = 5.0
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     python: str = field(default=sys.executable)
     job_id: str | None = None  # a step of this Slurm job (a requested node), not the allocation's
@@ -130,7 +132,7 @@ def srun_argv(step: AgentStep) -> list[str]:
         step.python, "-m", "aegis", "agent",
         "--master", step.master, "--namespace", step.namespace, "--job", step.job,
         "--pod", step.pod, "--node", step.node, "--token-file", str(step.token_file),
-        "--grace-s", str(step.grace_s), "--hang-timeout-s", str(step.hang_timeout_s),
+        "--grace-s", str(step.grace_s), *hang_policy.flag(step.hang_timeout_s),
         "--heartbeat-s", str(step.heartbeat_s),
         "--", *step.command,
     ]  # fmt: skip
@@ -155,7 +157,7 @@ class SubmitSpec:
     command: tuple[str, ...]
     sbatch_options: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()  # NODE:CHECK
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     python: str = field(default=sys.executable)
     nats_url: str | None = None  # a NATS server the nodes reach (default: one in the batch step)
     advertise: str | None = None  # how the agents reach the batch step's master
@@ -168,7 +170,7 @@ def batch_script(spec: SubmitSpec) -> str:
     coordinator = [
         spec.python, "-m", "aegis", "slurm", "coordinator",
         "--job", spec.job, "--nodes", str(spec.nodes), "--max-retry", str(spec.max_retry),
-        "--state-dir", str(spec.state_dir), "--hang-timeout-s", str(spec.hang_timeout_s),
+        "--state-dir", str(spec.state_dir), *hang_policy.flag(spec.hang_timeout_s),
         "--status-file", str(spec.state_dir / "status.json"),
     ]  # fmt: skip
     for item in spec.inject:

@@ -60,7 +60,7 @@ class CoordinatorSettings:
     # loopback address means the batch host's node name (see advertised()).
     advertise: str = "127.0.0.1"
     nats_url: str | None = None
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_timeout_s: float = 5.0
     grace_s: float = 5.0
     status_file: Path | None = None

@@ -38,7 +38,7 @@ class SlurmSettings:
     log_dir: Path
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
     grace_s: float = 5.0
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
     request_nodes: bool = True  # no healthy spare left: ask Slurm for one more node

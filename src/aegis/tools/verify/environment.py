@@ -64,7 +64,12 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
             for cls in sorted(SOFTWARE_FAULT_CLASSES):  # restarts without checks
                 software = ev.PodErrored(pod, phase, s, "exception", cls)
                 yield Move(software, fault=True, cooperative=False)
+                # the same error at the same step again and again: restart or stop
+                repeated = ev.PodErrored(pod, phase, s, "exception", cls, step=7)
+                yield Move(repeated, fault=True, cooperative=False)
             yield Move(ev.HangReported(pod, phase, s), fault=True, cooperative=False)
+            unnamed = ev.HangReported(pod, phase, s, "hang, no suspect", blame=False)
+            yield Move(unnamed, fault=True, cooperative=False)
             for verdict in _UNHEALTHY:
                 yield Move(
                     ev.ChecksReported(pod, phase, s, verdict, verdict.value),

@@ -1,0 +1,134 @@
+"""Which pod a hang is about, from the stacks its pods reported (no I/O).
+
+In a synchronous job a stall stops every rank: the one that is stuck, and all the others that
+wait for it inside a collective. Each pod's watchdog fires and sends the stacks of its training
+processes (py-spy dumps, ``--- pid N (cmdline) ---`` sections). The pod to blame is the one that
+is *not* where the others are:
+
+1. some pods wait in a collective (a ``torch.distributed`` frame, DDP's synchronous parts, the
+   autograd engine a DDP backward waits in) and exactly one reported pod is somewhere else:
+   that one;
+2. every pod that reported waits in a collective and exactly one pod of the job reported no
+   hang (it is busy elsewhere, e.g. looping): that one;
+3. no pod waits in a collective, three or more reported and all but one stand at the same
+   frame: the odd one.
+
+Otherwise nobody is named (``None``): the hang is counted, but no pod (and so no node) is marked
+slow for it. A torchrun launcher's own stack (it waits for its workers) is not evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_SECTION = re.compile(r"^--- pid (\d+) \((.*)\) ---$", re.MULTILINE)
+_THREAD = re.compile(r'^Thread \S+ \([^)]*\): "(.*)"$')
+_FRAME = re.compile(r"^\s+(\S.*?) \((.+?)(?::\d+)?\)\s*$")
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "aegis.agent")
+_AUTOGRAD_WAIT = {"_engine_run_backward", "run_backward", "backward"}
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    pod: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A pod's main threads, reduced: whether they wait in a collective, and where they are."""
+
+    known: bool  # some worker's stack was readable
+    waiting: bool
+    where: str  # the innermost frame, "func (file)"; the collective's, when waiting
+
+
+def _frames(dump: str) -> list[tuple[str, str]]:
+    """(function, file) of the first (main) thread in one py-spy dump, innermost first."""
+    frames: list[tuple[str, str]] = []
+    in_thread = False
+    for line in dump.splitlines():
+        if _THREAD.match(line.strip()):
+            if in_thread:
+                break
+            in_thread = True
+            continue
+        if in_thread:
+            frame = _FRAME.match(line)
+            if frame is None:
+                if frames:
+                    break
+                continue
+            frames.append((frame.group(1), frame.group(2)))
+    return frames
+
+
+def _waits_at(frames: list[tuple[str, str]]) -> tuple[str, str] | None:
+    for func, file in frames:
+        if "torch/distributed/" in file or file.endswith("torch/nn/parallel/distributed.py"):
+            return func, file
+        if "torch/autograd/" in file and func in _AUTOGRAD_WAIT:
+            return func, file
+    return None
+
+
+def _short(frame: tuple[str, str]) -> str:
+    func, file = frame
+    return f"{func} ({file.rsplit('/', 1)[-1]})"
+
+
+def view(stacks: str) -> _View:
+    """What one pod's reported stacks show."""
+    sections = list(_SECTION.finditer(stacks))
+    wheres: list[str] = []
+    waiting: list[str] = []
+    for index, section in enumerate(sections):
+        cmdline = section.group(2)
+        if any(name in cmdline for name in _LAUNCHERS):
+            continue
+        end = sections[index + 1].start() if index + 1 < len(sections) else len(stacks)
+        frames = _frames(stacks[section.end() : end])
+        if not frames:
+            continue
+        wait = _waits_at(frames)
+        if wait is not None:
+            waiting.append(_short(wait))
+        else:
+            wheres.append(_short(frames[0]))
+    if wheres:  # any worker of the pod outside a collective: the pod is elsewhere
+        return _View(True, False, wheres[0])
+    if waiting:
+        return _View(True, True, waiting[0])
+    return _View(False, False, "")
+
+
+def name_suspect(reports: Mapping[str, str], pods: Sequence[str]) -> Suspect | None:
+    """The pod a hang is about, given the stacks each reporting pod sent (``pods``: every pod
+    of the job that was running); None when the stacks do not single one out."""
+    views = {pod: view(text) for pod, text in reports.items()}
+    known = {pod: v for pod, v in views.items() if v.known}
+    waiting = sorted(pod for pod, v in known.items() if v.waiting)
+    elsewhere = sorted(pod for pod, v in known.items() if not v.waiting)
+    if waiting and len(elsewhere) == 1:
+        pod = elsewhere[0]
+        return Suspect(pod, f"in {known[pod].where} while {_others(waiting, known)}")
+    silent = sorted(pod for pod in pods if pod not in reports)
+    if waiting and not elsewhere and len(known) == len(reports) and len(silent) == 1:
+        return Suspect(silent[0], f"reported no hang while {_others(waiting, known)}")
+    if not waiting and len(known) >= 3:
+        counts = Counter(v.where for v in known.values())
+        (common, many), *rest = counts.most_common()
+        if many == len(known) - 1 and len(rest) == 1:
+            pod = next(pod for pod, v in known.items() if v.where != common)
+            why = f"in {known[pod].where} while the {many} others are in {common}"
+            return Suspect(pod, why)
+    return None
+
+
+def _others(waiting: list[str], known: Mapping[str, _View]) -> str:
+    where = Counter(known[pod].where for pod in waiting).most_common(1)[0][0]
+    count = len(waiting)
+    return f"{count} other pod{'s wait' if count != 1 else ' waits'} in {where}"

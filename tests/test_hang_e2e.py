@@ -1,0 +1,87 @@
+"""A job no one tuned for, on the emulated cluster under ``aegis run`` with **default flags**
+(no ``--hang-timeout-s``): a rank of a plain script (no aegis import) sleeps forever at a step
+while the others wait for it. The calibrated watchdog of every pod fires, the master judges the
+hang from all their stacks and blames the right rank (not the first watchdog to fire), no other
+node is marked, the job recovers and succeeds. Two scripts: one with a torch optimizer (its steps
+reach the watchdog through the step hook: the floor, 30 s) and one with no step signal at all
+(gloo ``all_reduce`` only, rank 0 alone prints: 60 s of silence and an idle CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import AEGIS, leftovers, run_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+BIN = Path(__file__).parent / "bin"
+
+
+def _incidents(log_dir: Path, job: str) -> str:
+    result = subprocess.run([*AEGIS, "incidents", job, "--log-dir", str(log_dir)],
+                            check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _judged(log_dir: Path) -> list[dict[str, Any]]:
+    """The master's judgements of hangs, from the event log."""
+    lines = (log_dir / "events.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("type") == "HangJudged"]
+
+
+async def test_a_rank_asleep_in_a_script_with_no_step_signal_is_named_and_recovered(
+    tmp_path: Path,
+) -> None:
+    command = [sys.executable, str(BIN / "plain_allreduce.py"), "--steps", "300",
+               "--busy-s", "0.01", "--hang-at-step", "60", "--hang-rank", "2",
+               "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "4", "--spare-nodes", "1", "--job", "q"],
+                            command, timeout_s=360)  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
+    assert {e["node"] for e in status["error_nodes"]} <= {"node-2"}, status  # nobody else
+    [judged] = _judged(run.log_dir)
+    assert judged["pod"] == "q-2" and judged["blame"], judged["reason"]
+    reason = judged["reason"]
+    assert "suspect: q-2 (rank 2, node node-2): in stuck_forever (plain_allreduce.py)" in reason
+    assert "no step signal: 60 s with no output and no CPU use" in reason
+    assert sorted(r["pod"] for r in judged["reports"]) == ["q-0", "q-1", "q-2", "q-3"]
+    text = _incidents(run.log_dir, "q")
+    assert "  suspect: q-2 (rank 2, node node-2): in stuck_forever" in text, text
+    assert "wait in all_reduce (distributed_c10d.py)" in text
+    for rank in (0, 1, 3):  # healthy pods: never held hung (the checks may still find one
+        # slow on a loaded machine: allreduce_perf's own business, not the hang's)
+        assert "hang" not in run.pods[f"q-{rank}"]["last_failed_reason"], run.pods
+    # every pod's watchdog said how it chose its timeout
+    assert {r["why"] for r in judged["reports"]} == {
+        "no step signal: 60 s with no output and no CPU use"
+    }
+    assert leftovers(run.log_dir) == []
+
+
+async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
+    tmp_path: Path,
+) -> None:
+    command = [sys.executable, str(BIN / "plain_ddp.py"), "--steps", "400",
+               "--ckpt-every", "50", "--ckpt-dir", str(tmp_path / "ckpt"),
+               "--hang-at-step", "120", "--hang-rank", "1"]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "3", "--spare-nodes", "1", "--job", "d"],
+                            command, timeout_s=360)  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
+    assert {e["node"] for e in status["error_nodes"]} <= {"node-1"}, status
+    [judged] = _judged(run.log_dir)
+    reason = judged["reason"]
+    assert judged["pod"] == "d-1" and "suspect: d-1 (rank 1, node node-1)" in reason, reason
+    assert "floor 30 s" in reason, reason  # the steps calibrated the watchdog
+    assert "suspect: d-1 (rank 1, node node-1)" in _incidents(run.log_dir, "d")
+    assert leftovers(run.log_dir) == []

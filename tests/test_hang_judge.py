@@ -1,0 +1,180 @@
+"""The master judges a hang from every pod's report of it (``master.hang_judge``), on a real
+``JobRunner`` (in-memory bus): the pod that is not where the others are is blamed, whichever
+watchdog fired first; none is blamed when the stacks single none out; ``aegis ctl hang`` names
+its pod at once. What the runner decided is in ``events.jsonl`` and replays identically."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from aegis.adapters import memory
+from aegis.adapters.nats_auth import worker_subject
+from aegis.cli import status_cmd
+from aegis.core import events as ev
+from aegis.core.model import JobSpec, NodeName, PodName, initial_status
+from aegis.core.phases import Phase
+from aegis.master import control, metrics
+from aegis.master.hang_judge import GatherSettings
+from aegis.master.job_runner import JobRunner, JobSettings, status_key
+from aegis.master.ports import NullPlatform
+from aegis.tools import incidents, replay, status_summary
+from aegis.wire import codec
+from aegis.wire import messages as m
+from tests.agent_waits import async_wait_until, async_wait_until_async
+from tests.test_job_runner import healthy
+from tests.test_suspects import ASLEEP, WAITING
+
+PODS = ("job-0", "job-1", "job-2")
+
+
+@dataclass
+class Job:
+    runner: JobRunner
+    bus: memory.MemoryBus
+    log: Path
+
+    async def send(self, pod: str, kind: m.MessageType, data: m.Payload, ident: str) -> None:
+        s = self.runner.status
+        msg = m.Message(job="job", namespace="ns", pod=pod, type=kind, phase=s.phase, seq=s.seq,
+                        ts=0.0, data=data, id=ident)  # fmt: skip
+        await self.bus.publish(worker_subject(self.runner.prefix, pod), codec.encode(msg))
+
+    async def hang(self, pod: str, stacks: str) -> None:
+        data = m.HangData(31.0, stacks, 30.0, "10 x p99 step 0.05 s = 0.5 s, floor 30 s")
+        await self.send(pod, m.MessageType.HANG, data, f"{pod}/hang")
+
+
+@pytest.fixture
+async def job(tmp_path: Path) -> AsyncIterator[Job]:
+    spec = JobSpec("job", "ns", 3, 3)
+    nodes = [NodeName(f"node-{i}") for i in range(3)]
+    settings = JobSettings(heartbeat_timeout_s=60, order_resend_s=60,
+                           hang_gather=GatherSettings(min_s=0.5, max_s=0.5))  # fmt: skip
+    bus = memory.MemoryBus()
+    runner = JobRunner(spec, initial_status(spec, nodes), bus=bus, store=memory.MemoryStore(),
+                       platform=NullPlatform(), settings=settings, log_dir=tmp_path)  # fmt: skip
+    await runner.start([str(n) for n in nodes])
+    task = asyncio.create_task(runner.run())
+    it = Job(runner, bus, tmp_path / "events.jsonl")
+    rounds = ((m.MessageType.ACK, m.AckData(), Phase.BOOT_CHECKING),
+              (m.MessageType.FINISH, healthy(), Phase.RUN_COMMAND))  # fmt: skip
+    for kind, data, phase in rounds:
+        for pod in PODS:
+            await it.send(pod, kind, data, f"{pod}/{kind}")
+        await async_wait_until(lambda p=phase: runner.status.phase is p, what=str(phase))
+    yield it
+    runner.close()
+    await asyncio.wait_for(task, 10)
+
+
+async def _troubleshooting(job: Job) -> None:
+    await async_wait_until(
+        lambda: job.runner.status.phase is Phase.TROUBLESHOOTING, 10, "the hang handled"
+    )
+
+
+def _replayed(job: Job) -> list[incidents.Incident]:
+    spec, initial, steps = replay.replay(job.log.read_text().splitlines())
+    done = list(steps)
+    assert done[-1].status == job.runner.status  # the same decisions, replayed
+    return incidents.incidents(spec.job, initial, done)
+
+
+async def test_the_pod_elsewhere_is_blamed_not_the_first_to_report(job: Job) -> None:
+    hub = metrics.MasterMetrics()
+    hub.attach(job.runner)
+    for pod, stacks in (("job-2", WAITING), ("job-0", WAITING), ("job-1", ASLEEP)):
+        await job.hang(pod, stacks)  # job-2's watchdog fired first
+    await _troubleshooting(job)
+    infos = job.runner.status.pod_infos
+    assert [p for p in PODS if infos[PodName(p)].slow] == ["job-1"]
+    reason = infos[PodName("job-1")].last_failed_reason
+    assert "suspect: job-1 (rank 1, node node-1): in stuck_forever (train.py)" in reason
+    assert "timeout 30 s: 10 x p99 step" in reason
+    suspects = hub.registry.get_sample_value("aegis_hang_suspects_total", {"node": "node-1"})
+    assert suspects == 1
+    hang = hub.registry.get_sample_value("aegis_faults_total", {"detector": "hang",
+                                                                "counted": "true"})  # fmt: skip
+    assert hang == 1
+    [incident] = _replayed(job)
+    assert incident.pod == "job-1" and incident.suspect.startswith("job-1 (rank 1, node node-1)")
+    assert sorted(e.pod for e in incident.evidence if e.kind == "stacks") == list(PODS)
+
+
+async def test_the_one_pod_that_never_reported_is_named_when_the_window_closes(job: Job) -> None:
+    await job.hang("job-0", WAITING)
+    await job.hang("job-2", WAITING)
+    await _troubleshooting(job)  # after the 0.5 s window: job-1 never said it was hung
+    infos = job.runner.status.pod_infos
+    assert [p for p in PODS if infos[PodName(p)].slow] == ["job-1"]
+    assert "suspect: job-1 (rank 1, node node-1): reported no hang while 2 other pods" in (
+        infos[PodName("job-1")].last_failed_reason
+    )
+    assert job.runner.status.recover_count == 1
+
+
+async def test_nobody_is_marked_slow_when_the_stacks_single_none_out(job: Job) -> None:
+    hub = metrics.MasterMetrics()
+    hub.attach(job.runner)
+    for pod in PODS:
+        await job.hang(pod, WAITING)
+    await _troubleshooting(job)
+    status = job.runner.status
+    assert not any(info.slow for info in status.pod_infos.values())
+    assert status.recover_count == 1  # counted all the same
+    assert hub.registry.get_sample_value("aegis_hang_suspects_total", {"node": "none"}) == 1
+    [incident] = _replayed(job)
+    assert incident.suspect == "" and "no suspect" in incident.reason
+
+
+async def test_aegis_ctl_hang_names_its_pod_at_once(job: Job) -> None:
+    await control._feed_hang(job.runner, "job-2")
+    await _troubleshooting(job)
+    infos = job.runner.status.pod_infos
+    assert [p for p in PODS if infos[PodName(p)].slow] == ["job-2"]
+    [incident] = _replayed(job)
+    assert incident.suspect == "job-2 (rank 2, node node-2): named by the operator"
+
+
+async def test_a_second_report_of_the_same_pod_and_a_stale_one_are_not_held_twice(
+    job: Job,
+) -> None:
+    await job.hang("job-0", WAITING)
+    await job.hang("job-0", WAITING)  # the agent's resend: same id
+    await async_wait_until(lambda: job.runner.drops.counts["duplicate_id"] == 1, what="dup")
+    s = job.runner.status
+    stale = m.Message(job="job", namespace="ns", pod="job-1", type=m.MessageType.HANG,
+                      phase=s.phase, seq=s.seq - 1, ts=0.0, data=m.HangData(40.0, ASLEEP),
+                      id="job-1/stale")  # fmt: skip
+    await job.runner.on_worker_message(worker_subject(job.runner.prefix, "job-1"),
+                                       codec.encode(stale))  # fmt: skip
+    assert list(job.runner.hangs.held) == ["job-0"]  # the stale one went to the core
+    await _troubleshooting(job)
+    assert not any(info.slow for info in job.runner.status.pod_infos.values())
+
+
+async def test_each_pods_watchdog_choice_reaches_aegis_status(job: Job) -> None:
+    said = "30 s (10 x p99 step 0.05 s = 0.5 s, floor 30 s)"
+    await job.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(7, said), "job-0/hb")
+    await async_wait_until(lambda: "watchdogs" in job.runner.extra, what="the heartbeat")
+    job.runner.platform_event(ev.SlowdownReported("a write of the status"))
+
+    async def stored() -> bool:
+        got = await job.runner.store.get(status_key(job.runner.spec))
+        return got is not None and "watchdogs" in json.loads(got[0])
+
+    await async_wait_until_async(stored, 10, "the status written with it")
+    got = await job.runner.store.get(status_key(job.runner.spec))
+    assert got is not None
+    record = json.loads(got[0])
+    summary = status_summary.from_record(record)
+    assert [row.watchdog for row in summary.pods] == [said, "", ""]
+    table = status_cmd.pod_table(summary)
+    assert [c.header for c in table.columns][-1] == "hang watchdog"
+    assert summary.to_dict()["pods"][0]["watchdog"] == said

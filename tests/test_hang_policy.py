@@ -1,0 +1,134 @@
+"""The watchdog's calibrated timeout (``agent.hang_policy``, pure) and its two probes of the
+process tree (``watchdog.TreeActivity``: CPU use of real processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from aegis.agent import hang_policy as hp
+from aegis.agent import watchdog
+from tests.agent_waits import wait_until
+
+POLICY = hp.HangPolicy()
+
+
+def stepped(interval: float, steps: int = 50, first: float = 4.0) -> hp.StepHistory:
+    history = hp.StepHistory()
+    hp.record_step(history, 0.0, None, (1, first))
+    for step in range(2, steps + 1):
+        hp.record_step(history, 0.0, (step - 1, first + (step - 2) * interval),
+                       (step, first + (step - 1) * interval))  # fmt: skip
+    return history
+
+
+def look(now: float, *, step: float | None, output: float = 0.0, cpu: float = 0.0,
+         cuda: bool = False, hold: float = 0.0) -> hp.Idle:  # fmt: skip
+    return hp.Idle(now, 0.0, step, output, cpu, cuda, hold)
+
+
+def test_a_fast_job_gets_the_floor_and_a_slow_one_ten_times_its_p99_step() -> None:
+    fast, slow = stepped(0.05), stepped(6.0)
+    assert hp.step_timeout(POLICY, fast)[0] == 30.0
+    assert "floor 30 s" in hp.step_timeout(POLICY, fast)[1]
+    timeout, why = hp.step_timeout(POLICY, slow)
+    assert timeout == pytest.approx(60.0) and why.startswith("10 x p99 step 6 s")
+    assert hp.step_timeout(POLICY, stepped(100.0))[0] == 600.0  # the ceiling
+    assert hp.step_timeout(POLICY, hp.StepHistory())[0] == 600.0  # nothing seen yet
+
+
+def test_a_stall_after_steps_is_a_hang_at_the_timeout_not_before() -> None:
+    history = stepped(0.05)
+    assert not hp.judge(POLICY, history, look(129.0, step=100.0)).hung  # 29 s
+    verdict = hp.judge(POLICY, history, look(130.5, step=100.0))
+    assert verdict.hung and verdict.rule == "step" and verdict.idle_s == pytest.approx(30.5)
+
+
+def test_several_steps_between_two_looks_count_as_their_mean_interval() -> None:
+    history = hp.StepHistory()
+    hp.record_step(history, 0.0, None, (1, 2.0))
+    hp.record_step(history, 0.0, (1, 2.0), (11, 3.0))
+    assert list(history.intervals) == [pytest.approx(0.1)]
+    assert history.first_steps == [2.0]
+
+
+def test_a_cpu_busy_stall_waits_for_the_ceiling_unless_cuda_is_loaded() -> None:
+    """A long evaluation or save on the CPU is work; a CUDA rank in a stuck NCCL collective
+    spins a CPU, so there CPU use proves nothing."""
+    history = stepped(0.05)
+    busy = hp.judge(POLICY, history, look(200.0, step=100.0, cpu=199.0))
+    assert not busy.hung and busy.rule == "busy"
+    assert hp.judge(POLICY, history, look(701.0, step=100.0, cpu=700.0)).hung  # the ceiling
+    assert hp.judge(POLICY, history, look(200.0, step=100.0, cpu=199.0, cuda=True)).hung
+
+
+def test_the_first_step_after_a_restart_gets_ten_times_the_slowest_first_step() -> None:
+    history = stepped(0.05, first=9.0)
+    verdict = hp.judge(POLICY, history, look(89.0, step=None))
+    assert not verdict.hung and verdict.timeout_s == pytest.approx(90.0)
+    assert verdict.rule == "first" and hp.judge(POLICY, history, look(91.0, step=None)).hung
+
+
+def test_without_any_step_signal_only_silence_and_an_idle_cpu_are_a_hang() -> None:
+    """A rank that prints nothing while it computes is never reported; one idle for 60 s is."""
+    none = hp.StepHistory()
+    assert not hp.judge(POLICY, none, look(500.0, step=None, output=0.0, cpu=499.0)).hung
+    assert not hp.judge(POLICY, none, look(500.0, step=None, output=499.0, cpu=0.0)).hung
+    verdict = hp.judge(POLICY, none, look(500.0, step=None, output=420.0, cpu=430.0))
+    assert verdict.hung and verdict.rule == "quiet" and verdict.idle_s == pytest.approx(70.0)
+
+
+def test_an_explicit_timeout_wins_and_a_hold_after_a_requested_checkpoint_never_is_a_hang() -> None:
+    fixed = hp.HangPolicy(fixed_s=5.0)
+    assert hp.judge(fixed, stepped(60.0), look(106.0, step=100.0)).hung
+    assert hp.judge(fixed, hp.StepHistory(), look(6.0, step=None, output=0.5)).hung
+    held = hp.judge(POLICY, stepped(0.05), look(140.0, step=100.0, hold=150.0))
+    assert not held.hung and held.rule == "hold"
+    after = hp.judge(POLICY, stepped(0.05), look(151.0, step=100.0, hold=150.0))
+    assert not after.hung  # the stall is timed from the hold's end
+    with pytest.raises(ValueError):
+        hp.HangPolicy(fixed_s=0.0)
+    assert hp.flag(None) == [] and hp.flag(7.0) == ["--hang-timeout-s", "7.0"]
+
+
+SPIN = """
+import sys, time
+end = time.monotonic() + 30
+while sys.argv[1] == "busy" and time.monotonic() < end:
+    pass
+time.sleep(30)
+"""
+
+
+def _looks(proc: subprocess.Popen[bytes], looks: int) -> watchdog.TreeActivity:
+    """``looks`` samples 0.3 s apart; the clock given to each is one second on (a sample is
+    taken at most once a second)."""
+    activity = watchdog.TreeActivity(lambda: [psutil.Process(proc.pid)], -100.0)
+    for second in range(looks):
+        activity.sample(float(second))
+        time.sleep(0.3)
+    return activity
+
+
+def test_tree_activity_sees_a_busy_process_and_not_a_sleeping_one() -> None:
+    procs = {
+        kind: subprocess.Popen([sys.executable, "-c", SPIN, kind]) for kind in ("busy", "idle")
+    }
+    try:
+        busy = procs["busy"]
+        wait_until(lambda: psutil.Process(busy.pid).cpu_times().user > 0.2, 30, "busy spins")
+        seen = _looks(busy, 4)
+        assert seen.last_busy >= 1.0 and not seen.cuda
+        idle = procs["idle"]
+        wait_until(
+            lambda: psutil.Process(idle.pid).status() == psutil.STATUS_SLEEPING, 30, "asleep"
+        )
+        assert _looks(idle, 4).last_busy == -100.0  # never busy
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,62 @@
+"""Restart or stop, end to end on the emulated cluster: a plain DDP script (no aegis import;
+its steps come from the optimizer hook) whose rank 1 raises at the same step in every
+incarnation ends Failed after three, with the verdict in ``aegis status`` and
+``aegis incidents``, though the budget would allow ten; raising at another step each time is
+restarted every time and the job succeeds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import AEGIS, leftovers, run_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
+
+SCRIPT = Path(__file__).parent / "bin" / "plain_ddp.py"
+
+
+def _cli(*args: str) -> str:
+    result = subprocess.run([*AEGIS, *args], check=False, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _command(tmp_path: Path, shift: int) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--steps", "80", "--ckpt-every", "1000",
+            "--ckpt-dir", str(tmp_path / "ckpt"), "--crash-at-step", "30", "--crash-rank", "1",
+            "--crash-times", "3" if shift else "99", "--crash-step-shift", str(shift)]  # fmt: skip
+
+
+async def test_the_same_crash_at_the_same_step_stops_the_job_after_three(tmp_path: Path) -> None:
+    run = await run_cluster(tmp_path, ["--nodes", "3", "--max-retry", "10", "--job", "r"],
+                            _command(tmp_path, 0))  # fmt: skip
+    assert run.rc != 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Failed" and status["recover_count"] == 3, status
+    verdict = "the same fault 3 times in a row at step 29"
+    assert verdict in run.pods["r-1"]["last_failed_reason"], run.pods
+    assert (
+        "RuntimeError: injected crash of rank 1 at step 30" in run.pods["r-1"]["last_failed_reason"]
+    )
+    shown = json.loads(_cli("status", "r", "--log-dir", str(run.log_dir), "--json"))
+    assert verdict in shown["pods"][1]["last_failed_reason"]
+    found = json.loads(_cli("incidents", "r", "--log-dir", str(run.log_dir), "--json"))
+    decisions = [d["text"] for incident in found for d in incident["decisions"]]
+    assert any(text.startswith(f"job Failed: {verdict}") for text in decisions), decisions
+    assert leftovers(run.log_dir) == []
+
+
+async def test_a_crash_at_another_step_each_time_is_restarted_every_time(tmp_path: Path) -> None:
+    run = await run_cluster(tmp_path, ["--nodes", "3", "--max-retry", "10", "--job", "v"],
+                            _command(tmp_path, 5))  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 3, status
+    assert status["repeat"]["count"] == 1  # each crash at its own step
+    assert leftovers(run.log_dir) == []
