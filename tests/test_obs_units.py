@@ -165,3 +165,19 @@ def test_a_master_keeps_one_replayable_event_log_per_job_it_leads(tmp_path: Path
     eventlog_writer.start_log(tmp_path / "ns2" / "a", JobSpec("a", "ns2", 1, 0), ["n"], 0.0, "t")
     with pytest.raises(joblog.LogDirError, match=r"several namespaces \(ns1, ns2\)"):
         joblog.find_log_dir("a", tmp_path)
+
+
+def test_every_recovery_level_has_one_name_in_the_fault_log_and_in_incidents() -> None:
+    """``aegis incidents`` had no name for a drain (a KeyError on the first drained node's
+    eviction); both read the core's one table now."""
+    from aegis.core import actions as act
+    from aegis.core.model import PodName
+    from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
+    from aegis.master import faultlog
+    from aegis.tools import incidents as incidents_tool
+
+    assert set(LEVEL_NAMES) == set(RecoveryLevel)
+    drained = act.EvictPod(PodName("j-1"), RecoveryLevel.DRAIN, 0, "maintenance")
+    note = incidents_tool.decision(drained)
+    assert note is not None and note.level == "drained"
+    assert faultlog.Incident("j-1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"

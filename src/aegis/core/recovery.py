@@ -37,6 +37,16 @@ class RecoveryLevel(enum.IntEnum):
     # node is drained by the operator, not recorded as an error node
 
 
+# One name per level, for the fault log, the metrics and ``aegis incidents`` alike.
+LEVEL_NAMES: dict[RecoveryLevel, str] = {
+    RecoveryLevel.IN_PLACE: "in_place",
+    RecoveryLevel.CONTAINER: "container",
+    RecoveryLevel.NODE: "node_replaced",
+    RecoveryLevel.EVICT_SLOW: "slow_evicted",
+    RecoveryLevel.DRAIN: "drained",
+}
+
+
 LEVEL_BY_CLASS: dict[Classification, RecoveryLevel] = {
     Classification.HEALTHY: RecoveryLevel.IN_PLACE,
     Classification.RUNTIME: RecoveryLevel.CONTAINER,

@@ -25,19 +25,11 @@ from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
-from aegis.core.recovery import RecoveryLevel
+from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.master.job_runner import JobRunner
 from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
-
-LEVEL_NAMES: dict[RecoveryLevel, str] = {
-    RecoveryLevel.IN_PLACE: "in_place",
-    RecoveryLevel.CONTAINER: "container",
-    RecoveryLevel.NODE: "node_replaced",
-    RecoveryLevel.EVICT_SLOW: "slow_evicted",
-    RecoveryLevel.DRAIN: "drained",
-}
 
 
 @dataclass(slots=True)

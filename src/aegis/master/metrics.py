@@ -25,7 +25,8 @@ from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Phase
-from aegis.master.faultlog import LEVEL_NAMES, IncidentTracker
+from aegis.core.recovery import LEVEL_NAMES
+from aegis.master.faultlog import IncidentTracker
 from aegis.master.job_runner import JobRunner
 from aegis.wire import messages as m
 

@@ -20,18 +20,11 @@ from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName, rank_of
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
-from aegis.core.recovery import RecoveryLevel
+from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.tools import replay
 from aegis.wire import eventlog
 from aegis.wire import messages as m
 from aegis.wire.translate import verdict_of
-
-LEVEL_NAMES: dict[RecoveryLevel, str] = {
-    RecoveryLevel.IN_PLACE: "in_place",
-    RecoveryLevel.CONTAINER: "container",
-    RecoveryLevel.NODE: "node_replaced",
-    RecoveryLevel.EVICT_SLOW: "slow_evicted",
-}
 
 
 @dataclass(frozen=True, slots=True)
