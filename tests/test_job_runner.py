@@ -247,3 +247,22 @@ async def test_events_log_replays_to_the_same_status(harness: Harness, tmp_path:
     await harness.settle()
     _, final = replay.final_status((tmp_path / "events.jsonl").read_text().splitlines())
     assert final == harness.runner.status
+
+
+async def test_an_observer_that_fails_never_stops_the_job(harness: Harness) -> None:
+    """A fault log on a full disk raised inside the job's loop and ended its task group; an
+    observer's failure is now counted and logged, and the job goes on deciding."""
+
+    def full_disk(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    harness.runner.listeners.append(full_disk)
+    harness.runner.message_listeners.append(full_disk)
+    harness.runner.heartbeat_listeners.append(full_disk)
+    await _to_running(harness)
+    await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(3), msg_id="hb")
+    await harness.send("job-1", m.MessageType.FINISH, m.ExitData(1), msg_id="fault")
+    await harness.settle()
+    assert harness.runner.status.phase is Phase.TROUBLESHOOTING  # still deciding
+    assert harness.runner.task is None or not harness.runner.task.done()
+    assert harness.runner.observer_failures >= 5

@@ -46,6 +46,7 @@ from aegis.master.ports import Platform
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
 from aegis.wire import messages as m
+from aegis.wire.logsafe import RateLimitedLog
 from aegis.wire.translate import to_event
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,8 @@ class JobRunner:
         self.safe = SafePoints(spec.job, requests)
         self.pace = Pace(settings.pace)
         self.hangs = HangJudge(settings.hang_gather)
+        self.observer_failures = 0
+        self._observer_log = RateLimitedLog(log, every_s=10.0)
         self.listeners: list[Callable[[JobRunner, ev.Event, tuple[act.Action, ...]], None]] = []
         # Observers (metrics, fault log, live view): called after each event is handled, and
         # with each accepted agent message (its evidence: check results, matched lines, stacks).
@@ -197,7 +200,7 @@ class JobRunner:
                 # the pod's watchdog, for ``aegis status`` (stored with the next status write)
                 self.extra.setdefault("watchdogs", {})[pod] = msg.data.hang_timeout[:300]
             for on_heartbeat in self.heartbeat_listeners:
-                on_heartbeat(self, msg)
+                self._observe(on_heartbeat, self, msg)
             return
         if not self.seen.check_and_add(msg.id):
             self.drops.add("duplicate_id")
@@ -401,11 +404,21 @@ class JobRunner:
                 await self._execute(action)
             for msg in (item.msg,) if isinstance(item, _Message) else item.evidence:
                 for on_message in self.message_listeners:
-                    on_message(self, msg)
+                    self._observe(on_message, self, msg)
             for listener in self.listeners:
-                listener(self, item.event, actions)
+                self._observe(listener, self, item.event, actions)
         if request is not None:  # after the round's own orders (a restart resets the file)
             await self._publish(request)
+
+    def _observe(self, listener: Callable[..., None], *args: Any) -> None:
+        """An observer (metrics, fault log, live view) never stops the job: one that fails (a
+        fault log on a full disk) is logged, at a bounded rate, and the loop goes on."""
+        try:
+            listener(*args)
+        except Exception as exc:
+            self.observer_failures += 1
+            self._observer_log.warning("job %s: an observer failed (%d so far): %r",
+                                       self.spec.job, self.observer_failures, exc)  # fmt: skip
 
     def _count_reschedules(self, actions: tuple[act.Action, ...]) -> None:
         """Level-3 evictions (a pod moved off a bad node), stored with the record for
