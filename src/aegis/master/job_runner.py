@@ -17,6 +17,7 @@ re-issues pending platform work and restarts heartbeat timers with a grace perio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -368,9 +369,19 @@ class JobRunner:
                 while not self.queue.empty() and len(batch) < BATCH_MAX:
                     batch.append(self.queue.get_nowait())
                 await self._handle_batch([item for item in batch if item is not None])
-        if self._subscription is not None:
-            await self._subscription.unsubscribe()
+        await self.unsubscribe()
         self.events.close()
+
+    async def unsubscribe(self) -> None:
+        """Stop taking the pods' reports (idempotent; a closed connection is no error)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    @property
+    def subscribed(self) -> bool:
+        return self._subscription is not None
 
     async def _handle_batch(self, batch: list[_Platform | _Message]) -> None:
         """Step every event, persist once, then act: a status is never behind its orders."""

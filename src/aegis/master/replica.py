@@ -389,12 +389,11 @@ class Replica:
         """Detach a stopped runner from NATS (its own loop unsubscribes only when it ends)."""
         if self.metrics is not None and runner.task is not None and not runner.done.is_set():
             self.metrics.detach(runner)  # a loop that died: its replacement reports instead
-        subs = [self._platform_subs.pop(key, None), runner._subscription]
-        runner._subscription = None
-        for sub in subs:
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        await runner.unsubscribe()
+        sub = self._platform_subs.pop(key, None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _stop_runners(self) -> None:
         runners, self.runners = dict(self.runners), {}
