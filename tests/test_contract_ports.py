@@ -10,7 +10,7 @@ from aegis.adapters import memory
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.adapters.ports import Bus, StatusStore, StoreConflict
+from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
 from tests.agent_waits import async_wait_until
 
 
@@ -94,9 +94,9 @@ async def test_store_create_then_revision_checked_update(store: StatusStore) -> 
 async def test_store_refuses_stale_revision_and_double_create(store: StatusStore) -> None:
     first = await store.put("job.b", b"v1", expected_revision=None)
     await store.put("job.b", b"v2", expected_revision=first)
-    with pytest.raises(StoreConflict):
+    with pytest.raises(StoreConflictError):
         await store.put("job.b", b"lost update", expected_revision=first)
-    with pytest.raises(StoreConflict):
+    with pytest.raises(StoreConflictError):
         await store.put("job.b", b"again", expected_revision=None)
     value = await store.get("job.b")
     assert value is not None and value[0] == b"v2"

@@ -121,7 +121,7 @@ async def creds_server(nats_server: EmbeddedNats, authority: Authority) -> Async
 
 
 async def test_wrong_bootstrap_token_is_refused(creds_server: int) -> None:
-    with pytest.raises(grpc_creds.CredsRefused) as refused:
+    with pytest.raises(grpc_creds.CredsRefusedError) as refused:
         await grpc_creds.fetch(
             f"127.0.0.1:{creds_server}",
             namespace="default",
@@ -160,7 +160,7 @@ async def test_right_token_gets_creds_scoped_to_its_job(
 
 async def test_unknown_pod_or_job_is_refused(creds_server: int) -> None:
     for job, pod in (("job-a", "job-a-9"), ("job-z", "job-z-0")):
-        with pytest.raises(grpc_creds.CredsRefused):
+        with pytest.raises(grpc_creds.CredsRefusedError):
             await grpc_creds.fetch(
                 f"127.0.0.1:{creds_server}",
                 namespace="default",

@@ -14,7 +14,7 @@ import pytest
 from aegis.adapters.memory import MemoryStore
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.adapters.ports import StoreConflict
+from aegis.adapters.ports import StoreConflictError
 from aegis.core.model import JobSpec
 from aegis.master import control, drained_nodes
 from aegis.master.lease import LeaseSettings
@@ -58,9 +58,9 @@ async def test_an_unreadable_record_drains_nothing_and_endless_conflicts_are_an_
 
     class Busy(MemoryStore):
         async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
-            raise StoreConflict("conflict")
+            raise StoreConflictError("conflict")
 
-    with pytest.raises(StoreConflict):
+    with pytest.raises(StoreConflictError):
         await drained_nodes.DrainedNodes(Busy()).drain_node("node-1", "x")
 
 

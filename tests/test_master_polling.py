@@ -21,7 +21,7 @@ from aegis.adapters.nats_bus import TRANSIENT, KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.master.lease import Lease, LeaseSettings
-from aegis.master.replica import MalformedRecord, decode_record, submit_job
+from aegis.master.replica import MalformedRecordError, decode_record, submit_job
 from aegis.wire import status_json
 from tests.poll_helpers import Master, consumer_counts, standalone_master, wait_for
 
@@ -104,7 +104,7 @@ async def test_keys_raises_the_servers_error_a_transient_one_as_transient() -> N
     ids=["bytes", "list", "string", "no-status", "deep"],
 )
 def test_decode_record_refuses_what_is_not_a_job(raw: bytes) -> None:
-    with pytest.raises(MalformedRecord):
+    with pytest.raises(MalformedRecordError):
         decode_record(raw)
 
 

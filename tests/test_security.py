@@ -32,7 +32,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, free_port
 from aegis.agent import link
 from aegis.core import events as ev
-from aegis.core.model import InvalidName, JobSpec, NodeName, initial_status, name_problem
+from aegis.core.model import InvalidNameError, JobSpec, NodeName, initial_status, name_problem
 from aegis.core.phases import Order, Phase
 from aegis.master import control
 from aegis.master.job_runner import JobRunner, JobSettings
@@ -331,7 +331,7 @@ def test_dns_labels_are_names(name: str) -> None:
 )
 def test_anything_else_is_refused(name: str) -> None:
     assert name_problem("job", name) is not None
-    with pytest.raises(InvalidName):
+    with pytest.raises(InvalidNameError):
         Authority().worker_creds("default", name, f"{name}-0", 60)
 
 
@@ -340,12 +340,12 @@ async def test_the_master_creates_no_job_outside_the_rule(
 ) -> None:
     async with master_service(nats_server, authority) as service:
         for ns, job in (("default", "jobP"), ("default", "jobp.v2"), ("team.a", "jobp")):
-            with pytest.raises(InvalidName):
+            with pytest.raises(InvalidNameError):
                 await service.create_job(
                     JobSpec(job, ns, 1, 1), ["n0"], NullPlatform(), log_dir=None, token=TOKEN
                 )
         assert service.jobs == {}
-        with pytest.raises(grpc_creds.CredsRefused):  # nor hands out credentials for one
+        with pytest.raises(grpc_creds.CredsRefusedError):  # nor hands out credentials for one
             await fetch(service.grpc_port, "jobp.v2", "jobp.v2-0")
 
 
@@ -439,7 +439,7 @@ async def test_the_standalone_master_adopts_no_job_outside_the_rule_and_ended_jo
             runner = replica.runners["default.fine"]
             runner.platform_event(ev.QuitRequested("the operator ended it"))
             await async_wait_until(runner.done.is_set, 60, "the job to end")
-            with pytest.raises(grpc_creds.CredsRefused):
+            with pytest.raises(grpc_creds.CredsRefusedError):
                 await fetch(replica.grpc_port, "fine", "fine-0")
     finally:
         await bus.close()
@@ -458,9 +458,9 @@ async def test_one_pods_secret_gets_no_other_pods_credentials_nor_the_jobs_secre
         own = await fetch(service.grpc_port, "who", "who-1")  # pod 1, its own secret: fine
         assert own.rank == 1
         for pod in ("who-0", "who-2"):
-            with pytest.raises(grpc_creds.CredsRefused):
+            with pytest.raises(grpc_creds.CredsRefusedError):
                 await fetch(service.grpc_port, "who", pod, secret("who", "who-1"))
-        with pytest.raises(grpc_creds.CredsRefused):
+        with pytest.raises(grpc_creds.CredsRefusedError):
             await fetch(service.grpc_port, "who", "who-0", TOKEN)
     # no secret reveals another: all different, none is the job's, and none is a prefix
     tokens = {secret("who", f"who-{i}") for i in range(3)} | {TOKEN}
@@ -557,7 +557,7 @@ async def test_every_refusal_looks_the_same_and_an_ended_job_gets_no_credentials
             ("ended", "ended-0", secret("ended", "ended-0")),  # an ended job
             ("Alive", "Alive-0", secret("Alive", "Alive-0")),  # a name outside the rule
         ):
-            with pytest.raises(grpc_creds.CredsRefused) as caught:
+            with pytest.raises(grpc_creds.CredsRefusedError) as caught:
                 await fetch(service.grpc_port, job, pod, token)
             answers.add((caught.value.reason, caught.value.detail))
         assert answers == {("permission_denied", grpc_creds.REFUSED)}
@@ -573,9 +573,9 @@ async def test_a_refused_request_logs_the_peers_strings_truncated_escaped_and_ra
         pod = "alive-0\n2026-01-01 00:00:00 WARNING forged line " * 1000  # ~50 kB
         started = time.monotonic()
         for _ in range(20):
-            with pytest.raises(grpc_creds.CredsRefused):
+            with pytest.raises(grpc_creds.CredsRefusedError):
                 await fetch(service.grpc_port, "alive", pod, "guess")
-        with pytest.raises((ConnectionError, grpc_creds.CredsRefused)):  # over the size bound
+        with pytest.raises((ConnectionError, grpc_creds.CredsRefusedError)):  # over the size bound
             await fetch(service.grpc_port, "alive", "x" * 200_000, "guess")
         elapsed = time.monotonic() - started
     lines = [r.getMessage() for r in caplog.records if r.name == grpc_creds.__name__]
@@ -693,7 +693,7 @@ async def test_insecure_is_the_explicit_way_to_run_without_authentication(tmp_pa
             assert proc.poll() is None, (tmp_path / "master.log").read_text()
             try:
                 await fetch(port, access[1], access[2], ns=access[0])
-            except grpc_creds.CredsRefused:
+            except grpc_creds.CredsRefusedError:
                 return True  # it serves (and refuses an unknown job)
             except ConnectionError:
                 return False

@@ -86,13 +86,13 @@ async def test_the_credentials_server_speaks_tls_to_whoever_trusts_its_ca_only(
     try:
         got = await _fetch(port, pki.ca)
         assert got.rank == 0 and got.creds.jwt
-        with pytest.raises(grpc_creds.TlsRefused) as no_ca:
+        with pytest.raises(grpc_creds.TlsRefusedError) as no_ca:
             await _fetch(port, None, timeout_s=3)
         assert "speaks TLS" in no_ca.value.detail and "--tls-ca" in no_ca.value.detail
-        with pytest.raises(grpc_creds.TlsRefused) as stranger:
+        with pytest.raises(grpc_creds.TlsRefusedError) as stranger:
             await _fetch(port, pki.stranger_ca, timeout_s=3)
         assert "not trusted by" in stranger.value.detail, stranger.value.detail
-        with pytest.raises(grpc_creds.TlsRefused) as downgraded:
+        with pytest.raises(grpc_creds.TlsRefusedError) as downgraded:
             await _fetch(plain_port, pki.ca, timeout_s=3)
         assert "does not speak TLS" in downgraded.value.detail
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from aegis.adapters.ports import Handler, StoreConflict
+from aegis.adapters.ports import Handler, StoreConflictError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -64,7 +64,7 @@ class MemoryStore:
         current = self.data.get(key)
         current_revision = current[1] if current else None
         if current_revision != expected_revision:
-            raise StoreConflict("conflict", detail=f"{key} at {current_revision}")
+            raise StoreConflictError("conflict", detail=f"{key} at {current_revision}")
         self._revision += 1
         self.data[key] = (value, self._revision)
         return self._revision

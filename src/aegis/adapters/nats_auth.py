@@ -33,7 +33,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from aegis.core.model import POD_NAME_MAX, InvalidName, check_names, name_problem
+from aegis.core.model import POD_NAME_MAX, InvalidNameError, check_names, name_problem
 from aegis.wire.tokens import pod_token
 
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
@@ -218,10 +218,10 @@ class Authority:
     def worker_creds(self, namespace: str, job: str, pod: str, ttl_s: float | None) -> UserCreds:
         """Bound to one pod: publish its own worker subject only (the master takes a report
         from pod P only on P's subject), subscribe its job's master subject and its own inbox
-        only (``InvalidName`` for a name outside the rule)."""
+        only (``InvalidNameError`` for a name outside the rule)."""
         check_names(namespace, job)
         if (problem := name_problem("pod", pod, POD_NAME_MAX)) is not None:
-            raise InvalidName(problem)
+            raise InvalidNameError(problem)
         prefix = job_subject_prefix(namespace, job)
         inbox = pod_inbox_prefix(namespace, job, pod)
         pub, sub = [worker_subject(prefix, pod)], [f"{prefix}.master", f"{inbox}.>"]

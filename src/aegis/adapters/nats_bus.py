@@ -40,7 +40,8 @@ from nats.js.errors import (
 from aegis.adapters import tls
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import UserCreds
-from aegis.adapters.ports import Handler, StoreConflict
+from aegis.adapters.ports import Handler, StoreConflictError
+from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class NatsSubscription:
         await self._sub.unsubscribe()  # type: ignore[attr-defined]
 
 
-class BusClosed(ConnectionError):
+class BusClosedError(AegisError, ConnectionError):
     """The connection is closed for good (e.g. the server closed it when its credentials
     expired): nothing more goes out on it."""
 
@@ -157,7 +158,7 @@ class NatsBus:
         try:
             await self.client.publish(subject, payload)
         except ConnectionClosedError as exc:
-            raise BusClosed(f"not sent on {subject}: the connection is closed") from exc
+            raise BusClosedError(f"not sent on {subject}: the connection is closed") from exc
 
     async def subscribe(self, subject: str, handler: Handler) -> NatsSubscription:
         async def on_message(msg: Msg) -> None:
@@ -233,7 +234,7 @@ class KvStore:
                     stored = await self._get_retrying(key, deadline)
                     if stored is not None and stored[0] == value:
                         return stored[1]
-                raise StoreConflict("conflict", detail=f"{key}: {exc}") from None
+                raise StoreConflictError("conflict", detail=f"{key}: {exc}") from None
             except TRANSIENT as exc:
                 raise_if_cancelled(since)
                 if time.monotonic() > deadline:

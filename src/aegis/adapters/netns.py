@@ -19,6 +19,8 @@ import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+from aegis.core.errors import AegisError
+
 log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
@@ -28,7 +30,7 @@ CLUSTER_ENV = "AEGIS_CLUSTER_NETNS"
 TOOLS = ("unshare", "nsenter", "ip", "setpriv")
 
 
-class NamespaceError(OSError):
+class NamespaceError(AegisError, OSError):
     """A namespace could not be made or entered."""
 
 

@@ -30,7 +30,7 @@ class Bus(Protocol):
     async def close(self) -> None: ...
 
 
-class StoreConflict(RemoteError):
+class StoreConflictError(RemoteError):
     """A revision-checked write lost: someone else wrote the key since we read it."""
 
 
@@ -43,7 +43,7 @@ class StatusStore(Protocol):
 
     async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
         """Write ``value`` if the key is still at ``expected_revision`` (None: must not exist).
-        Returns the new revision; raises ``StoreConflict`` otherwise."""
+        Returns the new revision; raises ``StoreConflictError`` otherwise."""
         ...
 
     async def keys(self) -> list[str]:

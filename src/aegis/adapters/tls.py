@@ -19,10 +19,12 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from aegis.core.errors import AegisError
+
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
 
 
-class TlsConfigError(ValueError):
+class TlsConfigError(AegisError, ValueError):
     """A TLS directory or CA file that cannot be used (a file missing or unreadable)."""
 
 

@@ -34,12 +34,13 @@ import msgspec
 from aegis.adapters import nats_auth
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
-from aegis.adapters.nats_bus import BusClosed, NatsBus
+from aegis.adapters.nats_bus import BusClosedError, NatsBus
 from aegis.agent import ports, supervisor
 from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
 from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo
+from aegis.core.errors import AegisError
 from aegis.core.phases import Order, Phase
 from aegis.wire import codec
 from aegis.wire import messages as m
@@ -69,7 +70,7 @@ class LinkSettings:
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
 
 
-class LinkUnavailable(Exception):
+class LinkUnavailableError(AegisError):
     """Neither the master nor NATS answered in time: run independently."""
 
 
@@ -115,7 +116,7 @@ class MasterLink:
                 tls_ca=s.tls_ca,
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
-            raise LinkUnavailable(str(exc)) from exc
+            raise LinkUnavailableError(str(exc)) from exc
         self.verify = nats_auth.order_verifier(self.creds.creds.jwt)
         await self.bus.subscribe(f"{self.creds.subject_prefix}.master", self._on_order)
         await self._send(
@@ -128,12 +129,12 @@ class MasterLink:
         """Any master replica hands out credentials: try each address in turn. A refusal looks
         the same whatever its cause (a replica may not know the job yet): the next one is
         asked; a refusal is final when no replica gives credentials. With ``tls_ca`` the call
-        speaks TLS, trusting that CA only; a TLS mismatch is a refusal (``TlsRefused``)."""
+        speaks TLS, trusting that CA only; a TLS mismatch is a refusal (``TlsRefusedError``)."""
         s = self.settings
         targets = [t.strip() for t in s.grpc_target.split(",") if t.strip()]
         per_target = s.connect_timeout_s / max(1, len(targets))
         error: Exception = ConnectionError(f"no master address in {s.grpc_target!r}")
-        refused: grpc_creds.CredsRefused | None = None
+        refused: grpc_creds.CredsRefusedError | None = None
         for target in targets:
             try:
                 return await grpc_creds.fetch(
@@ -147,7 +148,7 @@ class MasterLink:
                 )
             except (ConnectionError, OSError, TimeoutError) as exc:
                 error = exc
-            except grpc_creds.CredsRefused as exc:
+            except grpc_creds.CredsRefusedError as exc:
                 refused = exc
         raise refused or error
 
@@ -175,10 +176,10 @@ class MasterLink:
                 try:
                     await self.connect()
                     break
-                except LinkUnavailable as exc:
+                except LinkUnavailableError as exc:
                     log.warning("bootstrapping again failed (%s); trying again in 1 s", exc)
                     await asyncio.sleep(1.0)
-                except grpc_creds.CredsRefused as exc:  # an ended job, most likely
+                except grpc_creds.CredsRefusedError as exc:  # an ended job, most likely
                     log.warning("bootstrapping again refused (%s); trying again in 5 s", exc)
                     await asyncio.sleep(5.0)
         finally:
@@ -297,7 +298,7 @@ class MasterLink:
         try:
             subject = nats_auth.worker_subject(self.creds.subject_prefix, self.settings.pod)
             await self.bus.publish(subject, codec.encode(msg))
-        except BusClosed:
+        except BusClosedError:
             log.debug("not sent while disconnected: %s %s", msg.type, msg.id)
 
     async def resend(self) -> None:

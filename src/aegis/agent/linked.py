@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from aegis.adapters.grpc.creds import CredsRefused, TlsRefused
+from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
 from aegis.agent import link, reaper, supervisor
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
@@ -48,7 +48,7 @@ async def run_linked(
     the_link = link.MasterLink(link_settings)
     try:
         await the_link.connect()
-    except link.LinkUnavailable as exc:
+    except link.LinkUnavailableError as exc:
         print(
             f"aegis agent: warning: master {link_settings.grpc_target} unreachable ({exc}); "
             "running the command independently, without fault tolerance",
@@ -56,11 +56,11 @@ async def run_linked(
             flush=True,
         )
         return None
-    except TlsRefused as exc:
+    except TlsRefusedError as exc:
         print(f"aegis agent: error: no TLS session with the master: {exc.detail}",
               file=sys.stderr)  # fmt: skip
         return CONFIG_ERROR_EXIT
-    except CredsRefused as exc:
+    except CredsRefusedError as exc:
         print(f"aegis agent: error: the master refused credentials: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     reaper.become_subreaper()

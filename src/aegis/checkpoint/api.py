@@ -19,6 +19,7 @@ from typing import Any
 
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint import store
+from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class BusyPolicy(enum.StrEnum):
     RAISE = "raise"  # raise SaverBusyError at once
 
 
-class SaverBusyError(Exception):
+class SaverBusyError(AegisError):
     """The previous save is still being persisted (policy ``raise``, or ``wait`` timed out)."""
 
     def __init__(self, step: int, pending: list[int], waited_s: float) -> None:

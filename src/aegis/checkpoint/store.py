@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aegis.checkpoint import layout as lay
+from aegis.core.errors import AegisError
 
 CHUNK = 16 * 1024 * 1024
 
 
-class CorruptCheckpointError(Exception):
+class CorruptCheckpointError(AegisError):
     """A checkpoint directory that must not be loaded (torn, uncommitted or bad checksum)."""
 
     def __init__(self, step: int, reason: str) -> None:

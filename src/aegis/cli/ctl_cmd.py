@@ -18,6 +18,7 @@ from nats import errors as nats_errors
 
 from aegis.adapters import nats_bus, netns
 from aegis.adapters.nats_bus import NatsBus
+from aegis.core.errors import AegisError
 from aegis.master import control
 
 ctl_app = typer.Typer(help="Operator controls of a running master.", no_args_is_help=True)
@@ -49,7 +50,7 @@ def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarge
 CLOSE_S = 2.0  # at most this long to close the connection after the reply
 
 
-class NotPermitted(Exception):
+class NotPermittedError(AegisError):
     """The server refused what the control file's credentials tried (a permissions
     violation): no master will ever answer."""
 
@@ -77,7 +78,7 @@ async def _send(
             either: set[asyncio.Future[Any]] = {asking, denied}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not asking.done():
-            raise NotPermitted(denied.result())
+            raise NotPermittedError(denied.result())
         return asking.result()
     finally:
         asking.cancel()
@@ -106,7 +107,7 @@ def _run(
     try:
         with nats_bus.errors_unlogged():  # a refusal is reported once, below
             reply = asyncio.run(_send(target, lambda inbox: build(target, inbox), timeout_s))
-    except NotPermitted as exc:
+    except NotPermittedError as exc:
         print(f"aegis: error: not permitted: the control file's credentials may not send "
               f"control requests ({exc})", file=sys.stderr)  # fmt: skip
         raise typer.Exit(1) from None

@@ -22,12 +22,13 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from aegis.adapters import nats_bus
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.core.errors import AegisError
 from aegis.master.service import STATUS_BUCKET
 
 T = TypeVar("T")
 
 
-class StoreReadError(Exception):
+class StoreReadError(AegisError):
     """The store could not be read (unreachable server, refused credentials, bad record)."""
 
 
@@ -67,12 +68,12 @@ async def _read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[
                 await bus.close()
     except TimeoutError:
         raise StoreReadError(f"no answer from {target.nats_url} within {timeout_s} s") from None
-    except (OSError, nats_errors.Error, _Refused) as exc:
+    except (OSError, nats_errors.Error, _RefusedError) as exc:
         reason = nats_bus.error_text(exc)
         raise StoreReadError(f"cannot read the store at {target.nats_url}: {reason}") from None
 
 
-class _Refused(Exception):
+class _RefusedError(AegisError):
     pass
 
 
@@ -86,7 +87,7 @@ async def _first(work: Coroutine[Any, Any, T], refused: asyncio.Future[Exception
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
-    raise _Refused(nats_bus.error_text(refused.result()))
+    raise _RefusedError(nats_bus.error_text(refused.result()))
 
 
 async def _get(bus: NatsBus, key: str) -> dict[str, Any] | None:

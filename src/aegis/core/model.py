@@ -14,6 +14,7 @@ from typing import NewType
 
 import immutables
 
+from aegis.core.errors import AegisError
 from aegis.core.phases import Phase
 from aegis.core.recovery import Classification, RecoveryLevel
 
@@ -29,7 +30,7 @@ POD_NAME_MAX = 253  # a pod's name is the job's and a suffix: Kubernetes allows 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-class InvalidName(ValueError):
+class InvalidNameError(AegisError, ValueError):
     """A job or namespace name outside the one rule (``name_problem``)."""
 
 
@@ -48,10 +49,10 @@ def name_problem(kind: str, name: str, max_len: int = NAME_MAX) -> str | None:
 
 
 def check_names(namespace: str, job: str) -> None:
-    """Raises ``InvalidName`` unless both names follow the rule."""
+    """Raises ``InvalidNameError`` unless both names follow the rule."""
     problem = name_problem("namespace", namespace) or name_problem("job", job)
     if problem is not None:
-        raise InvalidName(problem)
+        raise InvalidNameError(problem)
 
 
 @dataclass(frozen=True, slots=True)

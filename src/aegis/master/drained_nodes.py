@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from aegis.adapters.ports import StatusStore, StoreConflict
+from aegis.adapters.ports import StatusStore, StoreConflictError
 
 BUCKET = "aegis-drained"
 KEY = "nodes"
@@ -45,9 +45,9 @@ class DrainedNodes:
             try:
                 await self.store.put(KEY, body, expected_revision=got[1] if got else None)
                 return
-            except StoreConflict:
+            except StoreConflictError:
                 continue  # another write came between: read it and apply ours again
-        raise StoreConflict("conflict", detail=f"{BUCKET}/{KEY}: {TRIES} tries")
+        raise StoreConflictError("conflict", detail=f"{BUCKET}/{KEY}: {TRIES} tries")
 
 
 def _decode(raw: bytes) -> dict[str, str]:

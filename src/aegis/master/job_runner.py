@@ -8,7 +8,7 @@ messages are dropped and counted. Heartbeats are tracked here and reach the core
 ``HeartbeatLost``.
 
 High availability: every write and every publish first calls ``fence()``, which raises
-``LeadershipLost`` once this replica's lease is gone; every record and order carries the
+``LeadershipLostError`` once this replica's lease is gone; every record and order carries the
 leader's ``epoch``. A replica that takes over builds the runner from the stored record
 (``takeover``): it re-sends the round's orders (agents ignore a round they already executed),
 re-issues pending platform work and restarts heartbeat timers with a grace period.
@@ -56,7 +56,7 @@ Clock = Callable[[], float]
 BATCH_MAX = 2048
 
 
-class LeadershipLost(LocalError):
+class LeadershipLostError(LocalError):
     """This replica no longer holds the lease: it must not write or send anything."""
 
 

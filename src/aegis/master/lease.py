@@ -34,6 +34,7 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
+from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class LeaseSettings:
         return self.renew_s if self.renew_s is not None else min(self.lease_s / 3, 1.0)
 
 
-class _Occupied(Exception):
+class _OccupiedError(AegisError):
     pass
 
 
@@ -106,7 +107,7 @@ class Lease:
         started = time.monotonic()
         try:
             revision = await self._publish(expected=await self._vacant_revision())
-        except (KeyWrongLastSequenceError, _Occupied):
+        except (KeyWrongLastSequenceError, _OccupiedError):
             return False
         except Exception as exc:  # a JetStream hiccup (cluster failover): try again later
             log.debug("lease: acquire failed: %s", exc)
@@ -156,7 +157,7 @@ class Lease:
 
     async def _vacant_revision(self) -> int:
         """The revision to overwrite when nobody holds the lease (0: never held); raises
-        ``_Occupied`` when a live lease is there. The server's TTL delete marker counts as
+        ``_OccupiedError`` when a live lease is there. The server's TTL delete marker counts as
         vacant (nats-py's ``create`` does not see it as a deletion)."""
         stream = f"KV_{self.settings.bucket}"
         try:
@@ -166,7 +167,7 @@ class Lease:
         headers = last.headers or {}
         if headers.get("Nats-Marker-Reason") or headers.get("KV-Operation") in ("DEL", "PURGE"):
             return int(last.seq or 0)
-        raise _Occupied
+        raise _OccupiedError
 
     async def keep(self) -> None:
         """Renew until the lease is lost (soon again after a failure); then return."""

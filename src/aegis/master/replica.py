@@ -35,6 +35,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.adapters.ports import Subscription
 from aegis.adapters.tls import TlsDir
 from aegis.core import events as ev
+from aegis.core.errors import AegisError
 from aegis.core.model import (
     JobSpec,
     JobStatus,
@@ -46,7 +47,7 @@ from aegis.core.model import (
 )
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master import control, drained_nodes, env_report, eventlog_writer, faultlog, metrics
-from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLost, runner_from_record
+from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLostError, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
 from aegis.master.remote_platform import RemotePlatform
@@ -77,12 +78,12 @@ class ReplicaSettings:
 LOOKUP_READ_S = 2.0  # how long a handshake waits for the store before using the cached record
 
 
-class MalformedRecord(ValueError):
+class MalformedRecordError(AegisError, ValueError):
     """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
 
 
 def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
-    """A stored job record, read; raises ``MalformedRecord`` for one that is not a job's (a
+    """A stored job record, read; raises ``MalformedRecordError`` for one that is not a job's (a
     job or namespace name outside the rule included: such a job is never adopted)."""
     try:
         record = json.loads(raw)
@@ -91,7 +92,7 @@ def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
         spec, status = status_json.from_dict(record)
         check_names(spec.namespace, spec.job)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise MalformedRecord(f"{type(exc).__name__}: {exc}") from None
+        raise MalformedRecordError(f"{type(exc).__name__}: {exc}") from None
     return record, spec, status
 
 
@@ -194,7 +195,7 @@ class Replica:
                 poller = group.create_task(self._poll_jobs(epoch), name="jobs")
                 await keeper
                 poller.cancel()
-        except* LeadershipLost:
+        except* LeadershipLostError:
             log.warning("replica %s: deposed (epoch %d)", self.settings.replica_id, epoch)
         finally:
             self.leading.clear()
@@ -226,7 +227,7 @@ class Replica:
 
     def _fence(self) -> None:
         if not self.lease.held:
-            raise LeadershipLost(f"replica {self.settings.replica_id} lost the lease")
+            raise LeadershipLostError(f"replica {self.settings.replica_id} lost the lease")
 
     async def _poll_jobs(self, epoch: int) -> None:
         since = cancellations()
@@ -236,7 +237,7 @@ class Replica:
                 for key in await self.store.keys():
                     if key not in self.runners and key not in self.finished:
                         await self._adopt(key, epoch)
-            except LeadershipLost:
+            except LeadershipLostError:
                 raise
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
                 raise_if_cancelled(since)
@@ -259,9 +260,9 @@ class Replica:
                 del self.runners[key]
                 await self._unsubscribe(runner, key)
                 continue
-            if isinstance(error, LeadershipLost):
+            if isinstance(error, LeadershipLostError):
                 continue
-            if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLost):
+            if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLostError):
                 continue
             log.error("replica %s: job %s loop died (%r): adopting it again",
                       self.settings.replica_id, key, error)  # fmt: skip
@@ -297,7 +298,7 @@ class Replica:
             return None  # none, or this very revision was found malformed (and counted)
         try:
             record, spec, status = decode_record(got[0])
-        except MalformedRecord as exc:
+        except MalformedRecordError as exc:
             self.malformed.found(key, got[1], exc)
             return None
         self.malformed.forget(key)
@@ -328,7 +329,9 @@ class Replica:
                 signer=self.authority.sign_order if self.authority is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # e.g. its orders
-            self.malformed.found(key, revision, MalformedRecord(f"{type(exc).__name__}: {exc}"))
+            self.malformed.found(
+                key, revision, MalformedRecordError(f"{type(exc).__name__}: {exc}")
+            )
             return
         holder.append(runner)
         self.runners[key] = runner  # from now on a drain reaches it; and one made before:

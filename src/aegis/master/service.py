@@ -93,7 +93,7 @@ class MasterService:
         pod_ips: list[str] | None = None,
     ) -> tuple[JobRunner, str]:
         """``pod_ips``: each pod's address where the platform knows it before the pod starts
-        (the rendezvous follows rank 0's). Raises ``InvalidName`` for a job or namespace name
+        (the rendezvous follows rank 0's). Raises ``InvalidNameError`` for a job or namespace name
         outside the one rule (``core.model.check_names``)."""
         check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)

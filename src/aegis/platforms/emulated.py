@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aegis.adapters import lifecycle, netns
+from aegis.core.errors import AegisError
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ _HOLD = (
 )
 
 
-class ClusterError(RuntimeError):
+class ClusterError(AegisError, RuntimeError):
     """The emulated cluster could not be set up."""
 
 

@@ -5,68 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
-from aegis.core.model import JobSpec, JobStatus
-from aegis.core.phases import Phase
+from aegis.core.model import JobSpec
 from aegis.core.rendezvous import RendezvousRule
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.pace import PaceSettings
 from aegis.master.service import MasterService, MasterSettings
 from aegis.platforms import emulated
 from aegis.platforms.local import Hosts, LocalPlatform, LocalSettings, SharedHost
+from aegis.platforms.run_settings import RunResult as RunResult  # noqa: PLC0414 (re-exported)
+from aegis.platforms.run_settings import RunSettings as RunSettings  # noqa: PLC0414 (re-exported)
+from aegis.platforms.run_settings import node_names as node_names  # noqa: PLC0414 (re-exported)
+from aegis.platforms.run_settings import write_status_file as write_status_file  # noqa: PLC0414 (re-exported)
 from aegis.tools.follow import FollowedJob
-from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RunSettings:
-    command: tuple[str, ...]
-    nodes: int = 3
-    spare_nodes: int = 2
-    max_retry: int = 3
-    job: str = "job"
-    namespace: str = "default"
-    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
-    heartbeat_s: float = 1.0
-    heartbeat_timeout_s: float = 5.0
-    grace_s: float = 5.0
-    log_dir: Path | None = None
-    status_file: Path | None = None
-    nats_url: str | None = None
-    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    ckpt_dir: Path | None = None  # default: <log_dir>/checkpoints
-    masters: int = 1  # > 1: master replicas in their own processes (ReplicatedRun)
-    prewarm: str = "auto"  # the agents' warm restarts (AEGIS_PREWARM): auto, 0, or modules
-    creds_ttl_s: float | None = 3600.0  # the agents' NATS credentials expire (they fetch anew)
-    metrics_port: int = 0  # with masters > 1: master i serves /metrics on metrics_port + i
-    metrics_addr: str = "127.0.0.1"
-    # the master's pace watch (0 s: off), and when an injected slow node turns slow: at the
-    # job's first committed checkpoint (a node that slows during training), or from the start
-    software_restart: bool = True  # False: every fault gets the checks (JobSpec)
-    repeat_limit: int = 3  # the same error at the same step this often in a row: stop (0: never)
-    pace_window_s: float = 30.0
-    pace_drop: float = 0.3
-    slow_from_start: bool = False
-    isolate_nodes: bool = False  # an emulated cluster (platforms/emulated.py), run inside it
-
-
-def node_names(settings: RunSettings) -> tuple[list[str], list[str]]:
-    return (
-        [f"node-{i}" for i in range(settings.nodes)],
-        [f"spare-{i}" for i in range(settings.spare_nodes)],
-    )
 
 
 @contextlib.asynccontextmanager
@@ -85,20 +46,6 @@ async def run_hosts(
         yield cluster, cluster.bridge_addr, cluster.rule
     finally:
         await cluster.close()
-
-
-@dataclass(slots=True)
-class RunResult:
-    spec: JobSpec
-    status: JobStatus
-    log_dir: Path
-    placements: list[tuple[str, str]]
-    agent_pids_seen: dict[str, list[int]]
-    drops: dict[str, int]
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.status.phase is Phase.SUCCEED else 1
 
 
 Observer = Callable[[JobRunner, LocalPlatform], None]
@@ -241,8 +188,3 @@ async def _run_job(
     if settings.status_file is not None:
         write_status_file(settings.status_file, spec, runner.status)
     return result
-
-
-def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")

@@ -35,7 +35,7 @@ from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local import SLOW, Hosts, LocalPlatform, LocalSettings, SharedHost
-from aegis.platforms.local_run import RunResult, RunSettings
+from aegis.platforms.run_settings import RunResult, RunSettings, write_status_file
 from aegis.platforms.served_job import ServedJob
 from aegis.tools.follow import FollowedJob
 
@@ -221,8 +221,6 @@ class ReplicatedRun:
         finally:
             await self.close()
         if self.settings.status_file is not None:
-            from aegis.platforms.local_run import write_status_file
-
             write_status_file(self.settings.status_file, self.spec, status)
         return RunResult(
             spec=self.spec,

@@ -7,7 +7,7 @@ at a bounded rate.
 
 With ``tls_dir`` (a ``tls.TlsDir``) the server speaks TLS only; an agent given ``tls_ca`` trusts
 that CA only. A handshake that fails for a TLS reason (no CA given to a TLS server, a certificate
-the CA did not sign, a plain server) is ``TlsRefused``, one line saying which.
+the CA did not sign, a plain server) is ``TlsRefusedError``, one line saying which.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ MAX_REQUEST_BYTES = 64 * 1024
 _NO_TOKEN = "\0no job\0"  # compared when there is no job, so a refusal takes as long
 
 
-class CredsRefused(RemoteError):
+class CredsRefusedError(RemoteError):
     """The master refused to hand out credentials (wrong token, unknown job or pod)."""
 
 
-class TlsRefused(CredsRefused):
+class TlsRefusedError(CredsRefusedError):
     """No TLS session with the master: its certificate is not trusted, or one side speaks
     TLS and the other does not."""
 
@@ -179,8 +179,8 @@ async def fetch(
     timeout_s: float,
     tls_ca: Path | None = None,
 ) -> WorkerCreds:
-    """The agent's one call. Raises ``CredsRefused`` on refusal (``TlsRefused`` when TLS is the
-    trouble), ``ConnectionError`` when the master cannot be reached in time."""
+    """The agent's one call. Raises ``CredsRefusedError`` on refusal (``TlsRefusedError`` when
+    TLS is the trouble), ``ConnectionError`` when the master cannot be reached in time."""
     async with _channel(target, tls_ca) as channel:
         stub = aegis_pb2_grpc.CredentialsStub(channel)
         request = aegis_pb2.SyncWorkerCredsRequest(
@@ -190,10 +190,12 @@ async def fetch(
             reply = await stub.SyncWorkerCreds(request, timeout=timeout_s, wait_for_ready=True)
         except aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
-                raise CredsRefused(exc.code().name.lower(), detail=exc.details() or "") from None
+                raise CredsRefusedError(
+                    exc.code().name.lower(), detail=exc.details() or ""
+                ) from None
             why = await asyncio.to_thread(tls.diagnose, target, tls_ca, min(timeout_s, 5.0))
             if why is not None:
-                raise TlsRefused("no TLS session with the master", detail=why) from None
+                raise TlsRefusedError("no TLS session with the master", detail=why) from None
             raise ConnectionError(f"master at {target}: {exc.code().name}") from None
     creds = UserCreds(
         jwt=reply.user_jwt,

@@ -42,7 +42,7 @@ import msgspec
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_bus import KvStore
-from aegis.adapters.ports import Bus, StatusStore, StoreConflict, Subscription
+from aegis.adapters.ports import Bus, StatusStore, StoreConflictError, Subscription
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master.replica import submit_job
@@ -230,7 +230,7 @@ class KubernetesSide:
         nodes = crd_status.scheduled_nodes(spec, await self.api.list_pods(job.namespace, job.name))
         if nodes is None:
             return  # pods not created or not scheduled yet
-        with contextlib.suppress(StoreConflict):  # submitted already (a retried sync)
+        with contextlib.suppress(StoreConflictError):  # submitted already (a retried sync)
             await submit_job(cast(KvStore, self.store), spec, nodes, token)  # it only puts
             log.info("kubernetes: submitted AegisJob %s (%d pods on %s)", job.key,
                      spec.worker_num, ", ".join(nodes))  # fmt: skip

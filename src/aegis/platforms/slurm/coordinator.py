@@ -33,7 +33,7 @@ from pathlib import Path
 from aegis.adapters.nats_auth import Authority, UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.adapters.ports import StatusStore, StoreConflict
+from aegis.adapters.ports import StatusStore, StoreConflictError
 from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
@@ -259,7 +259,7 @@ async def _run_on_master(
         placed = nodes[: settings.nodes]
         try:
             served = await ServedJob.submit(bus, store, spec, placed, platform, pod_ips=placed)
-        except StoreConflict:
+        except StoreConflictError:
             raise SystemExit(
                 f"aegis slurm: job {spec.job} is already in the master's store (namespace "
                 f"{spec.namespace}); submit it under another --job"

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core import machine
+from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec, JobStatus, NodeName, PodName, initial_status, pod_names
 from aegis.core.phases import CHECK_PHASES, Phase
 from aegis.core.recovery import Classification, RecoveryLevel
 from aegis.tools.simulate.faults import FaultKind
 
 
-class SimulationError(RuntimeError):
+class SimulationError(AegisError, RuntimeError):
     """The driver fed the core an event it rejected: a bug in the driver (or in the core)."""
 
 

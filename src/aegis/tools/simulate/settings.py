@@ -10,6 +10,8 @@ from pathlib import Path
 
 import msgspec
 
+from aegis.core.errors import AegisError
+
 
 class AegisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What each step of Aegis's recovery costs (DESIGN sections 5-7)."""
@@ -44,7 +46,7 @@ class SimSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     baseline: BaselineSettings = msgspec.field(default_factory=BaselineSettings)
 
 
-class SettingsError(ValueError):
+class SettingsError(AegisError, ValueError):
     """The settings file cannot be read or does not match the schema."""
 
 

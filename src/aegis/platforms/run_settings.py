@@ -1,0 +1,72 @@
+"""What an ``aegis run`` is asked (``RunSettings``) and what it ends with (``RunResult``, the
+status file): shared by the in-process run (``local_run``) and the replicated one
+(``replicated_run``), so neither imports the other for them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import Phase
+from aegis.wire import status_json
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    command: tuple[str, ...]
+    nodes: int = 3
+    spare_nodes: int = 2
+    max_retry: int = 3
+    job: str = "job"
+    namespace: str = "default"
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    grace_s: float = 5.0
+    log_dir: Path | None = None
+    status_file: Path | None = None
+    nats_url: str | None = None
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    ckpt_dir: Path | None = None  # default: <log_dir>/checkpoints
+    masters: int = 1  # > 1: master replicas in their own processes (ReplicatedRun)
+    prewarm: str = "auto"  # the agents' warm restarts (AEGIS_PREWARM): auto, 0, or modules
+    creds_ttl_s: float | None = 3600.0  # the agents' NATS credentials expire (they fetch anew)
+    metrics_port: int = 0  # with masters > 1: master i serves /metrics on metrics_port + i
+    metrics_addr: str = "127.0.0.1"
+    # the master's pace watch (0 s: off), and when an injected slow node turns slow: at the
+    # job's first committed checkpoint (a node that slows during training), or from the start
+    software_restart: bool = True  # False: every fault gets the checks (JobSpec)
+    repeat_limit: int = 3  # the same error at the same step this often in a row: stop (0: never)
+    pace_window_s: float = 30.0
+    pace_drop: float = 0.3
+    slow_from_start: bool = False
+    isolate_nodes: bool = False  # an emulated cluster (platforms/emulated.py), run inside it
+
+
+def node_names(settings: RunSettings) -> tuple[list[str], list[str]]:
+    return (
+        [f"node-{i}" for i in range(settings.nodes)],
+        [f"spare-{i}" for i in range(settings.spare_nodes)],
+    )
+
+
+@dataclass(slots=True)
+class RunResult:
+    spec: JobSpec
+    status: JobStatus
+    log_dir: Path
+    placements: list[tuple[str, str]]
+    agent_pids_seen: dict[str, list[int]]
+    drops: dict[str, int]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status.phase is Phase.SUCCEED else 1
+
+
+def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")
