@@ -311,3 +311,13 @@ async def test_lost_pod_is_deleted_when_the_master_lists_it_for_replacement() ->
     cluster.pods[("ml", "train-1")]["metadata"]["uid"] = "u1b"
     assert await handlers.job_status_changed(body, cluster) == []
     assert sorted(n for _, n in cluster.pods) == ["train-0", "train-1", "train-2"]
+
+
+async def test_an_aegisjob_named_outside_the_rule_gets_no_pods() -> None:
+    """Kubernetes allows ``my.job``; Aegis's subjects would not keep it apart from ``my``."""
+    cluster = FakeCluster()
+    body = job_body()
+    body["metadata"]["name"] = "my.job"
+    cluster.jobs[("ml", "my.job")] = body
+    assert await handlers.job_created(body, cluster) == []
+    assert cluster.pods == {} and cluster.secrets == {} and cluster.services == {}

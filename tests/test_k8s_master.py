@@ -162,7 +162,7 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     record = await k8s.record()
     assert record is not None
     assert record["spec"] == {"job": "train", "namespace": "ml", "worker_num": 2, "max_retry": 2,
-                              "software_restart": True}  # fmt: skip
+                              "software_restart": True, "repeat_limit": 3}  # fmt: skip
     assert record["token"] == "tok-1"
     assert [record["status"]["pod_infos"][p]["node"] for p in ("train-0", "train-1")] == [
         "node-a", "node-b"]  # fmt: skip
@@ -457,3 +457,24 @@ async def _beat(k8s: Cluster, pod: str) -> None:
     while True:
         await _send(k8s, pod, m.MessageType.HEARTBEAT, m.HeartbeatData())
         await asyncio.sleep(0.2)
+
+
+async def test_an_aegisjob_named_outside_the_rule_is_failed_with_the_reason(k8s: Cluster) -> None:
+    body = job_body(replicas=2)
+    del body["status"]
+    body["metadata"]["name"] = "train.v2"  # a valid Kubernetes name, not an Aegis one
+    await k8s.emulator.post(k8s_emulator.JOBS, json=body)
+
+    def status() -> dict[str, Any]:
+        for (resource, namespace, name), obj in k8s.emulator.objects.items():
+            if resource.plural == manifests.PLURAL and (namespace, name) == ("ml", "train.v2"):
+                found: dict[str, Any] = obj.raw.get("status") or {}
+                return found
+        return {}
+
+    async def refused() -> bool:
+        return status().get("phase") == "Failed"
+
+    await until(refused, "the AegisJob marked Failed")
+    assert status()["message"].startswith("refused: job name 'train.v2' is not a DNS label")
+    assert await k8s.store.keys() == []  # never submitted

@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from aegis.core.model import name_problem
 from aegis.platforms.kubernetes import crd_status, manifests
 from aegis.wire.tokens import pod_token
 
@@ -132,6 +133,10 @@ async def job_created(
     return the names of the pods created. Also the resume handler."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace", "default"), meta["name"]
+    problem = name_problem("namespace", namespace) or name_problem("job", name)
+    if problem is not None:  # Kubernetes allows dots in a name; Aegis's subjects do not
+        log.warning("AegisJob %s/%s refused, no pods made: %s", namespace, name, problem)
+        return []
     async with (locks or JobLocks()).of(namespace, name):
         fresh = await api.get_job(namespace, name)
         if fresh is None or manifests.view(fresh).over:

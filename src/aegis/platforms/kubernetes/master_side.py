@@ -43,6 +43,7 @@ import msgspec
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_bus import KvStore
 from aegis.adapters.ports import Bus, StatusStore, StoreConflictError, Subscription
+from aegis.core.model import name_problem
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master.replica import submit_job
@@ -218,6 +219,14 @@ class KubernetesSide:
         view = manifests.view(job.body)
         if view.over:
             return  # a finished job whose record is gone: nothing to run
+        problem = name_problem("namespace", job.namespace) or name_problem("job", job.name)
+        if problem is not None:  # said once on the AegisJob itself: kubectl shows why
+            if (job.body.get("status") or {}).get("message") != f"refused: {problem}":
+                log.warning("kubernetes: AegisJob %s refused: %s", job.key, problem)
+                await self.api.patch_job_status(
+                    job.namespace, job.name, {"phase": "Failed", "message": f"refused: {problem}"}
+                )
+            return
         try:
             spec = crd_status.job_spec(job.body)
         except ValueError as exc:
