@@ -62,6 +62,7 @@ async def _end(job: Submitted) -> None:
     async with asyncio.timeout(60):
         while not await ended():
             await asyncio.sleep(0.05)
+    await job.served.close()  # the submitter's own subscription goes too
 
 
 async def test_soak_a_standalone_master_adopts_every_job_and_its_consumers_stay_bounded(

@@ -12,7 +12,7 @@ import logging
 
 import msgspec
 
-from aegis.adapters.ports import Bus
+from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
@@ -31,9 +31,17 @@ class PlatformServer:
         self._decoder = msgspec.json.Decoder(pm.PlatformRequest)
         self._encoder = msgspec.json.Encoder()
         self._pending: set[asyncio.Task[None]] = set()
+        self._subscription: Subscription | None = None
 
     async def start(self) -> None:
-        await self.bus.subscribe(pm.subject(self.namespace, self.job, "requests"), self._on)
+        subject = pm.subject(self.namespace, self.job, "requests")
+        self._subscription = await self.bus.subscribe(subject, self._on)
+
+    async def stop(self) -> None:
+        """No more requests (the job is over): its subscription is gone (idempotent)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            await subscription.unsubscribe()
 
     def sink(self, event: ev.Event) -> None:
         """The platform's events, published for the leading replica."""

@@ -49,6 +49,10 @@ class ServedJob:
         await submit_job(store, spec, nodes, token, pod_ips)
         return cls(store, spec, server, token)
 
+    async def close(self) -> None:
+        """The job is over: stop serving its platform."""
+        await self.server.stop()
+
     def pod_token(self, pod: str) -> str:
         """The bootstrap secret to hand pod ``pod``'s agent (``--token-file``), and no other."""
         return pod_token(self.token, self.spec.namespace, self.spec.job, pod)
