@@ -48,6 +48,8 @@ from aegis.wire.logsafe import RateLimitedLog, shown
 
 log = logging.getLogger(__name__)
 
+WATCHDOG_EVERY_BEATS = 30
+
 _ACK = m.MessageType.ACK
 
 
@@ -316,12 +318,16 @@ class MasterLink:
 
     async def beat(self) -> None:
         since = cancellations()
+        said, beats = "", 0
         while not self.done.done():
             phase, seq = self.run_round
             step = self.sup.last_step if self.sup is not None else None
             self.ever_stepped |= step is not None
             watchdog = self.sup.hang_timeout_text if self.sup is not None else ""
-            data = m.HeartbeatData(step, watchdog)
+            # the watchdog's choice when it changes, and now and then (a new leader learns it)
+            again = watchdog != said or beats % WATCHDOG_EVERY_BEATS == 0
+            data = m.HeartbeatData(step, watchdog if again else "")
+            said, beats = watchdog, beats + 1
             await self._send(m.MessageType.HEARTBEAT, phase, seq, data)
             try:
                 await asyncio.wait_for(asyncio.shield(self.done), self.settings.heartbeat_s)
