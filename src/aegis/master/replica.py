@@ -258,6 +258,7 @@ class Replica:
             if error is None:
                 self.finished.add(key)
                 del self.runners[key]
+                self.records.pop(key, None)
                 await self._unsubscribe(runner, key)
                 continue
             if isinstance(error, LeadershipLostError):
@@ -309,10 +310,11 @@ class Replica:
         if read is None:
             return
         record, revision, spec, status = read
-        self.records[key] = record
         if status.phase in TERMINAL_PHASES:
-            self.finished.add(key)
+            self.finished.add(key)  # a key, not the record: memory does not grow with them
+            self.records.pop(key, None)
             return
+        self.records[key] = record
         holder: list[JobRunner] = []
         platform = RemotePlatform(self.bus, spec, lambda: holder[0].status.seq, epoch)
         try:
@@ -415,8 +417,12 @@ class Replica:
         while True:
             try:
                 for key in await self.store.keys():
-                    if key not in self.records and (read := await self._read_job(key)):
-                        self.records[key] = read[0]
+                    known = key in self.records or key in self.finished
+                    if not known and (read := await self._read_job(key)):
+                        if read[3].phase in TERMINAL_PHASES:
+                            self.finished.add(key)  # ended: its key is all that is kept
+                        else:
+                            self.records[key] = read[0]
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
                 raise_if_cancelled(since)
                 log.debug(
@@ -442,7 +448,9 @@ class Replica:
             else:
                 if read is None:
                     return None
-                record = self.records[key] = read[0]
+                record = read[0]
+                if read[3].phase not in TERMINAL_PHASES:
+                    self.records[key] = record
         if runner is not None:
             pods, phase = list(runner.status.pod_infos), runner.status.phase.value
             token = str(runner.extra.get("token", record.get("token", "") if record else ""))
