@@ -181,3 +181,22 @@ def test_every_recovery_level_has_one_name_in_the_fault_log_and_in_incidents() -
     note = incidents_tool.decision(drained)
     assert note is not None and note.level == "drained"
     assert faultlog.Incident("j-1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"
+
+
+def test_status_prints_a_reason_with_brackets_as_it_is_not_as_markup() -> None:
+    # A dying reason carries the traceback's last line; gloo's ends in "[/path/pair.cc:537]", which
+    # rich read as a closing tag and `aegis status` exited 1 (a CI run on record).
+    from aegis.cli import render, status_cmd
+    from aegis.tools.status_summary import PodRow, Summary
+
+    reason = "exit 1: RuntimeError: Connection closed by peer [/__w/gloo/tcp/pair.cc:537] [bold]x"
+    pods = (PodRow("j-0", "node-0", "Running", 1, reason, watchdog="[red]300 s"),)
+    summary = Summary("j", Phase.RUN_COMMAND, 3, 1, 0, False, ("[/n]",), pods, {})
+    out = render.make_console()
+    out.width = 200  # one line a row
+    with out.capture() as captured:
+        out.print(f"error nodes: {', '.join(summary.error_nodes)}")
+        out.print(status_cmd.pod_table(summary))
+    text = captured.get()
+    assert "error nodes: [/n]" in text
+    assert "[/__w/gloo/tcp/pair.cc:537]" in text and "[bold]x" in text and "[red]300 s" in text

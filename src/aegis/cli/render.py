@@ -65,4 +65,6 @@ def describe_actions(actions: tuple[act.Action, ...]) -> str:
 
 
 def make_console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    """A console that prints text as it is: reasons and names come from peers and tracebacks
+    (gloo's ``[/path/pair.cc:537]`` is no markup tag), so no markup is read in them."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False)

@@ -266,7 +266,7 @@ def run(
         where = ", ".join(f"master-{i} :{metrics_port + i}" for i in range(masters))
         print(f"aegis run: /metrics on {metrics_addr} ({where})", file=sys.stderr)
     observers = RunObservers(
-        choose_view(view, Console(), total_steps),  # type: ignore[arg-type]
+        choose_view(view, Console(markup=False, highlight=False), total_steps),  # type: ignore[arg-type]
         metrics_hub=hub,
     )
     try:
