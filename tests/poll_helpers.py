@@ -15,6 +15,7 @@ import pytest
 
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
+from aegis.core.retention import KEEP_ENDED_S
 from aegis.master import drained_nodes
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -89,14 +90,15 @@ class Master:
 
 @contextlib.asynccontextmanager
 async def standalone_master(
-    monkeypatch: pytest.MonkeyPatch, poll_s: float
+    monkeypatch: pytest.MonkeyPatch, poll_s: float, keep_ended_s: float = KEEP_ENDED_S
 ) -> AsyncIterator[Master]:
     """A nats-server and one master replica on it, leading (it holds the lease)."""
     polls = count_polls(monkeypatch)
     server = EmbeddedNats(None)
     await asyncio.to_thread(server.start)
     replica = Replica(None, server.url, ReplicaSettings(
-        replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=poll_s))  # fmt: skip
+        replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=poll_s,
+        keep_ended_s=keep_ended_s))  # fmt: skip
     task = asyncio.create_task(replica.run(), name="replica")
     bus = await NatsBus.connect(server.url)
     try:
@@ -119,3 +121,10 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 
                 await asyncio.sleep(0.01)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}") from None
+
+
+def leads(master: Master, key: str) -> bool:
+    """The master leads the job: its loop runs, its platform's events reach it (a job is in
+    ``runners`` a moment before its platform-events subscription is made)."""
+    runner = master.replica.runners.get(key)
+    return runner is not None and runner.task is not None

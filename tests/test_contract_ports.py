@@ -119,3 +119,18 @@ async def test_store_lists_every_key_whatever_it_holds_however_often_asked(
     assert listed == ["ns.bad", "ns.job"]
     await store.put("ns.after", b"1", expected_revision=None)
     assert await store.keys() == ["ns.after", "ns.bad", "ns.job"]
+
+
+async def test_store_removes_a_record_at_its_revision_and_leaves_no_trace(
+    store: StatusStore,
+) -> None:
+    first = await store.put("ns.ended", b"v1", expected_revision=None)
+    ended = await store.put("ns.ended", b"v2", expected_revision=first)
+    await store.put("ns.live", b"1", expected_revision=None)
+    assert await store.remove("ns.ended", ended) is True
+    assert await store.get("ns.ended") is None
+    assert await store.keys() == ["ns.live"]  # no marker listed
+    again = await store.put("ns.ended", b"new job", expected_revision=None)  # the name is free
+    assert await store.remove("ns.ended", ended) is False  # a newer record is not removed
+    assert await store.get("ns.ended") == (b"new job", again)
+    assert await store.remove("ns.gone", 5) is True  # nothing there: nothing to keep

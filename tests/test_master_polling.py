@@ -21,7 +21,8 @@ from aegis.adapters.nats_bus import TRANSIENT, KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.master.lease import Lease, LeaseSettings
-from aegis.master.replica import MalformedRecordError, decode_record, submit_job
+from aegis.master.records import MalformedRecordError, decode_record
+from aegis.master.replica import submit_job
 from aegis.wire import status_json
 from tests.poll_helpers import Master, consumer_counts, standalone_master, wait_for
 

@@ -71,3 +71,10 @@ class MemoryStore:
 
     async def keys(self) -> list[str]:
         return sorted(self.data)
+
+    async def remove(self, key: str, revision: int) -> bool:
+        current = self.data.get(key)
+        if current is not None and current[1] > revision:
+            return False
+        self.data.pop(key, None)
+        return True

@@ -272,6 +272,22 @@ class KvStore:
             if not subjects or offset >= total:
                 return sorted(found)
 
+    async def remove(self, key: str, revision: int) -> bool:
+        """Purge the key's messages up to ``revision`` from the stream (``STREAM.PURGE`` with a
+        subject filter and a sequence bound): no delete marker stays behind, so ``keys`` stops
+        listing it. A newer revision is past the bound and stays (False)."""
+        subject = f"$KV.{self.bucket}.{key}"
+        request = {"filter": subject, "seq": revision + 1}
+        msg = await self._client.request(
+            f"{self._api}.STREAM.PURGE.KV_{self.bucket}",
+            json.dumps(request).encode(),
+            timeout=self.request_timeout_s,
+        )
+        reply = json.loads(msg.data)
+        if "error" in reply:
+            APIError.from_error(reply["error"])
+        return await self._get_once(key) is None
+
     async def _subjects_page(self, subjects_filter: str, offset: int) -> tuple[list[str], int]:
         """One page of the stream's subjects (sorted by the server when paged) and how many
         there are in all. Raises what a JetStream request raises (``TRANSIENT`` included)."""

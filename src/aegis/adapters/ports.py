@@ -51,3 +51,9 @@ class StatusStore(Protocol):
         not a job is the reader's to skip). Called on every poll, for as long as a master runs:
         a call leaves nothing behind on the server (no consumer, no subscription)."""
         ...
+
+    async def remove(self, key: str, revision: int) -> bool:
+        """Remove the key's record if it is still at ``revision`` (or older), leaving no trace
+        (``keys`` no longer lists it; a later create of the key succeeds). False when a newer
+        revision is there: that one stays."""
+        ...

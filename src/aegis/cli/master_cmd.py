@@ -27,6 +27,7 @@ from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.tls import TlsConfigError, TlsDir
 from aegis.cli import pace_options
+from aegis.core import retention
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import metrics
 from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
@@ -109,6 +110,14 @@ def master(
         list[str] | None,
         typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
     ] = None,
+    keep_ended_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="How long an ended job's record stays in the store (for `aegis status "
+            "--nats`) before the leader removes it (0: kept forever; default a week).",
+        ),
+    ] = retention.KEEP_ENDED_S,
     cordon_drained: Annotated[
         bool,
         typer.Option(
@@ -136,6 +145,7 @@ def master(
         grpc_host=grpc_host,
         grpc_port=grpc_port,
         tls_dir=tls,
+        keep_ended_s=keep_ended_s,
     )
     logging.basicConfig(
         stream=sys.stderr,

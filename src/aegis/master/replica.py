@@ -35,18 +35,25 @@ from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
 from aegis.adapters.ports import Subscription
 from aegis.adapters.tls import TlsDir
 from aegis.core import events as ev
-from aegis.core.errors import AegisError
+from aegis.core import retention
 from aegis.core.model import (
     JobSpec,
     JobStatus,
     NodeName,
     PodName,
-    check_names,
     initial_status,
     pods_by_rank,
 )
 from aegis.core.phases import TERMINAL_PHASES, Phase
-from aegis.master import control, drained_nodes, env_report, eventlog_writer, faultlog, metrics
+from aegis.master import (
+    control,
+    drained_nodes,
+    env_report,
+    eventlog_writer,
+    faultlog,
+    metrics,
+    records,
+)
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLostError, runner_from_record
 from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import Lease, LeaseSettings
@@ -69,62 +76,15 @@ class ReplicaSettings:
     poll_s: float = 0.25
     creds_ttl_s: float | None = 3600.0
     tls_dir: TlsDir | None = None  # the credentials server's certificate; NATS's CA (ca.crt)
+    keep_ended_s: float = retention.KEEP_ENDED_S  # an ended job's record, then removed (0: kept)
 
     @property
     def nats_ca(self) -> Path | None:
         return self.tls_dir.ca if self.tls_dir is not None else None
 
 
+RECHECKS_PER_PASS = 4  # held records a refresh reads again (each in turn)
 LOOKUP_READ_S = 2.0  # how long a handshake waits for the store before using the cached record
-
-
-class MalformedRecordError(AegisError, ValueError):
-    """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
-
-
-def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
-    """A stored job record, read; raises ``MalformedRecordError`` for one that is not a job's (a
-    job or namespace name outside the rule included: such a job is never adopted)."""
-    try:
-        record = json.loads(raw)
-        if not isinstance(record, dict):
-            raise TypeError(f"a JSON {type(record).__name__}, not an object")
-        spec, status = status_json.from_dict(record)
-        check_names(spec.namespace, spec.job)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise MalformedRecordError(f"{type(exc).__name__}: {exc}") from None
-    return record, spec, status
-
-
-class MalformedRecords:
-    """The status bucket's records that are not a job's: every poll skips them (the other jobs
-    are adopted as ever). Each is counted once per stored revision (``count``; ``revisions``:
-    key -> the revision found malformed) and logged at most once per ``log_every_s``, that
-    line saying how many came since the last one. A key that holds a job again is forgotten."""
-
-    def __init__(self, replica_id: str, log_every_s: float = 60.0) -> None:
-        self.count = 0
-        self.revisions: dict[str, int] = {}
-        self.replica_id, self.log_every_s = replica_id, log_every_s
-        self._logged_at: float | None = None
-        self._unlogged = 0
-
-    def found(self, key: str, revision: int, error: Exception) -> None:
-        if self.revisions.get(key) == revision:
-            return  # this very record was counted (and logged, or summed into the next line)
-        self.revisions[key] = revision
-        self.count += 1
-        self._unlogged += 1
-        now = time.monotonic()
-        if self._logged_at is not None and now - self._logged_at < self.log_every_s:
-            return
-        log.warning("replica %s: skipping %d malformed record(s) of the status bucket "
-                    "(%d in all), the latest %r: %.200r", self.replica_id, self._unlogged,
-                    self.count, key[:100], str(error))  # fmt: skip
-        self._logged_at, self._unlogged = now, 0
-
-    def forget(self, key: str) -> None:
-        self.revisions.pop(key, None)
 
 
 async def submit_job(
@@ -143,13 +103,14 @@ class Replica:
         self.authority, self.nats_url, self.settings = authority, nats_url, settings
         self.runners: dict[str, JobRunner] = {}
         self.records: dict[str, dict[str, Any]] = {}
-        self.finished: set[str] = set()
+        self.finished: dict[str, retention.Ended] = {}  # ended jobs: their keys, no records
+        self.removed = 0  # ended jobs' records removed by this replica (leading)
         self.metrics: metrics.MasterMetrics | None = None  # set to serve /metrics
         self.grpc_port = 0
         self.leading = asyncio.Event()
         self._fault_lines: faultlog.RotatingJsonLines | None = None  # log_dir/faults.jsonl
         self._platform_subs: dict[str, NatsSubscription] = {}
-        self.malformed = MalformedRecords(settings.replica_id)  # skipped records, counted
+        self.malformed = records.MalformedRecords(settings.replica_id)  # skipped records, counted
 
     async def run(self) -> None:
         creds = self.authority.master_creds() if self.authority else None
@@ -234,9 +195,11 @@ class Replica:
         while True:
             await self._drop_failed_runners()
             try:
-                for key in await self.store.keys():
+                listed = await self.store.keys()
+                for key in listed:
                     if key not in self.runners and key not in self.finished:
                         await self._adopt(key, epoch)
+                await self._remove_expired(listed)
             except LeadershipLostError:
                 raise
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
@@ -244,6 +207,22 @@ class Replica:
                 log.warning("replica %s: polling jobs failed: %r", self.settings.replica_id, exc)
             raise_if_cancelled(since)
             await asyncio.sleep(self.settings.poll_s)
+
+    def _ended(self, key: str, revision: int) -> None:
+        """The job has ended: keep its key (and when it was seen ended), not its record."""
+        self.finished.setdefault(key, retention.Ended(time.monotonic(), revision))
+        self.records.pop(key, None)
+
+    async def _remove_expired(self, listed: list[str]) -> None:
+        """The leader removes the records of jobs ended ``keep_ended_s`` ago (at the revision
+        seen ended: a job submitted again under the name stays and is adopted next poll)."""
+        self.finished = retention.still_listed(self.finished, listed)
+        now = time.monotonic()
+        for key in retention.expired(self.finished, now, self.settings.keep_ended_s):
+            self._fence()
+            if await self.store.remove(key, self.finished[key].revision):
+                self.removed += 1
+            del self.finished[key]
 
     async def _drop_failed_runners(self) -> None:
         """A job loop that died of an error (a store timeout through a failover), not of a
@@ -256,9 +235,8 @@ class Replica:
                 continue
             error = task.exception()
             if error is None:
-                self.finished.add(key)
+                self._ended(key, runner.revision or 0)
                 del self.runners[key]
-                self.records.pop(key, None)
                 await self._unsubscribe(runner, key)
                 continue
             if isinstance(error, LeadershipLostError):
@@ -298,8 +276,8 @@ class Replica:
         if got is None or self.malformed.revisions.get(key) == got[1]:
             return None  # none, or this very revision was found malformed (and counted)
         try:
-            record, spec, status = decode_record(got[0])
-        except MalformedRecordError as exc:
+            record, spec, status = records.decode_record(got[0])
+        except records.MalformedRecordError as exc:
             self.malformed.found(key, got[1], exc)
             return None
         self.malformed.forget(key)
@@ -311,8 +289,7 @@ class Replica:
             return
         record, revision, spec, status = read
         if status.phase in TERMINAL_PHASES:
-            self.finished.add(key)  # a key, not the record: memory does not grow with them
-            self.records.pop(key, None)
+            self._ended(key, revision)  # a key, not the record: memory does not grow with them
             return
         self.records[key] = record
         holder: list[JobRunner] = []
@@ -332,7 +309,7 @@ class Replica:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # e.g. its orders
             self.malformed.found(
-                key, revision, MalformedRecordError(f"{type(exc).__name__}: {exc}")
+                key, revision, records.MalformedRecordError(f"{type(exc).__name__}: {exc}")
             )
             return
         holder.append(runner)
@@ -416,13 +393,16 @@ class Replica:
         since = cancellations()
         while True:
             try:
-                for key in await self.store.keys():
+                listed = await self.store.keys()
+                for key in listed:
                     known = key in self.records or key in self.finished
                     if not known and (read := await self._read_job(key)):
                         if read[3].phase in TERMINAL_PHASES:
-                            self.finished.add(key)  # ended: its key is all that is kept
+                            self._ended(key, read[1])  # ended: its key is all that is kept
                         else:
                             self.records[key] = read[0]
+                self._forget_removed(listed)
+                await self._recheck_records()
             except Exception as exc:  # a bucket electing a leader: try again on the next poll
                 raise_if_cancelled(since)
                 log.debug(
@@ -430,6 +410,27 @@ class Replica:
                 )
             raise_if_cancelled(since)
             await asyncio.sleep(self.settings.poll_s)
+
+    async def _recheck_records(self, per_pass: int = RECHECKS_PER_PASS) -> None:
+        """A few of the held records (of jobs this replica does not lead) read again, in turn:
+        one that has ended since is dropped to its key, so a standby that waited for days keeps
+        the records of the live jobs only."""
+        others = [key for key in self.records if key not in self.runners]
+        for key in others[:per_pass]:
+            read = await self._read_job(key)
+            if read is None or read[3].phase in TERMINAL_PHASES:
+                self._ended(key, read[1] if read is not None else 0)
+            else:
+                del self.records[key]  # re-inserted last: the next pass reads the others first
+                self.records[key] = read[0]
+
+    def _forget_removed(self, listed: list[str]) -> None:
+        """Records and keys the bucket no longer lists (removed after their retention): a
+        standby keeps no more than the leader."""
+        self.finished = retention.still_listed(self.finished, listed)
+        present = set(listed)
+        for key in [key for key in self.records if key not in present and key not in self.runners]:
+            del self.records[key]
 
     async def _lookup(self, namespace: str, job: str) -> grpc_creds.JobAccess | None:
         """The job as it is now: the leader's own runner, else its record read afresh (the one

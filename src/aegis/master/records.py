@@ -1,0 +1,64 @@
+"""The status bucket's records as a replica reads them: a job's, or one to skip and count (not
+JSON, not a job's fields, a name outside the rule): one bad record never breaks a poll."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from aegis.core.errors import AegisError
+from aegis.core.model import JobSpec, JobStatus, check_names
+from aegis.wire import status_json
+
+log = logging.getLogger(__name__)
+
+
+class MalformedRecordError(AegisError, ValueError):
+    """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
+
+
+def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
+    """A stored job record, read; raises ``MalformedRecordError`` for one that is not a job's (a
+    job or namespace name outside the rule included: such a job is never adopted)."""
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise TypeError(f"a JSON {type(record).__name__}, not an object")
+        spec, status = status_json.from_dict(record)
+        check_names(spec.namespace, spec.job)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise MalformedRecordError(f"{type(exc).__name__}: {exc}") from None
+    return record, spec, status
+
+
+class MalformedRecords:
+    """The status bucket's records that are not a job's: every poll skips them (the other jobs
+    are adopted as ever). Each is counted once per stored revision (``count``; ``revisions``:
+    key -> the revision found malformed) and logged at most once per ``log_every_s``, that
+    line saying how many came since the last one. A key that holds a job again is forgotten."""
+
+    def __init__(self, replica_id: str, log_every_s: float = 60.0) -> None:
+        self.count = 0
+        self.revisions: dict[str, int] = {}
+        self.replica_id, self.log_every_s = replica_id, log_every_s
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    def found(self, key: str, revision: int, error: Exception) -> None:
+        if self.revisions.get(key) == revision:
+            return  # this very record was counted (and logged, or summed into the next line)
+        self.revisions[key] = revision
+        self.count += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if self._logged_at is not None and now - self._logged_at < self.log_every_s:
+            return
+        log.warning("replica %s: skipping %d malformed record(s) of the status bucket "
+                    "(%d in all), the latest %r: %.200r", self.replica_id, self._unlogged,
+                    self.count, key[:100], str(error))  # fmt: skip
+        self._logged_at, self._unlogged = now, 0
+
+    def forget(self, key: str) -> None:
+        self.revisions.pop(key, None)

@@ -1,0 +1,95 @@
+"""A master that serves for days: the leader removes an ended job's record from the status
+bucket after ``keep_ended_s`` (so a poll lists the live jobs and the recently ended ones, not
+every job ever run), a standby keeps no ended job's record, and a name whose record was removed
+can be submitted again (a real nats-server and real replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from aegis.core import events as ev
+from aegis.core.model import JobSpec
+from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.master.lease import LeaseSettings
+from aegis.master.ports import NullPlatform
+from aegis.master.replica import Replica, ReplicaSettings
+from aegis.platforms.served_job import ServedJob
+from tests.poll_helpers import Master, leads, standalone_master, wait_for
+
+KEEP_S = 1.0
+
+
+async def _submit(master: Master, name: str) -> ServedJob:
+    spec = JobSpec(job=name, namespace="default", worker_num=2, max_retry=1)
+    served = await ServedJob.submit(
+        master.bus, master.store, spec, ["node-0", "node-1"], NullPlatform()
+    )
+    await wait_for(lambda: leads(master, f"default.{name}"), f"{name} adopted")
+    return served
+
+
+async def _end(served: ServedJob) -> None:
+    served.server.sink(ev.QuitRequested("over"))
+    async with asyncio.timeout(30):
+        while (await served.status()).phase not in TERMINAL_PHASES:
+            await asyncio.sleep(0.05)
+    await served.close()
+
+
+async def _listed(master: Master) -> list[str]:
+    return await master.store.keys()
+
+
+async def test_the_leader_removes_an_ended_jobs_record_after_the_retention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with standalone_master(monkeypatch, poll_s=0.05, keep_ended_s=KEEP_S) as master:
+        standby = Replica(None, master.server.url, ReplicaSettings(
+            replica_id="m2", lease=LeaseSettings(lease_s=2.0), poll_s=0.05))  # fmt: skip
+        standby_task = asyncio.create_task(standby.run(), name="standby")
+        try:
+            ended, live = await _submit(master, "ret-a"), await _submit(master, "ret-b")
+            await wait_for(lambda: {"default.ret-a", "default.ret-b"} <= set(standby.records),
+                           "the standby holds both live jobs' records")  # fmt: skip
+            await _end(ended)
+            await wait_for(lambda: "default.ret-a" in master.replica.finished, "seen ended")
+            # the standby drops the ended job's record to its key (its refresh reads it again)
+            await wait_for(lambda: "default.ret-a" not in standby.records, "standby forgot it")
+            assert "default.ret-a" in standby.finished
+            assert await _listed(master) == ["default.ret-a", "default.ret-b"]  # kept a while
+
+            async def removed() -> None:
+                while "default.ret-a" in await _listed(master):
+                    await asyncio.sleep(0.05)
+
+            async with asyncio.timeout(30):
+                await removed()
+            assert master.replica.removed == 1
+            assert await master.store.get("default.ret-a") is None
+            await wait_for(lambda: "default.ret-a" not in master.replica.finished, "forgotten")
+            await wait_for(lambda: "default.ret-a" not in standby.finished, "standby forgot")
+            # the live job is untouched; the name is free for a new job, which is adopted
+            assert await _listed(master) == ["default.ret-b"]
+            assert (await live.status()).phase is not Phase.FAILED
+            again = await _submit(master, "ret-a")  # adopted again
+            assert (await again.status()).phase not in TERMINAL_PHASES
+            assert master.replica.removed == 1
+            for served in (live, again):
+                await _end(served)
+        finally:
+            standby_task.cancel()
+            with contextlib.suppress(BaseException):
+                await standby_task
+
+
+async def test_no_retention_keeps_every_ended_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with standalone_master(monkeypatch, poll_s=0.05, keep_ended_s=0.0) as master:
+        served = await _submit(master, "kept")
+        await _end(served)
+        await wait_for(lambda: "default.kept" in master.replica.finished, "seen ended")
+        polls = master.polls.started["jobs"]
+        await wait_for(lambda: master.polls.started["jobs"] >= polls + 40, "40 more polls")
+        assert await _listed(master) == ["default.kept"] and master.replica.removed == 0
