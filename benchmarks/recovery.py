@@ -12,6 +12,8 @@ Four ways to recover, plus the floor:
   an exit with no traceback (``--exit-at-step``: the master runs the checks first); both also
   with ``tests/bin/plain_ddp.py``, the same job as a script that never imports aegis (its steps
   and its dying report come from the agent's ``sitecustomize``, issue 18);
+  ``--no-optimizer-crash-at-step S``: the plain script with no optimizer at all (``all_reduce``
+  by hand: no step signal, so its next zygote is made 60 s after a start; S must come later);
 - aegis cold: the same with ``AEGIS_PREWARM=0`` in the environment of ``aegis run`` (the agents it
   starts inherit it): every restart a fresh interpreter;
 - torchrun: ``torchrun --standalone --nproc-per-node N --max-restarts 3`` (its own restart);
@@ -77,10 +79,16 @@ def recovery_s(lines: list[tuple[float, int, str]], ranks: int) -> float | None:
 
 
 def train_args(
-    ckpt: Path, crash_at: int, steps: int, crash_mode: str = "raise", script: Path = TRAIN
+    ckpt: Path,
+    crash_at: int,
+    steps: int,
+    crash_mode: str = "raise",
+    script: Path = TRAIN,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     return [
         str(script),
+        *extra,
         "--steps",
         str(steps),
         "--ckpt-every",
@@ -189,11 +197,17 @@ def run_aegis(
     pythonpath: str | None = None,
     crash_mode: str = "raise",
     script: Path = TRAIN,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float | None, dict[str, float] | None]:
-    name = f"aegis-{prewarm}-{crash_mode}-{script.stem}" + ("-baseline" if pythonpath else "")
+    name = f"aegis-{prewarm}-{crash_mode}-{script.stem}{len(extra)}" + (
+        "-baseline" if pythonpath else ""
+    )
     daemons = start_savers(ranks, work / f"{name}-logs") if savers else []
     settings = local_run.RunSettings(
-        command=(sys.executable, *train_args(work / name, crash_at, steps, crash_mode, script)),
+        command=(
+            sys.executable,
+            *train_args(work / name, crash_at, steps, crash_mode, script, extra),
+        ),
         nodes=ranks,
         spare_nodes=0,
         max_retry=3,
@@ -292,6 +306,14 @@ def aegis_runs(args: argparse.Namespace, work: Path) -> tuple[dict[str, float | 
             args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
             crash_mode=mode, script=PLAIN,
         )  # fmt: skip
+    if args.no_optimizer_crash_at_step:  # no step signal: its zygote is made 60 s after a start
+        at = args.no_optimizer_crash_at_step
+        for mode, label in (("raise", ""), ("exit", ", exit without a traceback (checks run)")):
+            name = f"aegis warm, plain script with no optimizer (all_reduce by hand){label}"
+            results[name], splits[name] = run_aegis(
+                args.ranks, work, at, at + 20, prewarm="auto", savers=args.savers,
+                crash_mode=mode, script=PLAIN, extra=("--no-optimizer",),
+            )  # fmt: skip
     if args.baseline_src:
         base, base_phases = run_aegis(
             args.ranks, work, crash, steps, prewarm="auto", savers=args.savers,
@@ -338,6 +360,12 @@ def main() -> None:
     )
     parser.add_argument("--baseline-src", help="also run aegis warm with agents from this src")
     parser.add_argument("--aegis-only", action="store_true", help="no torchrun/relaunch runs")
+    parser.add_argument(
+        "--no-optimizer-crash-at-step",
+        type=int,
+        default=0,
+        help="also the plain script with no optimizer, crashing at this step (past 60 s)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="aegis-bench-recovery-"))
     print(

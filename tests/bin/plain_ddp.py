@@ -13,6 +13,8 @@ rank 0 logs its steps.
 S + k x ``--crash-step-shift``.
 ``--solo R:K[:GATE]`` (repeatable): after the last step and a barrier, rank R makes K more
 optimizer steps on its own, once GATE exists if given.
+``--no-optimizer``: no DDP and no ``torch.optim`` optimizer at all: a linear model fitted by hand,
+its gradient summed with ``dist.all_reduce`` (a job with no step signal for Aegis to see).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--solo", action="append", default=[])
+    p.add_argument("--no-optimizer", action="store_true", help="all_reduce by hand, no optimizer")
     return p.parse_args()
 
 
@@ -80,17 +83,44 @@ def solo(args: argparse.Namespace, rank: int, optimizer: torch.optim.Optimizer) 
             log(rank, f"solo {count} steps")
 
 
+class ByHand:
+    """A linear model and its SGD written out: the gradient summed with ``all_reduce``."""
+
+    def __init__(self, world: int) -> None:
+        self.w, self.world = torch.zeros(32, 1), world
+
+    def step(self, data: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        error = data @ self.w - target
+        grad = 2 * data.T @ error / len(data)
+        dist.all_reduce(grad)
+        self.w -= 0.01 * grad / self.world
+        return (error**2).mean()
+
+    def resume(self, ckpt_dir: Path) -> int:
+        found = sorted(ckpt_dir.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+        if not found:
+            return 0
+        state = torch.load(found[-1], weights_only=True)
+        self.w = state["w"]
+        return int(state["step"])
+
+
 def main() -> None:
     args = parse()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    start = resume(ckpt_dir, model, optimizer)
+    if args.no_optimizer:
+        by_hand: ByHand | None = ByHand(world)
+        start = by_hand.resume(ckpt_dir)
+    else:
+        by_hand = None
+        ddp = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        start = resume(ckpt_dir, model, optimizer)
     log(rank, f"resumed from step {start}" if start else f"fresh start (world {world})")
     crashed = ckpt_dir / f".crashed-rank-{args.crash_rank}"
     last = args.steps
@@ -124,20 +154,32 @@ def main() -> None:
             log(rank, f"hanging at step {step}")
             while True:
                 time.sleep(3600)
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(ddp(data), target)
-        loss.backward()
-        optimizer.step()
+        if by_hand is not None:
+            loss = by_hand.step(data, target)
+        else:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(ddp(data), target)
+            loss.backward()
+            optimizer.step()
         if rank == 0 or not args.quiet:
             log(rank, f"step {step} loss {loss.item():.4f}")
         if step % args.ckpt_every == 0 and rank == 0:
             tmp = ckpt_dir / f".ckpt-{step}.tmp"
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            state = (
+                {"w": by_hand.w, "step": step}
+                if by_hand is not None
+                else {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                }
+            )
             torch.save(state, tmp)
             tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
         time.sleep(args.step_time_s)
     dist.barrier()
-    solo(args, rank, optimizer)
+    if by_hand is None:
+        solo(args, rank, optimizer)
     log(rank, "done")
     dist.destroy_process_group()
 
