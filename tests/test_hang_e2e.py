@@ -3,8 +3,9 @@
 while the others wait for it. The calibrated watchdog of every pod fires, the master judges the
 hang from all their stacks and blames the right rank (not the first watchdog to fire), no other
 node is marked, the job recovers and succeeds. Two scripts: one with a torch optimizer (its steps
-reach the watchdog through the step hook: the floor, 30 s) and one with no step signal at all
-(gloo ``all_reduce`` only, rank 0 alone prints: 60 s of silence and an idle CPU)."""
+reach the watchdog through the step hook: the floor, 30 s; torch's flight recorder on, so the
+collectives each rank enqueued name it) and one with no step signal at all (gloo ``all_reduce``
+only, rank 0 alone prints: 60 s of silence and an idle CPU; its stacks name it)."""
 
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ async def test_a_rank_asleep_in_a_script_with_no_step_signal_is_named_and_recove
 
 
 async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "500")  # torch's flight recorder on: it decides
     command = [sys.executable, str(BIN / "plain_ddp.py"), "--steps", "400",
                "--ckpt-every", "50", "--ckpt-dir", str(tmp_path / "ckpt"),
                "--hang-at-step", "120", "--hang-rank", "1"]  # fmt: skip
@@ -81,7 +83,10 @@ async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
     assert {e["node"] for e in status["error_nodes"]} <= {"node-1"}, status
     [judged] = _judged(run.log_dir)
     reason = judged["reason"]
-    assert judged["pod"] == "d-1" and "suspect: d-1 (rank 1, node node-1)" in reason, reason
+    suspect = "suspect: d-1 (rank 1, node node-1): enqueued collective #"
+    assert judged["pod"] == "d-1" and suspect in reason, reason
+    assert "other pods enqueued #" in reason and "(flight recorder)" in reason, reason
     assert "floor 30 s" in reason, reason  # the steps calibrated the watchdog
-    assert "suspect: d-1 (rank 1, node node-1)" in _incidents(run.log_dir, "d")
+    text = _incidents(run.log_dir, "d")
+    assert suspect in text and "flight recorder: collective #" in text, text
     assert leftovers(run.log_dir) == []

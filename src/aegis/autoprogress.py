@@ -8,6 +8,7 @@ wrapper starts get it at interpreter start-up; the zygote calls it in each warm 
 
 - the dying excepthook (:func:`aegis.training.say_when_dying`): an uncaught exception is reported
   as the interpreter begins to exit, not once it has finished;
+- the flight recorder's answering thread (:mod:`aegis.flight`), where torch's recorder is on;
 - a global optimizer step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``),
   registered only once the process imports ``torch.optim`` (torch is never imported here): a
   :class:`sys.meta_path` entry that only looks at ``sys.modules`` registers it at the next import
@@ -32,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from aegis import training
+from aegis import flight, training
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 PATH_VAR = "PYTHONPATH"
@@ -73,7 +74,10 @@ def install(first_step: Callable[[], None] | None = None) -> bool:
     """Install both hooks when under an agent (once per process); True when installed.
     ``first_step`` runs at the first step the optimizer hook reports (the zygote learns the
     loaded modules then)."""
-    if _steps.installed or not os.environ.get(training.ENV_VAR):
+    if not os.environ.get(training.ENV_VAR):
+        return False
+    flight.install()  # its own once-per-process guard (a forked child starts its own thread)
+    if _steps.installed:
         return False
     _steps.installed = True
     training.say_when_dying()

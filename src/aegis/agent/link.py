@@ -258,10 +258,7 @@ class MasterLink:
 
     async def hang_detected(self, report: ports.HangReport) -> None:
         self.hung = True
-        stacks = "\n".join(
-            f"--- pid {s.pid} ({s.cmdline}) ---\n{s.text if s.error is None else s.error}"
-            for s in report.stacks
-        )
+        stacks = "\n".join(s.section() for s in report.stacks)
         phase, seq = self.run_round
         data = m.HangData(report.idle_s, stacks, report.timeout_s, report.why)
         await self._send(m.MessageType.HANG, phase, seq, data)

@@ -95,6 +95,15 @@ class StackDump:
     cmdline: str
     text: str
     error: str | None  # why no dump (ptrace denied, py-spy missing, not Python), else None
+    flight: str = ""  # torch's flight recorder, summed up in one line (where it is on)
+
+    def section(self) -> str:
+        """The process's part of a hang report: its header, its stack (or why none), the
+        flight recorder's line."""
+        body = self.text if self.error is None else self.error
+        return f"--- pid {self.pid} ({self.cmdline}) ---\n{body}" + (
+            f"\n{self.flight}" if self.flight else ""
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,10 +188,7 @@ class LoggingReports:
         log.info("pid %s is exiting on an uncaught %s", report.pid, report.exception)
 
     async def hang_detected(self, report: HangReport) -> None:
-        stacks = "".join(
-            f"\n--- pid {s.pid} ({s.cmdline}) ---\n{s.text if s.error is None else s.error}"
-            for s in report.stacks
-        )
+        stacks = "".join(f"\n{s.section()}" for s in report.stacks)
         log.warning(
             "hang: no progress for %.1f s (timeout %.1f s, last step %s)%s",
             report.idle_s,

@@ -6,18 +6,25 @@ py-spy is started through the reaper (the agent's one owner of ``waitpid``), one
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
 
+from aegis import flight
 from aegis.agent import ports, reaper
+from aegis.core import suspects
 
 DUMP_TIMEOUT_S = 10.0
+FLIGHT_WAIT_S = 3.0  # the processes' flight threads look every flight.POLL_S
 
 
 def find_py_spy() -> str | None:
@@ -70,5 +77,65 @@ async def dump(
     return ports.StackDump(pid, cmdline, text if error is None else "", error)
 
 
-async def dump_all(the_reaper: reaper.Reaper, pids: list[int]) -> tuple[ports.StackDump, ...]:
-    return tuple([await dump(the_reaper, pid) for pid in pids])
+async def dump_all(
+    the_reaper: reaper.Reaper, pids: list[int], flight_request: str | None = None
+) -> tuple[ports.StackDump, ...]:
+    """Every process's stack; with ``flight_request`` (the job records its collectives) also
+    each one's flight recorder line, asked for before py-spy pauses them."""
+    if flight_request is not None:
+        ask_flight(flight_request, pids)
+    dumps = [await dump(the_reaper, pid) for pid in pids]
+    if flight_request is None:
+        return tuple(dumps)
+    lines = await read_flight(flight_request, pids)
+    return tuple(dataclasses.replace(d, flight=lines.get(d.pid, "")) for d in dumps)
+
+
+def ask_flight(request: str, pids: list[int]) -> None:
+    """Ask the processes' flight threads for a dump: old answers removed, the request touched."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.unlink(flight.dump_path(request, pid))
+    try:
+        with open(request, "ab"):
+            pass
+        os.utime(request, ns=(time.time_ns(), time.time_ns()))
+    except OSError:
+        pass
+
+
+async def read_flight(
+    request: str, pids: list[int], wait_s: float = FLIGHT_WAIT_S
+) -> dict[int, str]:
+    """The flight recorder line of each process that answered within ``wait_s`` (a process
+    that has no process group, or no Python, never does)."""
+    deadline = time.monotonic() + wait_s
+    lines: dict[int, str] = {}
+    while True:
+        for pid in pids:
+            if pid not in lines and (line := _flight_of(flight.dump_path(request, pid))):
+                lines[pid] = line
+        if len(lines) == len(pids) or time.monotonic() >= deadline:
+            return lines
+        await asyncio.sleep(0.1)
+
+
+def _flight_of(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            dump = json.loads(f.read(16 << 20))  # the job's own output: parsed, never trusted
+    except (OSError, ValueError):
+        return ""
+    return suspects.flight_line(dump) if isinstance(dump, dict) else ""
+
+
+def remove_flight_files(request: str) -> None:
+    """The request file and every answer left beside it (the agent's clean-up)."""
+    folder, name = os.path.split(request)
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(folder or "."):
+            if entry == name or (
+                entry.startswith(f"{name}.") and entry.endswith((".json", ".tmp"))
+            ):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, entry))

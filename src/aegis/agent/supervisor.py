@@ -36,7 +36,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from aegis import autoprogress
+from aegis import autoprogress, flight
 from aegis import training as progress
 from aegis.agent import group, hang_policy, ports, pump, reaper, signatures, stacks, warm, watchdog
 from aegis.core import errors
@@ -115,6 +115,7 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._tasks = asyncio.TaskGroup()
         self._progress: watchdog.ProgressFile | None = None
+        self._flight_request: str | None = None
         self.step_history = hang_policy.StepHistory()  # the run's steps: calibrates the watchdog
         self.hang_timeout: tuple[float, str] | None = None  # the watchdog's current choice
         self._warm: warm.Zygotes | None = None
@@ -149,6 +150,7 @@ class Supervisor:
                 self._progress.close()
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._progress.path + ".modules")
+                stacks.remove_flight_files(self._progress.path + ".fr")
 
     @property
     def pid(self) -> int | None:
@@ -252,6 +254,9 @@ class Supervisor:
         path = autoprogress.pythonpath(child_env)
         if path is not None:  # every Python process of the command gets the hooks at start-up
             child_env[autoprogress.PATH_VAR] = path
+        self._flight_request = None  # where its flight recorder answers a hang (when it is on)
+        if flight.recording(child_env):
+            self._flight_request = child_env[flight.REQUEST_VAR] = self._progress.path + ".fr"
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -423,7 +428,7 @@ class Supervisor:
 
         async def collect() -> tuple[ports.StackDump, ...]:
             pids = [process.pid for process in group.members(inc.pid)]
-            return await stacks.dump_all(self._reaper, pids)
+            return await stacks.dump_all(self._reaper, pids, self._flight_request)
 
         async def report(hang: ports.HangReport) -> None:
             await self._report(self._reports.hang_detected(hang))

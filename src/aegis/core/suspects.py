@@ -13,6 +13,11 @@ is *not* where the others are:
 3. no pod waits in a collective, three or more reported and all but one stand at the same
    frame: the odd one.
 
+Before these, where torch's flight recorder was on (``flight recorder:`` lines, one per process,
+from :func:`flight_line`), its counts decide: in a synchronous job every rank enqueues the same
+collectives in the same order, so the one pod whose processes enqueued fewer than every other
+reporting pod's is the one the others wait for.
+
 Otherwise nobody is named (``None``): the hang is counted, but no pod (and so no node) is marked
 slow for it. A torchrun launcher's own stack (it waits for its workers) is not evidence.
 """
@@ -23,12 +28,15 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _SECTION = re.compile(r"^--- pid (\d+) \((.*)\) ---$", re.MULTILINE)
 _THREAD = re.compile(r'^Thread \S+ \([^)]*\): "(.*)"$')
 _FRAME = re.compile(r"^\s+(\S.*?) \((.+?)(?::\d+)?\)\s*$")
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "aegis.agent")
 _AUTOGRAD_WAIT = {"_engine_run_backward", "run_backward", "backward"}
+FLIGHT_PREFIX = "flight recorder: "
+_FLIGHT = re.compile(r"^flight recorder: collective #(-?\d+) enqueued, #(-?\d+) completed", re.M)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +113,57 @@ def view(stacks: str) -> _View:
     return _View(False, False, "")
 
 
+def flight_line(dump: Mapping[str, Any]) -> str:
+    """One process's flight recorder dump (torch's JSON, decoded) in one line: the default
+    process group's last enqueued and last completed collective, and the newest entry's name and
+    state; "" for a dump without them."""
+    groups = dump.get("pg_status")
+    if not isinstance(groups, Mapping) or not groups:
+        return ""
+    key = "0" if "0" in groups else sorted(groups, key=str)[0]
+    status = groups[key]
+    try:
+        enqueued = int(status.get("last_enqueued_collective", -1))
+        completed = int(status.get("last_completed_collective", -1))
+    except (AttributeError, TypeError, ValueError):
+        return ""
+    entries = [e for e in dump.get("entries") or () if isinstance(e, Mapping)]
+    mine = [e for e in entries if str(e.get("pg_id", key)) == str(key)] or entries
+    last = ""
+    if mine:
+        name, state = str(mine[-1].get("profiling_name", "?")), str(mine[-1].get("state", "?"))
+        last = f" (newest {name[:60]}, {state[:20]})"
+    return f"{FLIGHT_PREFIX}collective #{enqueued} enqueued, #{completed} completed{last}"
+
+
+def _flight_suspect(reports: Mapping[str, str]) -> Suspect | None:
+    """The one pod that enqueued fewer collectives than every other pod with a flight record."""
+    enqueued: dict[str, int] = {}
+    for pod, text in reports.items():
+        counts = [int(m.group(1)) for m in _FLIGHT.finditer(text)]
+        if counts:
+            enqueued[pod] = min(counts)  # a pod's slowest process
+    if len(enqueued) < 2:
+        return None
+    low = min(enqueued.values())
+    behind = [pod for pod, count in enqueued.items() if count == low]
+    if len(behind) != 1:
+        return None
+    ahead = Counter(count for pod, count in enqueued.items() if pod != behind[0])
+    common, _ = ahead.most_common(1)[0]
+    others = len(enqueued) - 1
+    return Suspect(
+        behind[0],
+        f"enqueued collective #{low} while {others} other pod{'s' if others != 1 else ''} "
+        f"enqueued #{common} (flight recorder)",
+    )
+
+
 def name_suspect(reports: Mapping[str, str], pods: Sequence[str]) -> Suspect | None:
     """The pod a hang is about, given the stacks each reporting pod sent (``pods``: every pod
     of the job that was running); None when the stacks do not single one out."""
+    if (flown := _flight_suspect(reports)) is not None:
+        return flown
     views = {pod: view(text) for pod, text in reports.items()}
     known = {pod: v for pod, v in views.items() if v.known}
     waiting = sorted(pod for pod, v in known.items() if v.waiting)

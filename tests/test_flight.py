@@ -1,0 +1,118 @@
+"""torch's flight recorder on a hang: each process answers the agent's request from a thread
+(its main thread is blocked in a collective or asleep), the agent sums each dump up in a line,
+and the pod that enqueued fewer collectives than the others is named (real gloo processes
+started with Aegis's ``sitecustomize``; the rule itself on dumps of the shape torch writes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aegis import autoprogress, flight, training
+from aegis.adapters.nats_server import free_port
+from aegis.agent import stacks
+from aegis.core import suspects
+
+SCRIPT = Path(__file__).parent / "bin" / "plain_allreduce.py"
+
+
+def _dump(enqueued: int, completed: int, name: str = "gloo:all_reduce") -> dict[str, object]:
+    entry = {"pg_id": 0, "profiling_name": name, "state": "scheduled", "collective_seq_id": 4}
+    return {
+        "version": "2.10",
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": str(enqueued),
+                "last_completed_collective": str(completed),
+                "last_started_collective": "-1",
+            }
+        },
+        "entries": [entry],
+    }
+
+
+def _report(*lines: str) -> str:
+    return "".join(f"--- pid {i} (python train.py) ---\n  wait (x.py:1)\n{line}\n"
+                   for i, line in enumerate(lines))  # fmt: skip
+
+
+def test_a_dump_is_summed_up_in_one_line() -> None:
+    line = suspects.flight_line(_dump(4, 3))
+    assert line == (
+        "flight recorder: collective #4 enqueued, #3 completed (newest gloo:all_reduce, scheduled)"
+    )
+    assert suspects.flight_line({"pg_status": {}}) == ""
+    assert suspects.flight_line({"pg_status": {"0": "junk"}}) == ""
+
+
+def test_the_pod_that_enqueued_fewer_collectives_is_named() -> None:
+    ahead, behind = suspects.flight_line(_dump(413, 412)), suspects.flight_line(_dump(412, 412))
+    reports = {"j-0": _report(ahead), "j-1": _report(behind), "j-2": _report(ahead, ahead)}
+    named = suspects.name_suspect(reports, ["j-0", "j-1", "j-2"])
+    assert named == suspects.Suspect(
+        "j-1", "enqueued collective #412 while 2 other pods enqueued #413 (flight recorder)"
+    )
+    # a pod is as far as its slowest process
+    reports["j-2"] = _report(ahead, behind)
+    assert suspects.name_suspect(reports, ["j-0", "j-1", "j-2"]) is None  # two behind: no one
+
+
+def test_recording_follows_torchs_variables() -> None:
+    assert flight.recording({"TORCH_FR_BUFFER_SIZE": "2000"})
+    assert flight.recording({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"})
+    assert not flight.recording({"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "9"})
+    assert not flight.recording({"TORCH_FR_BUFFER_SIZE": "lots"})
+    assert not flight.recording({})
+
+
+@pytest.mark.timeout(120)
+def test_real_ranks_answer_from_a_thread_while_one_hangs_and_it_is_named(tmp_path: Path) -> None:
+    world, port = 3, free_port()
+    procs, requests = [], []
+    for rank in range(world):
+        progress = tmp_path / f"progress-{rank}"
+        progress.write_bytes(b"\0" * training.SIZE)
+        request = str(tmp_path / f"progress-{rank}.fr")
+        requests.append(request)
+        env = {
+            **os.environ,
+            "RANK": str(rank), "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCH_FR_BUFFER_SIZE": "200",
+            training.ENV_VAR: str(progress), flight.REQUEST_VAR: request,
+            autoprogress.PATH_VAR: autoprogress.SITE_DIR,
+        }  # fmt: skip
+        argv = [sys.executable, str(SCRIPT), "--steps", "100000", "--step-time-s", "0.001",
+                "--hang-at-step", "30", "--hang-rank", "1",
+                "--state-dir", str(tmp_path)]  # fmt: skip
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / ".hung-rank-1").exists():
+            assert time.monotonic() < deadline, "rank 1 never hung"
+            assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+            time.sleep(0.05)
+        lines: dict[int, str] = {}
+        for proc, request in zip(procs, requests, strict=True):
+            stacks.ask_flight(request, [proc.pid])
+        for rank, (proc, request) in enumerate(zip(procs, requests, strict=True)):
+            got = asyncio.run(stacks.read_flight(request, [proc.pid], wait_s=30))
+            lines[rank] = got.get(proc.pid, "")
+        assert all(lines.values()), lines  # every process answered, the blocked ones too
+        reports = {f"j-{rank}": _report(line) for rank, line in lines.items()}
+        named = suspects.name_suspect(reports, list(reports))
+        assert named is not None and named.pod == "j-1", lines
+        assert "flight recorder" in named.why
+        for request in requests:
+            stacks.remove_flight_files(request)
+        assert sorted(p.name for p in tmp_path.iterdir() if ".fr" in p.name) == []
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
