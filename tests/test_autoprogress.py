@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from aegis import autoprogress
+from aegis import autoprogress, forking
 from aegis import training as progress
 from aegis.agent import ports, reaper, supervisor, warm, watchdog
 from aegis.core.phases import Phase
@@ -297,3 +297,27 @@ async def test_plain_ddp_script_steps_reach_the_master_and_its_crash_is_reported
     for pod in ("plain-0", "plain-1", "plain-2"):
         log = (result.log_dir / "pods" / f"{pod}.log").read_text()
         assert re.search(r"started \S+ as pid \d+ \(restart 1, warm\)", log), log
+
+
+@pytest.mark.timeout(240)
+async def test_a_warm_child_has_the_blas_pool_of_a_cold_start(
+    the_reaper: reaper.Reaper, devnull: int, tmp_path: Path
+) -> None:
+    # numpy's OpenBLAS starts threads as it loads: the zygote loads it with none (else it could
+    # never fork: a cold start every time), its child gets the pool its environment asks for
+    out = tmp_path / "threads"
+    script = str(waits.BIN / "blas_threads.py")
+    cold = subprocess.run([PYTHON, script, str(out)], check=True, timeout=120)
+    assert cold.returncode == 0
+    cold_threads = int(out.read_text().split()[0])
+    assert cold_threads == forking.blas_threads({})
+    prewarm = warm.PrewarmSettings(modules=("numpy",), prepare_after_s=3600.0, settle_s=0.0)
+    sup, _ = make([PYTHON, script, str(out)], the_reaper, devnull, prewarm)
+    out.unlink()
+    async with sup:
+        await sup.start()
+        assert sup.zygotes is not None and sup.zygotes.made == 1
+        await waits.async_wait_until(out.exists, 120, "the warm child's answer")
+        threads, parent = map(int, out.read_text().split())
+        assert parent != os.getpid()  # forked from the zygote: warm
+        assert threads == cold_threads

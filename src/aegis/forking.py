@@ -32,6 +32,58 @@ def single_threaded() -> bool:
     return thread_count() == 1 and threading.active_count() == 1
 
 
+# numpy's OpenBLAS starts its thread pool as it loads (torch loads numpy as it loads): a server
+# that imported torch would not be single-threaded and would never fork (every warm start of a
+# job with numpy installed became a cold one). The server loads its modules with a pool of one
+# (no thread) and each child sets the pool the job would have had (:func:`restore_blas`).
+BLAS_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+_BLAS_SETTERS = (
+    "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+    "openblas_set_num_threads64_", "openblas_set_num_threads",
+)  # fmt: skip
+
+
+def quiet_blas() -> None:
+    """In the server, before its imports: OpenBLAS with no threads of its own."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
+def blas_threads(env: dict[str, str] | os._Environ[str]) -> int:
+    """The OpenBLAS pool a process with ``env`` gets at start-up: the first of its variables
+    set, else one thread per usable core."""
+    for name in BLAS_VARS:
+        text = env.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def restore_blas() -> int | None:
+    """In a child, with the job's environment: OpenBLAS's pool as a cold start has it (threads
+    made after the fork are safe); the size set, or None when no OpenBLAS is loaded."""
+    path = next((p for p in _loaded_libraries() if "openblas" in os.path.basename(p)), None)
+    if path is None:
+        return None
+    import ctypes  # only where OpenBLAS is loaded
+
+    library = ctypes.CDLL(path)
+    setter = next((getattr(library, n) for n in _BLAS_SETTERS if hasattr(library, n)), None)
+    if setter is None:
+        return None
+    count = blas_threads(os.environ)
+    setter.argtypes = [ctypes.c_int]
+    setter(count)
+    return count
+
+
+def _loaded_libraries() -> list[str]:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if ".so" in line})
+    except OSError:
+        return []
+
+
 def send(sock: socket.socket, **message: Any) -> None:
     sock.sendall(json.dumps(message).encode() + b"\n")
 

@@ -54,7 +54,9 @@ from aegis import autoprogress
 from aegis.forking import (
     cuda_initialized,
     next_request,
+    quiet_blas,
     refuse_unless_safe,
+    restore_blas,
     send,
     single_threaded,
     thread_count,
@@ -155,6 +157,7 @@ def become_child(request: dict[str, Any], fds: list[int], nanny: int, name: byte
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    restore_blas()  # the OpenBLAS pool of a cold start with this environment
     sys.orig_argv[:] = request["orig_argv"]
     learn = request.get("learn")
     if learn:
@@ -298,6 +301,7 @@ def main(argv: list[str]) -> Callable[[], None]:
         names += script_imports(script) if script else []
         extra = learned(options.get("--learned"))
     names = list(dict.fromkeys(names))
+    quiet_blas()  # numpy's OpenBLAS (torch loads numpy) would start threads: see forking
     imported, skipped, culprit = prewarm([*names, *(n for n in extra if n not in names)], path0)
     if culprit is not None:
         reason = "cuda" if cuda_initialized() else "threads"

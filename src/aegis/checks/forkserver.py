@@ -36,6 +36,7 @@ from typing import Any
 from aegis.forking import (
     cuda_initialized,
     next_request,
+    quiet_blas,
     refuse_unless_safe,
     send,
     single_threaded,
@@ -62,6 +63,7 @@ def die_with(parent: int) -> None:
 
 def prewarm() -> str | None:
     """Import what a collective child needs; the reason it is unsafe to fork from us, or None."""
+    quiet_blas()  # numpy's OpenBLAS (torch loads numpy) would start threads: see forking
     try:
         import torch
         import torch.distributed  # noqa: F401
