@@ -8,7 +8,7 @@ __all__ = ["__version__", "progress"]
 
 __version__ = "0.1.0"
 
-_report: Callable[[int], bool] | None = None
+_report: list[Callable[[int], bool]] = []  # aegis.training.report, once loaded (no global)
 
 
 def progress(step: int) -> bool:
@@ -16,15 +16,13 @@ def progress(step: int) -> bool:
 
     Returns True when the master asked for a checkpoint that is due now (before a drain or an
     eviction): save one, e.g. with ``aegis.checkpoint.save_if_requested(step, state)``."""
-    report = _report
-    if report is None:
-        report = _load_report()
-    return report(step)
+    if _report:
+        return _report[0](step)
+    return _load_report()(step)
 
 
 def _load_report() -> Callable[[int], bool]:
-    global _report
     from aegis import training as progress_module
 
-    _report = progress_module.report
-    return _report
+    _report[:] = [progress_module.report]
+    return progress_module.report
