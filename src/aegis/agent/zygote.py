@@ -200,12 +200,12 @@ def learn_at_first_progress(path: str) -> None:
     if aegis is None or not hasattr(aegis, "_load_report"):
         return
 
-    def first_progress(step: int) -> None:
-        report = aegis._load_report()
+    def first_progress(step: int) -> bool:
+        report = aegis._load_report()  # from now on progress() calls it directly
         write_learned(path)
-        report(step)
+        return bool(report(step))
 
-    setattr(aegis, "_report", first_progress)  # noqa: B010 - a private hook, by design
+    aegis._report[:] = [first_progress]  # a private hook, by design
 
 
 def write_learned(path: str) -> None:
