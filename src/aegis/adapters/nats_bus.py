@@ -30,6 +30,7 @@ from nats.errors import (
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import (
     APIError,
+    BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoStreamResponseError,
@@ -209,6 +210,18 @@ class KvStore:
             kv = await js.key_value(bucket)
         except (NotFoundError, Exception):  # bucket missing: create it
             kv = await js.create_key_value(bucket=bucket, history=1, replicas=replicas)
+        return cls(kv, retry_s=retry_s, client=bus.client, request_timeout_s=request_timeout_s)
+
+    @classmethod
+    async def existing(
+        cls, bus: NatsBus, bucket: str, *, retry_s: float = 30.0, request_timeout_s: float = 2.0
+    ) -> KvStore | None:
+        """The bucket if it exists (a reader's view: nothing is created), else None."""
+        js = bus.client.jetstream(timeout=request_timeout_s)
+        try:
+            kv = await js.key_value(bucket)
+        except (BucketNotFoundError, NotFoundError):
+            return None
         return cls(kv, retry_s=retry_s, client=bus.client, request_timeout_s=request_timeout_s)
 
     async def get(self, key: str) -> tuple[bytes, int] | None:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nats import errors as nats_errors
-from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from aegis.adapters import nats_bus
 from aegis.adapters.nats_auth import UserCreds
@@ -91,11 +90,10 @@ async def _first(work: Coroutine[Any, Any, T], refused: asyncio.Future[Exception
 
 
 async def _get(bus: NatsBus, key: str) -> dict[str, Any] | None:
-    try:
-        kv = await bus.client.jetstream().key_value(STATUS_BUCKET)
-    except (BucketNotFoundError, NotFoundError):
+    store = await KvStore.existing(bus, STATUS_BUCKET)
+    if store is None:
         return None  # no master has stored any job on this server
-    got = await KvStore(kv, client=bus.client).get(key)
+    got = await store.get(key)
     if got is None:
         return None
     try:

@@ -198,9 +198,9 @@ class ReplicatedRun:
     async def leader(self) -> int | None:
         """The index of the replica holding the lease, if any."""
         with contextlib.suppress(Exception):  # no bucket or no lease yet
-            kv = await self.bus.client.jetstream().key_value(LeaseSettings().bucket)
-            entry = await kv.get(LeaseSettings().key)
-            holder = (entry.value or b"").decode()
+            store = await KvStore.existing(self.bus, LeaseSettings().bucket, retry_s=0.0)
+            got = await store.get(LeaseSettings().key) if store is not None else None
+            holder = got[0].decode() if got is not None else ""
             if holder.startswith("master-"):
                 return int(holder.split("-", 1)[1])
         return None
