@@ -10,9 +10,11 @@ import contextlib
 
 import pytest
 
+from aegis.adapters.memory import MemoryStore
 from aegis.core import events as ev
 from aegis.core.model import JobSpec
 from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.core.retention import Ended
 from aegis.master.lease import LeaseSettings
 from aegis.master.ports import NullPlatform
 from aegis.master.replica import Replica, ReplicaSettings
@@ -93,3 +95,23 @@ async def test_no_retention_keeps_every_ended_record(monkeypatch: pytest.MonkeyP
         polls = master.polls.started["jobs"]
         await wait_for(lambda: master.polls.started["jobs"] >= polls + 40, "40 more polls")
         assert await _listed(master) == ["default.kept"] and master.replica.removed == 0
+
+
+async def test_a_record_the_refresh_forgets_during_its_removal_fails_no_poll() -> None:
+    """The leader's removal awaits the store; meanwhile the records refresh may list the bucket
+    without the key and forget it (a KeyError once failed the poll: the soak counted it)."""
+    replica = Replica(None, "nats://unused", ReplicaSettings(replica_id="m", keep_ended_s=1.0))
+
+    class Racing(MemoryStore):
+        async def remove(self, key: str, revision: int) -> bool:
+            removed = await super().remove(key, revision)
+            replica._forget_removed(await self.keys())  # the refresh, between two awaits
+            return removed
+
+    store = Racing()
+    revisions = [await store.put(key, b"{}", expected_revision=None) for key in ("ns.a", "ns.b")]
+    replica.store = store  # type: ignore[assignment]
+    replica.lease = type("Held", (), {"held": True})()  # type: ignore[assignment]
+    replica.finished = {k: Ended(0.0, r) for k, r in zip(("ns.a", "ns.b"), revisions, strict=True)}
+    await replica._remove_expired(await store.keys())  # long after: both expired
+    assert replica.removed == 2 and replica.finished == {} and await store.keys() == []

@@ -219,10 +219,13 @@ class Replica:
         self.finished = retention.still_listed(self.finished, listed)
         now = time.monotonic()
         for key in retention.expired(self.finished, now, self.settings.keep_ended_s):
+            seen = self.finished.get(key)  # the refresh may have forgotten it meanwhile
+            if seen is None:
+                continue
             self._fence()
-            if await self.store.remove(key, self.finished[key].revision):
+            if await self.store.remove(key, seen.revision):
                 self.removed += 1
-            del self.finished[key]
+            self.finished.pop(key, None)
 
     async def _drop_failed_runners(self) -> None:
         """A job loop that died of an error (a store timeout through a failover), not of a
