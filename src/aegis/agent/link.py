@@ -35,7 +35,7 @@ from aegis.adapters import nats_auth
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosedError, NatsBus
-from aegis.agent import ports, supervisor
+from aegis.agent import exit_rule, ports, supervisor
 from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
@@ -212,23 +212,14 @@ class MasterLink:
         incarnation = (report.pid, report.restart_count)
         reported = incarnation in self.dying_reported
         self.dying_reported.discard(incarnation)
-        if report.reason not in (ports.ExitReason.EXITED, ports.ExitReason.SPAWN_FAILED):
-            return  # stopped or restarted on an order: nothing to report
-        if reported and report.exit_status != 0:
-            return  # reported as it began to exit (child_dying)
         phase, seq = self.run_round
-        if report.exit_status == 0:
-            await self._send(m.MessageType.FINISH, phase, seq, m.ExitData(0))
-            return
-        reason = f"exit status {report.exit_status}"
-        cls = report.evidence.fault_class or ""
-        if cls == ports.FaultClass.PYTHON_TRACEBACK and (
-            report.signal is not None or report.exit_status != 1
-        ):
-            # a traceback in its log is not what ended it: a signal (the OOM killer, ...) or an
-            # exit status of its own (Python exits 1 on an uncaught exception)
-            cls = ports.FaultClass.KILLED if report.signal is not None else ""
-        await self._send_error(phase, seq, reason, report.exit_status, report.evidence, cls)
+        match exit_rule.on_exit(report, reported):
+            case exit_rule.Finished():
+                await self._send(m.MessageType.FINISH, phase, seq, m.ExitData(0))
+            case exit_rule.Failed(reason=reason, fault_class=cls):
+                await self._send_error(phase, seq, reason, report.exit_status, report.evidence, cls)
+            case None:
+                pass
 
     async def child_dying(self, report: ports.DyingReport) -> None:
         """The training process is exiting on an uncaught exception: report the fault now (the
