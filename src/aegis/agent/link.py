@@ -35,7 +35,7 @@ from aegis.adapters import nats_auth
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosedError, NatsBus
-from aegis.agent import exit_rule, ports, supervisor
+from aegis.agent import decline_rule, exit_rule, ports, supervisor
 from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
@@ -438,10 +438,9 @@ class MasterLink:
     async def _decline_unless_taken(
         self, sup: supervisor.Supervisor, msg: m.Message, request: int
     ) -> None:
-        """A script that keeps stepping (or, never having reported a step, says nothing for a
-        while) without ever calling ``save_if_requested`` will not answer: say so, so the drain
-        does not wait in vain. A script that reported steps before is given the time it needs
-        to start again (the request often comes with a restart; a slow node restarts slowly)."""
+        """Tell the master when the training shows it will not answer (``decline_rule``), so
+        the drain does not wait in vain; the progress file has no notification: looked at
+        every 0.1 s."""
         first = sup.last_step
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -452,13 +451,10 @@ class MasterLink:
             self.ever_stepped |= step is not None
             if first is None:
                 first = step
-            stepping = step is not None and first is not None and step >= first + 2
-            silent = (
-                step is None
-                and not self.ever_stepped
-                and loop.time() - started > self.settings.decline_after_s
-            )
-            if stepping or silent:
+            waited_s = loop.time() - started
+            if decline_rule.declines(
+                first, step, self.ever_stepped, waited_s, self.settings.decline_after_s
+            ):
                 reason = (
                     "the training does not take checkpoint requests "
                     "(it never calls aegis.checkpoint.save_if_requested)"
