@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -289,29 +290,28 @@ class KvStore:
         """Purge the key's messages up to ``revision`` from the stream (``STREAM.PURGE`` with a
         subject filter and a sequence bound): no delete marker stays behind, so ``keys`` stops
         listing it. A newer revision is past the bound and stays (False)."""
-        subject = f"$KV.{self.bucket}.{key}"
-        request = {"filter": subject, "seq": revision + 1}
+        request = {"filter": f"$KV.{self.bucket}.{key}", "seq": revision + 1}
+        await self._stream_api("PURGE", request)
+        return await self._get_once(key) is None
+
+    async def _subjects_page(self, subjects_filter: str, offset: int) -> tuple[list[str], int]:
+        """One page of the stream's subjects (sorted by the server when paged) and how many
+        there are in all. Raises what a JetStream request raises (``TRANSIENT`` included)."""
+        reply = await self._stream_api(
+            "INFO", {"subjects_filter": subjects_filter, "offset": offset}
+        )
+        subjects = (reply.get("state") or {}).get("subjects") or {}
+        return list(subjects), int(reply.get("total") or 0)
+
+    async def _stream_api(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
+        """One request to the JetStream API about the bucket's stream; its reply, or the error's
+        own class raised (503: transient)."""
         msg = await self._client.request(
-            f"{self._api}.STREAM.PURGE.KV_{self.bucket}",
+            f"{self._api}.STREAM.{verb}.KV_{self.bucket}",
             json.dumps(request).encode(),
             timeout=self.request_timeout_s,
         )
         reply = json.loads(msg.data)
         if "error" in reply:
             APIError.from_error(reply["error"])
-        return await self._get_once(key) is None
-
-    async def _subjects_page(self, subjects_filter: str, offset: int) -> tuple[list[str], int]:
-        """One page of the stream's subjects (sorted by the server when paged) and how many
-        there are in all. Raises what a JetStream request raises (``TRANSIENT`` included)."""
-        request = {"subjects_filter": subjects_filter, "offset": offset}
-        msg = await self._client.request(
-            f"{self._api}.STREAM.INFO.KV_{self.bucket}",
-            json.dumps(request).encode(),
-            timeout=self.request_timeout_s,
-        )
-        reply = json.loads(msg.data)
-        if "error" in reply:
-            APIError.from_error(reply["error"])  # raises the error's own class (503: transient)
-        subjects = (reply.get("state") or {}).get("subjects") or {}
-        return list(subjects), int(reply.get("total") or 0)
+        return dict(reply)
