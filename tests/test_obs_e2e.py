@@ -204,7 +204,7 @@ def test_fault_log_has_seed_fields_and_one_incident_when_crash_then_gpu_fault(gp
               "level", "kind"}  # fmt: skip
     assert all(fields <= set(line) for line in lines)
     assert {line["kind"] for line in lines} == {"phase_start", "phase_end", "report", "decision"}
-    assert {line["incident"] for line in lines} == {None, "obs-1"}
+    assert {line["incident"] for line in lines} == {None, "obs#1"}
     evict = [line for line in lines if line["message"].startswith("evict (level 3)")]
     assert [(e["pod"], e["node"], e["level"]) for e in evict] == [
         ("obs-1", "node-1", "node_replaced")
@@ -237,7 +237,7 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     (incident,) = json.loads(out.stdout)
     # rank 0 exits (no traceback); its peers' gloo errors may reach the master first: either
     # opens it
-    assert incident["id"] == "obs-1" and incident["pod"] in {"obs-0", "obs-1", "obs-2"}
+    assert incident["id"] == "obs#1" and incident["pod"] in {"obs-0", "obs-1", "obs-2"}
     assert incident["detected_by"] == "agent error report" and incident["counted"]
     assert incident["level"] == "node_replaced" and incident["outcome"] == "RunCommand"
     assert incident["recovery_s"] > 0
@@ -253,7 +253,7 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     assert any(t.startswith("obs-1: leaves its node, level 3 node_replaced") for t in texts)
     assert texts[-1] == "restart every pod in place"
     human = aegis("incidents", "obs", "--log-dir", str(gpu_run.result.log_dir)).stdout
-    assert human.startswith("incident obs-1: ")
+    assert human.startswith("incident obs#1: ")
     assert "level: node_replaced; RunCommand after" in human
 
 
@@ -267,7 +267,7 @@ def test_status_and_incidents_when_hangs_exhaust_the_budget(hang_run: Run) -> No
     ]
     found = json.loads(aegis("incidents", "stuck", "--log-dir", str(result.log_dir),
                              "--json").stdout)  # fmt: skip
-    assert [i["id"] for i in found] == ["stuck-1", "stuck-2"]
+    assert [i["id"] for i in found] == ["stuck#1", "stuck#2"]
     assert all(i["detected_by"] == "hang watchdog (no progress)" for i in found)
     assert found[0]["level"] == "in_place" and found[0]["outcome"] == "RunCommand"
     assert found[1]["outcome"] == "Failed" and found[1]["level"] is None

@@ -79,7 +79,7 @@ def test_incident_tracker_opens_on_a_fault_and_closes_back_in_run_command() -> N
     running = status.__class__(**{**_fields(status), "phase": Phase.RUN_COMMAND})
     fault = (act.RecordFault(pod, "exit code 1", counted=True),)
     assert tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 10.0) is None
-    assert tracker.current is not None and tracker.current.id == "demo-1"
+    assert tracker.current is not None and tracker.current.id == "demo#1"
     restart = (act.SendOrder(Order.RESTART, Phase.RUN_COMMAND, 4),)
     closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 14.5)
     assert closed is not None and closed.level is RecoveryLevel.IN_PLACE
@@ -88,7 +88,7 @@ def test_incident_tracker_opens_on_a_fault_and_closes_back_in_run_command() -> N
     tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 20.0)
     tracker.feed(Phase.TROUBLESHOOTING, troubleshooting, evict, 21.0)
     closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 30.0)
-    assert closed is not None and (closed.id, closed.level_name) == ("demo-2", "node_replaced")
+    assert closed is not None and (closed.id, closed.level_name) == ("demo#2", "node_replaced")
 
 
 def _fields(status: object) -> dict[str, object]:
@@ -180,7 +180,7 @@ def test_every_recovery_level_has_one_name_in_the_fault_log_and_in_incidents() -
     drained = act.EvictPod(PodName("j-1"), RecoveryLevel.DRAIN, 0, "maintenance")
     note = incidents_tool.decision(drained)
     assert note is not None and note.level == "drained"
-    assert faultlog.Incident("j-1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"
+    assert faultlog.Incident("j#1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"
 
 
 def test_status_prints_a_reason_with_brackets_as_it_is_not_as_markup() -> None:

@@ -24,7 +24,8 @@ start-up signal dispositions back and the hooks a cold start gets from the agent
 ``sitecustomize`` (:func:`aegis.autoprogress.install`: the dying report, the optimizer step hook),
 and runs the command as ``__main__`` from the top level of
 this file, so an uncaught exception, ``SystemExit`` or ``KeyboardInterrupt`` ends it exactly as
-it ends a cold interpreter.
+it ends a cold interpreter, with the traceback a cold one prints (this file's frames taken off:
+they are Aegis's, not the user's).
 """
 
 import sys
@@ -319,7 +320,24 @@ def main(argv: list[str]) -> Callable[[], None]:
     return lambda: run_script(script, args)
 
 
+def user_traceback(exc: BaseException) -> types.TracebackType | None:
+    """``exc``'s traceback less the launcher's frames (this file's: ``<module>``, ``run_script``)
+    that a cold ``python script.py`` never has, so the user's traceback starts at the user's
+    code. A traceback with no frame of the user's is a launcher bug and is kept whole, unless
+    compiling the user's code raised it (a ``SyntaxError``: cold, no frame at all either)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    if tb is None and not isinstance(exc, SyntaxError):
+        return exc.__traceback__
+    return tb
+
+
 if __name__ == "__main__":
     _run = main(sys.argv[1:])
     del main
-    _run()
+    try:
+        _run()
+    except BaseException as _exc:
+        _exc.__traceback__ = user_traceback(_exc)
+        raise  # a bare raise adds no frame: the interpreter reports it as a cold one would

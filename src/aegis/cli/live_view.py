@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -127,8 +128,26 @@ def _clock(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
+class ConsoleLogHandler(logging.Handler):
+    """Log records printed on the live view's console: while the table is shown they go above
+    it, where ``rich`` keeps track of them. A line written to the terminal past ``Live`` (a
+    handler on ``sys.stderr``) moves the cursor under its feet, and every refresh after it
+    leaves a stale copy of the header and the table's top on the screen."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record)))
+        except Exception:
+            self.handleError(record)
+
+
 class LiveView:
-    """Feeds ``render`` from a runner and keeps a ``rich.live.Live`` on ``console`` refreshed."""
+    """Feeds ``render`` from a runner and keeps a ``rich.live.Live`` on ``console`` refreshed.
+    Anything else this process shows while it runs goes through ``console`` (``log_handler``)."""
 
     def __init__(self, console: Console, *, total_steps: int | None = None) -> None:
         self.console = console
@@ -137,6 +156,9 @@ class LiveView:
         self.live: Live | None = None
         self.tick_s = 0.5
         self._ticker: asyncio.Task[None] | None = None
+
+    def log_handler(self) -> logging.Handler:
+        return ConsoleLogHandler(self.console)
 
     def attach(self, runner: WatchedJob, platform: LocalPlatform) -> None:
         self.state = ViewState(runner.spec, runner.status, total_steps=self.total_steps)

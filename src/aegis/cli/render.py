@@ -42,7 +42,11 @@ def describe_event(event: ev.Event) -> str:
     return f"{type(event).__name__}({fields})"
 
 
-def describe_actions(actions: tuple[act.Action, ...]) -> str:
+def describe_actions(actions: tuple[act.Action, ...], event: ev.Event | None = None) -> str:
+    """The core's actions for one event, ``-`` when there are none. Only a real rejection
+    (stale, duplicate, wrong phase, unknown pod, job over) reads "rejected"; a valid event that
+    changes nothing (``IGNORED``) reads "no change (why)", and not even that for a checkpoint
+    commit with nobody to evict: every commit but an eviction's is one."""
     parts: list[str] = []
     for action in actions:
         match action:
@@ -59,6 +63,9 @@ def describe_actions(actions: tuple[act.Action, ...]) -> str:
                 parts.append(f"fault of {pod} {'counted' if counted else 'not counted'}")
             case act.EndJob(phase=phase, reason=reason):
                 parts.append(f"job {phase.value}: {reason}")
+            case act.Rejected(reason=act.RejectReason.IGNORED, detail=detail):
+                if not isinstance(event, ev.CheckpointCommitted):
+                    parts.append(f"no change ({detail})")
             case act.Rejected(reason=reason, detail=detail):
                 parts.append(f"rejected ({reason.value}: {detail})")
     return "; ".join(parts) if parts else "-"

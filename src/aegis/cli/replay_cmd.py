@@ -43,13 +43,13 @@ def replay(
                 record["event"] = (
                     render.describe_event(done.entry.event) if done.entry.event else ""
                 )
-                record["actions"] = render.describe_actions(done.actions)
+                record["actions"] = render.describe_actions(done.actions, done.entry.event)
                 print(json.dumps(record))
                 continue
             assert done.entry.event is not None
             title = (
                 f"line {done.entry.line}: {render.describe_event(done.entry.event)}\n"
-                f"  -> {render.describe_actions(done.actions)}\n"
+                f"  -> {render.describe_actions(done.actions, done.entry.event)}\n"
                 f"  {render.summary_line(spec, done.status)}"
             )
             out.print(render.pod_table(spec, done.status, title))

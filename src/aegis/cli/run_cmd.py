@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -137,6 +138,32 @@ def choose_view(
     return run_view.PlainView(sys.stdout)
 
 
+def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool) -> logging.Handler:
+    """Where this process's log lines go: through the live view's console while it is shown
+    (above the table), else to stderr; without ``--verbose``, not those that say again what the
+    view says."""
+    handler = (
+        view.log_handler()
+        if isinstance(view, live_view.LiveView)
+        else logging.StreamHandler(sys.stderr)
+    )
+    if not verbose:
+        handler.addFilter(run_view.NotShownByTheView())
+    return handler
+
+
+def _exit_without_torch() -> None:
+    """The agents run the checks in this Python: without torch every node would fail its
+    runtime check and join ErrorNodes. Say so in one line before anything starts."""
+    if importlib.util.find_spec("torch") is None:
+        print(
+            f"aegis: error: the checks of aegis run import torch, which {sys.executable} does "
+            "not have: pip install 'aegis-ft[torch]' (or the torch build your training uses)",
+            file=sys.stderr,
+        )
+        raise typer.Exit(2)
+
+
 def _job_name(value: str) -> str:
     """``--job``: one rule for every job name (``core.model.name_problem``); a usage error."""
     problem = name_problem("job", value)
@@ -218,6 +245,7 @@ def run(
     ] = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
+    _exit_without_torch()
     if isolate_nodes and not emulated.inside():
         _isolated(
             nats, metrics_addr, [metrics_port + i for i in range(masters)] if metrics_port else []
@@ -248,13 +276,14 @@ def run(
         metrics_addr=metrics_addr,
         isolate_nodes=isolate_nodes,
     )
+    if view not in ("auto", "live", "plain"):
+        raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
+    the_view = choose_view(view, Console(markup=False, highlight=False), total_steps)  # type: ignore[arg-type]
     logging.basicConfig(
-        stream=sys.stderr,
+        handlers=[log_handler(the_view, verbose=verbose)],
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if view not in ("auto", "live", "plain"):
-        raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
     if metrics_port and metrics_port + masters - 1 > 65535:
         raise typer.BadParameter(
             f"master {masters - 1} would serve on {metrics_port + masters - 1}",
@@ -265,10 +294,7 @@ def run(
     if metrics_port and masters > 1:
         where = ", ".join(f"master-{i} :{metrics_port + i}" for i in range(masters))
         print(f"aegis run: /metrics on {metrics_addr} ({where})", file=sys.stderr)
-    observers = RunObservers(
-        choose_view(view, Console(markup=False, highlight=False), total_steps),  # type: ignore[arg-type]
-        metrics_hub=hub,
-    )
+    observers = RunObservers(the_view, metrics_hub=hub)
     try:
         result = asyncio.run(
             local_run.run_local(settings, observe=observers.attach, follow=observers.follow)

@@ -4,6 +4,7 @@ and decision (the plain view for pipes and CI)."""
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 from typing import Any, Protocol, TextIO
 
@@ -30,6 +31,22 @@ class WatchedJob(Protocol):
     @property
     def heartbeat_listeners(self) -> list[Any]: ...
     def clock(self) -> float: ...
+
+
+# Log records (logger, message template) that say again what a view says in its own words:
+# the fault (its "fault:" line, the table's last event) and the node joining ErrorNodes (its
+# "decision:" lines, the error nodes line). ``--verbose`` shows them.
+SHOWN_BY_THE_VIEW = frozenset({
+    ("aegis.master.job_runner", "job %s: fault of %s (%s), counted=%s"),
+    ("aegis.platforms.local", "node %s blacklisted: %s"),
+})  # fmt: skip
+
+
+class NotShownByTheView(logging.Filter):
+    """Lets through the log records that a view does not already show (``SHOWN_BY_THE_VIEW``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.name, record.msg) not in SHOWN_BY_THE_VIEW
 
 
 class PlainView:

@@ -34,6 +34,14 @@ class InvalidNameError(AegisError, ValueError):
     """A job or namespace name outside the one rule (``name_problem``)."""
 
 
+def incident_id(job: str, number: int) -> str:
+    """``demo#2``: the job's second incident. No pod or job name has a ``#`` (pods are
+    ``demo-0``, ``demo-1``..., DNS labels), so an id never reads as a pod's name; the fault log
+    (``master.faultlog``) and ``aegis incidents`` (``tools.incidents``) both use it, so ids
+    agree."""
+    return f"{job}#{number}"
+
+
 def name_problem(kind: str, name: str, max_len: int = NAME_MAX) -> str | None:
     """Why ``name`` cannot be a job's (``kind``: "job" or "namespace") name, or with
     ``max_len=POD_NAME_MAX`` a pod's; None when it can."""

@@ -7,8 +7,9 @@ name, or null). The file is rotated by size (``faults.jsonl.1`` .. ``.N``, newes
 
 An *incident* opens at the first fault (or slow-pod eviction) while none is open and closes when
 the job is back in ``RunCommand`` or terminal. Its level is the highest recovery level decided
-inside it (``in_place`` when a counted fault ended in an in-place restart). ``aegis incidents``
-(``aegis.tools.incidents``) applies the same rule to a replayed ``events.jsonl``, so ids agree.
+inside it (``in_place`` when a counted fault ended in an in-place restart). Ids are
+``<job>#<n>`` (``demo#1``), never a pod's name. ``aegis incidents`` (``aegis.tools.incidents``)
+applies the same rule to a replayed ``events.jsonl``, so ids agree.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core import model
 from aegis.core.model import JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
@@ -84,7 +86,7 @@ class IncidentTracker:
         """The current incident, opened now if none is."""
         if self.current is None:
             self.count += 1
-            self.current = Incident(id=f"{self.job}-{self.count}", opened_ts=now)
+            self.current = Incident(id=model.incident_id(self.job, self.count), opened_ts=now)
         return self.current
 
     @staticmethod

@@ -18,6 +18,7 @@ import msgspec
 
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core import model
 from aegis.core.model import JobStatus, PodName, rank_of
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
@@ -267,7 +268,7 @@ def _opened(
 ) -> Incident:  # fmt: skip
     """A new incident, detected by ``event`` at ``ts``, appended to ``found``."""
     incident = Incident(
-        id=f"{job}-{len(found) + 1}", detected_ts=ts, detected_by=detected_by(event),
+        id=model.incident_id(job, len(found) + 1), detected_ts=ts, detected_by=detected_by(event),
         pod=pod, node=node, reason=reason, phase=phase,
     )  # fmt: skip
     found.append(incident)
