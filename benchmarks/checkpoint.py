@@ -5,13 +5,17 @@ Usage: python benchmarks/checkpoint.py [--size-mb 1024] [--dir /tmp/aegis-ckpt-b
 Training stall = how long the training loop is blocked by one save of the same state to the same
 disk directory:
 - torch.save:   ``torch.save(state, file)`` (page cache; no fsync) and the same followed by fsync;
-- dcp async:    ``torch.distributed.checkpoint.async_save`` (world of 1, gloo) until it returns;
+- dcp async:    ``torch.distributed.checkpoint.async_save`` (world of 1, gloo) until it returns,
+                with DCP's ``FileSystemWriter`` and with ``aegis.checkpoint.dcp.Writer``;
 - aegis:        ``aegis.checkpoint`` ``Saver.save`` (copy into shared memory, hand-off to the
                 saver daemon which persists, checksums, fsyncs and commits in the background).
 Each is measured cold (first save) and steady (a later save, as in a training loop). Restore =
 time to get the state back in a fresh reader: aegis from shared memory (after an in-place restart)
-vs aegis from disk vs torch.load, with the page cache dropped when allowed (root) and warm.
-Ratios are printed against torch.save's stall and the disk restores, measured in this run.
+vs aegis from disk vs torch.load, with the page cache dropped when allowed (root) and warm; for
+DCP, ``dcp.load`` into allocated tensors with ``aegis.checkpoint.dcp.Reader`` (shared memory, and
+disk) vs DCP's ``FileSystemReader`` (page cache dropped, or evicted with fadvise, and warm).
+Ratios are printed against torch.save's stall, one memcpy of the state and the disk restores,
+measured in this run.
 """
 
 from __future__ import annotations
@@ -85,33 +89,118 @@ def bench_torch_save(state: dict[str, Any], where: Path) -> dict[str, float]:
     return {"cold": cold, "steady": steady, "fsync": fsynced}
 
 
-def bench_dcp(state: dict[str, Any], where: Path) -> dict[str, float] | str:
-    """Figures, or why dcp.async_save could not run here."""
+def bench_memcpy(state: dict[str, Any]) -> float:
+    """One copy of every tensor of the state into allocated (touched) tensors: the baseline,
+    the fastest of 3 with torch's threads and 3 with one (on a shared machine a parallel copy_
+    can be slower than a single thread's: the baseline is the best this machine did)."""
+    tensors: list[Any] = []
+    api._flatten(state, tensors, torch)
+    targets = [torch.zeros_like(t) for t in tensors]
+
+    def copy() -> None:
+        for target, t in zip(targets, tensors, strict=True):
+            target.copy_(t)
+
+    threads = torch.get_num_threads()
+    best = min(timed(copy)[0] for _ in range(3))
+    torch.set_num_threads(1)
     try:
-        return _bench_dcp(state, where)
+        return min(best, *(timed(copy)[0] for _ in range(3)))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def allocated_like(state: Any) -> Any:
+    """A template to load into: tensors of the same shapes, allocated and touched."""
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state)
+    if isinstance(state, dict):
+        return {k: allocated_like(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [allocated_like(v) for v in state]
+    return state
+
+
+def evict(where: Path) -> bool:
+    """Take ``where``'s files out of the page cache: drop_caches as root, else fadvise."""
+    if drop_caches():
+        return True
+    for path in where.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return False
+
+
+def bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float] | str:
+    """DCP figures (DCP's filesystem writer and reader vs Aegis's), or why they could not run."""
+    try:
+        return _bench_dcp(state, where, shm)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
 
 
-def _bench_dcp(state: dict[str, Any], where: Path) -> dict[str, float]:
+def _bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
+    from aegis.checkpoint.dcp import reader, writer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     out: dict[str, float] = {}
+    env = {"AEGIS_CKPT_SHM": str(shm), "AEGIS_DCP_DIR": str(where / "aegis-dcp")}
+    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=where / "aegis-dcp-pod")
+    daemon = subprocess.Popen(settings.argv())
+    template = allocated_like(state)
     try:
-        for name, step in (("cold", 1), ("steady", 2)):
-            stall, future = timed(
-                lambda s=step: dcp.async_save(state, checkpoint_id=where / f"dcp-{s}")
-            )
+        for step in (1, 2, 3, 4):
+            fs = dcp.FileSystemWriter(where / f"dcp-fs-{step}")
+            stall, future = timed(lambda w=fs: dcp.async_save(state, storage_writer=w))
             done, _ = timed(future.result)
-            out[name], out[f"{name}_durable"] = stall, stall + done
+            out[f"fs{step}"], out[f"fs{step}_durable"] = stall, stall + done
+        for step in (1, 2, 3, 4, 5):
+            ours = writer.Writer(environ=env)
+            stall, future = timed(lambda w=ours: dcp.async_save(state, storage_writer=w))
+            done, _ = timed(lambda f=future, s=step: (f.result(), wait_marker(shm, s)))
+            out[f"aegis{step}"], out[f"aegis{step}_durable"] = stall, stall + done
+        for name in ("shm_1", "shm_2", "shm_3"):
+            out[name], _ = timed(
+                lambda: dcp.load(template, storage_reader=reader.Reader(environ=env))
+            )
+        out["fs_warm"], _ = timed(lambda: dcp.load(
+            template, storage_reader=dcp.FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
+        out["dropped"] = float(evict(where))
+        out["fs_cold"], _ = timed(lambda: dcp.load(
+            template, storage_reader=dcp.FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
+        no_shm = {**env, "AEGIS_CKPT_SHM": str(shm / "absent")}
+        evict(where)
+        out["aegis_disk_cold"], _ = timed(lambda: dcp.load(
+            template, storage_reader=reader.Reader(environ=no_shm)))  # fmt: skip
     finally:
+        daemon.kill()
+        daemon.wait()
         dist.destroy_process_group()
+    out["memcpy"] = bench_memcpy(state)  # again, after: the best of both is the baseline
+    out["fs_cold_stall"] = out["fs1"]
+    out["fs_steady"] = min(out[f"fs{s}"] for s in (2, 3, 4))
+    out["fs_steady_durable"] = min(out[f"fs{s}_durable"] for s in (2, 3, 4))
+    out["aegis_cold"] = out["aegis1"]  # both buffers are new in saves 1 and 2
+    out["aegis_steady"] = min(out[f"aegis{s}"] for s in (3, 4, 5))
+    out["aegis_steady_durable"] = min(out[f"aegis{s}_durable"] for s in (3, 4, 5))
+    out["shm"] = min(out["shm_1"], out["shm_2"], out["shm_3"])
     return out
+
+
+def wait_marker(shm: Path, step: int) -> None:
+    while not layout.committed_marker(shm, step).exists():
+        time.sleep(0.002)
 
 
 def bench_aegis(state: dict[str, Any], shm: Path, ckpt: Path) -> dict[str, float]:
@@ -176,14 +265,17 @@ def main() -> int:
           f"state {total / 1e6:.0f} MB; disk {where}")  # fmt: skip
     try:
         ts = bench_torch_save(state, where)
-        dc = bench_dcp(state, where)
+        memcpy = bench_memcpy(state)
+        dc = bench_dcp(state, where, Path(f"{shm}-dcp"))
         ae = bench_aegis(state, shm, where / "aegis")
         cold = drop_caches()
         restore_cold = bench_restore(shm, where / "aegis", where / "torch.pt", True, state)
         restore_warm = bench_restore(shm, where / "aegis", where / "torch.pt", False, state)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(f"{shm}-dcp", ignore_errors=True)
     report(ts, dc, ae, restore_cold, restore_warm, cold)
+    report_dcp(dc, memcpy)
     shutil.rmtree(where, ignore_errors=True)
     return 0
 
@@ -202,15 +294,15 @@ def report(ts: dict[str, float], dc: dict[str, float] | str, ae: dict[str, float
     if isinstance(dc, str):
         print(f"| dcp.async_save | n/a | n/a | n/a ({dc}) |")
     else:
-        print(f"| dcp.async_save | {dc['cold']:.3f} | {dc['steady']:.3f} | "
-              f"{dc['steady_durable']:.3f} |")  # fmt: skip
+        print(f"| dcp.async_save (FileSystemWriter) | {dc['fs_cold_stall']:.3f} | "
+              f"{dc['fs_steady']:.3f} | {dc['fs_steady_durable']:.3f} |")  # fmt: skip
     print(f"| aegis.checkpoint.save | {ae['cold']:.3f} | {ae['steady']:.3f} | "
           f"{ae['steady_durable']:.3f} (daemon: checksums, fsync, commit) |")  # fmt: skip
     print(f"aegis stall / torch.save stall: steady {ae['steady'] / ts['steady']:.3f}, "
           f"cold {ae['cold'] / ts['cold']:.3f}; "
           f"vs torch.save+fsync {ae['steady'] / ts['fsync']:.3f}")  # fmt: skip
     if not isinstance(dc, str):
-        print(f"aegis stall / dcp.async_save stall (steady): {ae['steady'] / dc['steady']:.3f}")
+        print(f"aegis stall / dcp.async_save stall (steady): {ae['steady'] / dc['fs_steady']:.3f}")
     label = "page cache dropped" if cold else "page cache NOT dropped (no permission)"
     print(f"| restore (s) | {label} | page cache warm |")
     print("|---|---|---|")
@@ -225,6 +317,35 @@ def report(ts: dict[str, float], dc: dict[str, float] | str, ae: dict[str, float
           f"torch.load {rc['torch_load'] / rc['shm']:.1f}x "
           f"(warm: {rw['aegis_disk'] / rw['shm']:.1f}x, "
           f"{rw['torch_load'] / rw['shm']:.1f}x)")  # fmt: skip
+
+
+def report_dcp(dc: dict[str, float] | str, memcpy: float) -> None:
+    """The DCP path; steady figures are the best of the later saves (and restores), the memcpy
+    the best of 3 before and 3 after, so that a noisy machine does not make one side look bad."""
+    if not isinstance(dc, str):
+        memcpy = min(memcpy, dc["memcpy"])
+    print(f"one memcpy of the state (baseline): {memcpy:.3f} s")
+    if isinstance(dc, str):
+        print(f"DCP path: n/a ({dc})")
+        return
+    print("| dcp.async_save, stall (s) | cold (1st save) | steady | until durable (steady) |")
+    print("|---|---|---|---|")
+    print(f"| DCP FileSystemWriter | {dc['fs_cold_stall']:.3f} | {dc['fs_steady']:.3f} | "
+          f"{dc['fs_steady_durable']:.3f} |")  # fmt: skip
+    print(f"| aegis.checkpoint.dcp.Writer | {dc['aegis_cold']:.3f} | {dc['aegis_steady']:.3f} | "
+          f"{dc['aegis_steady_durable']:.3f} (daemon: DCP files, fsync, commit) |")  # fmt: skip
+    cache = "page cache dropped" if dc["dropped"] else "page cache evicted (fadvise)"
+    print(f"| dcp.load into allocated tensors (s) | time | ({cache} for disk reads) |")
+    print("|---|---|---|")
+    print(f"| aegis Reader, shared memory | {dc['shm']:.3f} | |")
+    print(f"| aegis Reader, disk, cold | {dc['aegis_disk_cold']:.3f} | |")
+    print(f"| DCP FileSystemReader, cold | {dc['fs_cold']:.3f} | |")
+    print(f"| DCP FileSystemReader, warm | {dc['fs_warm']:.3f} | |")
+    print(f"aegis dcp stall / memcpy: {dc['aegis_steady'] / memcpy:.2f} (goal <= 1.5); "
+          f"/ DCP FileSystemWriter stall: {dc['aegis_steady'] / dc['fs_steady']:.3f}")  # fmt: skip
+    print(f"aegis shm restore / memcpy: {dc['shm'] / memcpy:.2f} (goal <= 1.5); "
+          f"DCP FileSystemReader cold / aegis shm: {dc['fs_cold'] / dc['shm']:.1f}x (goal >= 10), "
+          f"warm: {dc['fs_warm'] / dc['shm']:.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,10 +5,9 @@ torch is imported inside the methods, so ``import aegis.checkpoint`` stays light
 
 from __future__ import annotations
 
-import contextlib
 import enum
+import functools
 import logging
-import mmap
 import os
 import pickle
 import time
@@ -22,8 +21,6 @@ from aegis.checkpoint import store
 from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
-
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 class BusyPolicy(enum.StrEnum):
@@ -103,20 +100,6 @@ class Saver:
         """Copy ``state`` into shared memory and hand it to the saver daemon (returns then)."""
         import torch
 
-        self.wait_idle(step)
-        shm = self.settings.shm_dir
-        shm.mkdir(parents=True, exist_ok=True)
-        # A step saved again after a rollback (the rank resumed from an earlier step): the
-        # slots of that step and later belong to an abandoned timeline and go, so that the
-        # daemon persists this one anew (a left marker would make it look committed already).
-        for abandoned in (s for s in lay.slot_steps(shm) if s >= step):
-            _drop_slot(shm, abandoned)
-        committed = [s for s in self.committed_steps() if s < step]
-        buffer = 0
-        if committed:
-            buffer = 1 - lay.read_layout(shm, committed[-1]).buffer
-        for old in committed[:-1]:  # stale slots may point at the buffer we overwrite
-            _drop_slot(shm, old)
         tensors: list[Any] = []
         skeleton = _flatten(state, tensors, torch)
         entries, offset = [], 0
@@ -125,7 +108,8 @@ class Saver:
             entries.append(lay.TensorEntry(str(t.dtype).removeprefix("torch."), tuple(t.shape),
                                            offset, nbytes))  # fmt: skip
             offset = lay.aligned(offset + nbytes)
-        target = self._buffer(buffer, max(offset, 1), torch)
+        buffer, target = self.reserve(step, offset)
+        shm = self.settings.shm_dir
         with torch.no_grad():
             for t, e in zip(tensors, entries, strict=True):
                 if e.nbytes:
@@ -136,42 +120,39 @@ class Saver:
                          durable=False)  # fmt: skip
         lay.write_atomic(lay.slot_json(shm, step), _dumps(layout), durable=False)
 
-    def _map_private(self, layout: lay.Layout, torch: Any) -> Any:
-        """The slot's bytes without a copy: a private (copy-on-write) mapping of its buffer,
-        populated up front. The buffer is pinned, so a later save replaces the file (new inode)
-        instead of overwriting pages this mapping still reads."""
-        if layout.data_bytes == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        path = lay.buffer_path(self.settings.shm_dir, layout.buffer)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            inode = os.fstat(fd).st_ino
-            prot = mmap.PROT_READ | mmap.PROT_WRITE
-            mapped = mmap.mmap(fd, layout.data_bytes, flags=mmap.MAP_PRIVATE, prot=prot)
-        finally:
-            os.close(fd)
-        with contextlib.suppress(OSError):  # map the pages now, without copying (Linux 5.14+);
-            mapped.madvise(MADV_POPULATE_READ)  # MAP_POPULATE would copy every page (COW)
-        pin = lay.pin_marker(self.settings.shm_dir, layout.buffer)
-        lay.write_atomic(pin, str(inode).encode(), durable=False)
-        return torch.frombuffer(mapped, dtype=torch.uint8)
+    def reserve(self, step: int, nbytes: int) -> tuple[int, Any]:
+        """Wait until the previous save is persisted, then return the buffer a save of ``step``
+        writes (the one the newest committed slot before it does not use) as a uint8 tensor of
+        at least ``nbytes`` bytes, mapped from shared memory (kept mapped between saves)."""
+        import torch
 
-    def _unpin(self, buffer: int) -> None:
-        """Replace a pinned buffer file by a new one before writing into it."""
-        pin = lay.pin_marker(self.settings.shm_dir, buffer)
-        try:
-            inode = int(pin.read_text())
-        except (FileNotFoundError, ValueError):
-            return
-        path = lay.buffer_path(self.settings.shm_dir, buffer)
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_ino == inode:
-                path.unlink()
-        pin.unlink(missing_ok=True)
-        self._buffers.pop(buffer, None)
+        self.wait_idle(step)
+        shm = self.settings.shm_dir
+        shm.mkdir(parents=True, exist_ok=True)
+        self.drop_from(step)
+        committed = [s for s in self.committed_steps() if s < step]
+        buffer = 0
+        if committed:
+            buffer = 1 - lay.read_layout(shm, committed[-1]).buffer
+        for old in committed[:-1]:  # stale slots may point at the buffer we overwrite
+            _drop_slot(shm, old)
+        return buffer, self._buffer(buffer, max(nbytes, 1), torch)
+
+    def drop_from(self, step: int) -> None:
+        """A step saved again after a rollback (the rank resumed from an earlier step): the
+        slots of that step and later belong to an abandoned timeline and go, so that the
+        daemon persists this one anew (a left marker would make it look committed already)."""
+        for abandoned in (s for s in lay.slot_steps(self.settings.shm_dir) if s >= step):
+            _drop_slot(self.settings.shm_dir, abandoned)
+
+    def grow(self, buffer: int, nbytes: int) -> Any:
+        """The buffer ``buffer`` (just reserved) mapped again with at least ``nbytes`` bytes;
+        what was written through the earlier mapping stays (same file)."""
+        import torch
+
+        return self._buffer(buffer, max(nbytes, 1), torch)
 
     def _buffer(self, buffer: int, size: int, torch: Any) -> Any:
-        self._unpin(buffer)
         cached = self._buffers.get(buffer)
         if cached is not None and cached[0] >= size:
             return cached[1]
@@ -183,19 +164,24 @@ class Saver:
         return tensor
 
     def load_latest(self, template: Any = None) -> tuple[int, Any] | None:
-        """The newest committed state: from shared memory if there is one, else from disk."""
-        import torch
-
+        """The newest committed state: from shared memory if there is one, else from disk
+        (read into the template's tensors where they fit: one copy)."""
         committed = self._at_most_resume(self.committed_steps())
         if committed:
             step = committed[-1]
             shm = self.settings.shm_dir
             layout = lay.read_layout(shm, step)
-            data = self._map_private(layout, torch)
-            skeleton = lay.slot_pkl(shm, step).read_bytes()
-            views = _build(layout, skeleton, data, torch)
+            skeleton = pickle.loads(lay.slot_pkl(shm, step).read_bytes())
+            fd = os.open(lay.buffer_path(shm, layout.buffer), os.O_RDONLY)
+            try:
+                jobs: list[tuple[int, Any]] = []
+                read = functools.partial(_read_tensor, fd, layout, jobs)
+                state = _fill(skeleton, template, read)
+                read_into(fd, jobs)
+            finally:
+                os.close(fd)
             log.info("checkpoint step %s loaded from shared memory", step)
-            return step, _apply(views, template, torch)
+            return step, state
         return self.load_from_disk(template)
 
     def load_from_disk(self, template: Any = None) -> tuple[int, Any] | None:
@@ -219,6 +205,89 @@ class Saver:
         """A rank may have committed a step its peers have not: it resumes with them."""
         limit = self.settings.resume_step
         return steps if limit is None else [s for s in steps if s <= limit]
+
+
+READ_CHUNK = 32 * 1024 * 1024
+
+
+def read_into(fd: int, jobs: list[tuple[int, Any]], threads: int = 0) -> None:
+    """Copy the bytes of the file ``fd`` at each ``(offset, tensor)`` into the CPU tensor
+    (contiguous): one copy, by the kernel, from the page cache (shared memory) into the
+    tensor's memory, in chunks over ``threads`` threads (default: torch's intra-op threads, as a
+    ``copy_`` would use). A mapping of the shm file would cost a page-table entry per 4 KiB page
+    (tmpfs has no huge pages) on top of the copy: that, not the copy, made the mapped restore
+    slower than ``torch.load`` from a warm page cache."""
+    import concurrent.futures
+
+    import torch
+
+    chunks = []
+    for offset, target in jobs:
+        nbytes = target.numel() * target.element_size()
+        if nbytes:
+            view = target.detach().reshape(-1).view(torch.uint8).numpy().data
+            chunks += [(view, offset, start, min(start + READ_CHUNK, nbytes))
+                       for start in range(0, nbytes, READ_CHUNK)]  # fmt: skip
+    workers = min(threads or torch.get_num_threads(), len(chunks))
+    if workers <= 1:
+        for chunk in chunks:
+            _pread_chunk(fd, *chunk)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="shm-read") as pool:
+        list(pool.map(lambda chunk: _pread_chunk(fd, *chunk), chunks))
+
+
+def _pread_chunk(fd: int, view: memoryview, offset: int, start: int, end: int) -> None:
+    done = start
+    while done < end:
+        got = os.preadv(fd, [view[done:end]], offset + done)
+        if got <= 0:
+            raise OSError(f"short read from shared memory at {offset + done}")
+        done += got
+
+
+def _read_tensor(
+    fd: int, layout: lay.Layout, jobs: list[tuple[int, Any]], ref: lay.TensorRef, template: Any
+) -> Any:
+    """Tensor ``ref`` of the slot, to be read (``jobs``) into the template's tensor when it fits
+    (same shape and dtype, contiguous, on the CPU), or into a new one; read now and moved to the
+    template's device and dtype when it does not fit."""
+    import torch
+
+    entry = layout.tensors[ref.index]
+    dtype = getattr(torch, entry.dtype)
+    if (
+        isinstance(template, torch.Tensor)
+        and tuple(template.shape) == entry.shape
+        and template.dtype == dtype
+        and template.device.type == "cpu"
+        and template.is_contiguous()
+    ):
+        jobs.append((entry.offset, template))
+        return template
+    target = torch.empty(entry.shape, dtype=dtype)
+    if isinstance(template, torch.Tensor):
+        read_into(fd, [(entry.offset, target)])
+        if tuple(template.shape) == entry.shape and template.dtype == dtype:
+            with torch.no_grad():  # on a GPU, or not contiguous: still loaded in place
+                return template.copy_(target)
+        return target.to(device=template.device, dtype=template.dtype)
+    jobs.append((entry.offset, target))
+    return target
+
+
+def _fill(value: Any, template: Any, read: Callable[[lay.TensorRef, Any], Any]) -> Any:
+    """The skeleton with each TensorRef read (with the template's value at the same key)."""
+    if isinstance(value, lay.TensorRef):
+        return read(value, template)
+    if isinstance(value, dict):
+        sub = template if isinstance(template, dict) else {}
+        return type(value)((k, _fill(v, sub.get(k), read)) for k, v in value.items())
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        subs = list(template) if isinstance(template, list | tuple) else []
+        subs += [None] * (len(value) - len(subs))
+        return type(value)(_fill(v, t, read) for v, t in zip(value, subs, strict=False))
+    return value
 
 
 def _drop_slot(shm: Path, step: int) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint import store
+from aegis.checkpoint.dcp import slot as dcp_slot
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,11 @@ def pending(shm: Path) -> list[int]:
 
 def commit_one(shm: Path, ckpt: Path, step: int, max_write_mb_s: float, keep: int) -> None:
     started = time.monotonic()
-    final = store.persist(shm, ckpt, step, max_write_mb_s)
+    dcp = dcp_slot.read(shm, step)
+    if dcp is None:
+        final = store.persist(shm, ckpt, step, max_write_mb_s)
+    else:  # a torch distributed checkpoint: DCP's own format, in its directory
+        final = dcp_slot.persist(shm, dcp, keep)
     store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
     older = [s for s in lay.slot_steps(shm) if s < step]
     previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)

@@ -8,9 +8,10 @@ Shared-memory directory (owned by the agent, survives a restart of the training 
 - ``slot-<step>.json``: the layout (buffer, offsets, dtypes, shapes); its rename into place is the
   hand-off to the daemon;
 - ``committed-<step>``: written by the daemon once the step is durable on disk;
-- ``pinned-<buffer>``: the inode of a buffer that a loader maps copy-on-write (zero-copy restore);
-  the next save into that buffer creates a new file instead of overwriting its pages;
 - ``commits.jsonl``: one ``{"step", "path", "ts"}`` line per commit (the agent tails it).
+
+A torch distributed checkpoint's slot (:mod:`aegis.checkpoint.dcp.slot`) uses the same names and
+buffers; its ``slot-<step>.json`` has a ``"dcp"`` section and is persisted in DCP's own format.
 
 Checkpoint directory: ``step-<N>/`` holding ``data.bin``, ``meta.pkl``, ``manifest.json`` (layout
 plus CRC32 of every tensor and of ``meta.pkl``) and the commit marker ``COMMIT`` (written last,
@@ -79,11 +80,6 @@ def aligned(n: int) -> int:
 
 def buffer_path(shm: Path, buffer: int) -> Path:
     return shm / f"buf-{buffer}"
-
-
-def pin_marker(shm: Path, buffer: int) -> Path:
-    """Inode of a buffer file that a process maps privately (a save must replace, not write)."""
-    return shm / f"pinned-{buffer}"
 
 
 def slot_json(shm: Path, step: int) -> Path:

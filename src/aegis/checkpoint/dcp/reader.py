@@ -1,0 +1,269 @@
+"""``Reader``: DCP's ``FileSystemReader`` that restores from the pod's shared memory first.
+
+``read_metadata`` decides, on every rank alike (two small collectives on the default group when
+one is set up), which checkpoint to load: with no ``checkpoint_id``, the newest step that every
+rank holds in shared memory, else the newest complete one on disk whose files pass their CRCs
+(each rank checks a share of them; a corrupt one is skipped, with a warning, for the one
+before); a step number names one; a directory is read as DCP's ``FileSystemReader`` reads it.
+``read_data`` copies each item this rank holds in shared memory straight into its destination
+(one ``preadv`` from the buffer file), and reads the others (another rank's items, resharding)
+from the step's files, waiting for the daemons to write them if the save was just made.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import filesystem
+from torch.distributed.checkpoint import metadata as dmd
+from torch.distributed.checkpoint import planner as dpl
+from torch.futures import Future
+
+from aegis.checkpoint import api
+from aegis.checkpoint import layout as lay
+from aegis.checkpoint.dcp import slot as sl
+from aegis.checkpoint.dcp.writer import parse_step
+
+log = logging.getLogger(__name__)
+
+Index = dict[dmd.MetadataIndex, tuple[Any, ...]]
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """No checkpoint to load (none in shared memory, none complete and valid on disk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Local:
+    """This rank's shared-memory copy of the chosen step."""
+
+    slot: sl.DcpSlot
+    index: Index
+
+
+class Reader(filesystem.FileSystemReader):
+    def __init__(self, root: str | os.PathLike[str] | None = None,
+                 environ: dict[str, str] | None = None, wait_s: float = 600.0) -> None:  # fmt: skip
+        env = dict(os.environ if environ is None else environ)
+        self._settings = api.SaverSettings.from_env(env)
+        self._root = Path(root) if root is not None else sl.default_root(env)
+        super().__init__(self._root or ".")
+        self._explicit: Any = None
+        self._local: _Local | None = None
+        self._wait_s = wait_s
+        self.step: int | None = None  # the step loaded, once read_metadata chose it
+        self.source: str | None = None  # "shm" or "disk"
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._explicit = checkpoint_id
+        self._local = None
+        super().reset(None if parse_step(checkpoint_id) is not None else checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return checkpoint_id is None or parse_step(checkpoint_id) is not None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dmd.Metadata:
+        if self._explicit is not None and parse_step(self._explicit) is None:
+            return super().read_metadata(*args, **kwargs)  # a directory: DCP's own reader
+        if kwargs.get("rank") is not None:  # DCP's retry for rank-local metadata: Aegis has none
+            raise CheckpointNotFoundError("no rank-local metadata in Aegis checkpoints")
+        shm = self._settings.shm_dir
+        mine = self._shm_steps()
+        disk = sl.steps(self._root) if self._root is not None else []
+        limit = self._settings.resume_step
+        disk = [s for s in disk if limit is None or s <= limit]
+        gathered = _all_gather((mine, disk))
+        wanted = parse_step(self._explicit)
+        in_shm = set.intersection(*(set(m) for m, _ in gathered))
+        candidates = sorted(in_shm) if wanted is None else [s for s in in_shm if s == wanted]
+        if candidates:
+            step = candidates[-1]
+            meta_bytes = _broadcast(_slot_metadata(shm, step) if _rank() == 0 else None)
+            meta = pickle.loads(meta_bytes)
+            self.source = "shm"
+        else:
+            on_disk = gathered[0][1] if wanted is None else [wanted]
+            step, meta = self._newest_valid_on_disk(on_disk)
+            self.source = "disk"
+        self.step = step
+        own = sl.read(shm, step)  # this rank's items come from shared memory wherever it has them
+        if own is not None:
+            blob = lay.slot_pkl(shm, step).read_bytes()
+            at, n = own.index
+            self._local = _Local(own, pickle.loads(blob[at : at + n]))
+        self.path = own.directory if own is not None else self._step_dir(step)
+        if getattr(meta, "storage_meta", None) is None:
+            meta.storage_meta = dmd.StorageMeta()
+        meta.storage_meta.load_id = self.load_id
+        log.info("DCP checkpoint step %s: loading from %s", step, self.source)
+        loaded: dmd.Metadata = meta
+        return loaded
+
+    def read_data(self, plan: dpl.LoadPlan, planner: dpl.LoadPlanner) -> Future[None]:
+        local = self._local
+        here = [] if local is None else [r for r in plan.items if r.storage_index in local.index]
+        taken = {id(r) for r in here}
+        elsewhere = [r for r in plan.items if id(r) not in taken]
+        if here and local is not None:
+            _read_shm(self._settings.shm_dir, local, here, planner)
+        if elsewhere:
+            self._wait_for_files(elsewhere)
+            return super().read_data(dpl.LoadPlan(elsewhere), planner)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    # -- choosing a step -------------------------------------------------------------------
+
+    def _shm_steps(self) -> list[int]:
+        shm, limit = self._settings.shm_dir, self._settings.resume_step
+        steps = []
+        for step in lay.slot_steps(shm):
+            s = sl.read(shm, step)
+            if s is None or (limit is not None and step > limit):
+                continue
+            if _rank() == 0 and s.metadata is None:
+                continue  # the coordinator's slot is whole only with the metadata
+            steps.append(step)
+        return steps
+
+    def _step_dir(self, step: int) -> Path:
+        if self._root is None:
+            raise CheckpointNotFoundError("aegis.checkpoint.dcp.Reader: no checkpoint directory")
+        return self._root / f"step-{step}"
+
+    def _newest_valid_on_disk(self, steps: list[int]) -> tuple[int, dmd.Metadata]:
+        for step in reversed(steps):
+            where = self._step_dir(step)
+            try:
+                with (where / sl.METADATA).open("rb") as src:
+                    meta = pickle.load(src)
+                problem = _check_share(where, meta)
+            except (OSError, pickle.UnpicklingError, EOFError) as exc:
+                meta, problem = None, f"unreadable metadata: {exc}"
+            problems = [p for p in _all_gather(problem) if p]
+            if not problems and meta is not None:
+                return step, meta
+            log.warning("DCP checkpoint step %s skipped: %s", step, "; ".join(problems))
+        raise CheckpointNotFoundError(f"no valid DCP checkpoint under {self._root}")
+
+    def _wait_for_files(self, items: list[dpl.ReadItem]) -> None:
+        """The save may have just been made: its other ranks' files come from their daemons."""
+        names = {self.storage_data[r.storage_index].relative_path for r in items}
+        deadline = time.monotonic() + self._wait_s
+        while missing := [n for n in names if not (Path(self.path) / n).exists()]:
+            if time.monotonic() > deadline:
+                raise CheckpointNotFoundError(f"{self.path}: {missing} not written")
+            time.sleep(0.01)
+
+
+def _read_shm(shm: Path, local: _Local, items: list[dpl.ReadItem],
+              planner: dpl.LoadPlanner) -> None:  # fmt: skip
+    fd = os.open(lay.buffer_path(shm, local.slot.buffer), os.O_RDONLY)
+    blob: bytes | None = None
+    mapped: torch.Tensor | None = None
+    jobs: list[tuple[int, torch.Tensor]] = []  # read at once, over threads
+    done: list[tuple[dpl.ReadItem, torch.Tensor]] = []
+    try:
+        for req in items:
+            entry = local.index[req.storage_index]
+            if entry[0] == "bytes":
+                if blob is None:
+                    blob = lay.slot_pkl(shm, local.slot.step).read_bytes()
+                _, at, n = entry
+                planner.load_bytes(req, io.BytesIO(blob[at : at + n]))
+                continue
+            _, at, dtype, shape = entry
+            target = planner.resolve_tensor(req).detach()
+            whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == shape
+            if whole and target.is_contiguous() and target.dtype == dtype and target.is_cpu:
+                jobs.append((at, target))  # the common case: one copy, straight into place
+                done.append((req, target))
+                continue
+            if mapped is None:  # a part of the item (resharding), or a target elsewhere
+                mapped = _map(lay.buffer_path(shm, local.slot.buffer), local.slot.data_bytes)
+            n = torch.Size(shape).numel() * dtype.itemsize
+            source = mapped[at : at + n].view(dtype).view(shape)
+            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths,
+                                                      strict=True)):  # fmt: skip
+                source = source.narrow(dim, start, length)
+            target.copy_(source)
+            planner.commit_tensor(req, target)
+        api.read_into(fd, jobs)
+        for req, target in done:
+            planner.commit_tensor(req, target)
+    finally:
+        os.close(fd)
+
+
+def _map(path: Path, size: int) -> torch.Tensor:
+    storage: Any = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=max(size, 1))
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _slot_metadata(shm: Path, step: int) -> bytes | None:
+    s = sl.read(shm, step)
+    if s is None or s.metadata is None:
+        return None
+    at, n = s.metadata
+    return lay.slot_pkl(shm, step).read_bytes()[at : at + n]
+
+
+def _check_share(where: Path, meta: dmd.Metadata) -> str | None:
+    """Check the CRCs of this rank's share of the files (file i: rank i mod world)."""
+    by_file: dict[str, list[filesystem._StorageInfo]] = {}
+    for info in meta.storage_data.values():
+        by_file.setdefault(info.relative_path, []).append(info)
+    rank, world = _rank(), _world()
+    for number, name in enumerate(sorted(by_file)):
+        if number % world != rank:
+            continue
+        try:
+            with (where / name).open("rb") as src:
+                for info in by_file[name]:
+                    src.seek(info.offset)
+                    chunk = src.read(info.length)
+                    if len(chunk) != info.length:
+                        return f"{name} is shorter than its metadata says"
+                    if chunk[:4] == b"PK\x03\x04":
+                        bad = zipfile.ZipFile(io.BytesIO(chunk)).testzip()
+                        if bad is not None:
+                            return f"{name}: checksum mismatch in {bad}"
+        except (OSError, zipfile.BadZipFile) as exc:
+            return f"{name}: {exc}"
+    return None
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _all_gather(value: Any) -> list[Any]:
+    if _world() == 1:
+        return [value]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _broadcast(value: Any) -> Any:
+    if _world() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

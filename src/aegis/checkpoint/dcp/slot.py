@@ -1,0 +1,231 @@
+"""A DCP checkpoint slot in shared memory, and how the saver daemon persists it (no torch).
+
+A DCP slot uses the same files as any slot (:mod:`aegis.checkpoint.layout`): its rank's data in
+``buf-<n>``, ``slot-<step>.pkl`` holding literal bytes (zip headers of ``torch.save`` records,
+pickled objects, the pickled DCP metadata on the coordinator, the reader's index), and
+``slot-<step>.json`` (the hand-off) with a ``"dcp"`` section: the checkpoint directory, every
+file to write there as a list of pieces (``["lit", at, n]`` bytes of the ``.pkl`` blob,
+``["buf", at, n]`` bytes of the buffer, ``["crc", at, n]`` the CRC32 of bytes of the buffer), the
+pickled DCP metadata (coordinator only) and the files of the other ranks that must be on disk
+before it is written. The ``.metadata`` file, written last and atomically by the coordinator's
+daemon once every rank's files are there, is what makes the directory a DCP checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aegis.checkpoint import layout as lay
+
+METADATA = ".metadata"
+CHUNK = 16 * 1024 * 1024
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+Piece = tuple[str, int, int]  # ("lit" | "buf" | "crc", offset, length)
+
+
+class AbandonedStepError(FileNotFoundError):
+    """The coordinator's slot was dropped: the other ranks' files never came (the daemon goes
+    on with the next slot; the step is never committed, so no rank resumes from it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileSpec:
+    name: str
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DcpSlot:
+    step: int
+    buffer: int
+    data_bytes: int
+    directory: Path
+    files: tuple[FileSpec, ...]
+    index: tuple[int, int]  # the reader's pickled index, in the blob
+    metadata: tuple[int, int] | None = None  # the pickled DCP Metadata (coordinator)
+    wait_for: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "buffer": self.buffer,
+            "data_bytes": self.data_bytes,
+            "tensors": [],
+            "dcp": {
+                "dir": str(self.directory),
+                "files": [
+                    {"name": f.name, "pieces": [list(p) for p in f.pieces]} for f in self.files
+                ],
+                "index": list(self.index),
+                "metadata": None if self.metadata is None else list(self.metadata),
+                "wait_for": list(self.wait_for),
+            },
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> DcpSlot:
+        d = data["dcp"]
+        meta = d.get("metadata")
+        return DcpSlot(
+            step=int(data["step"]),
+            buffer=int(data["buffer"]),
+            data_bytes=int(data["data_bytes"]),
+            directory=Path(d["dir"]),
+            files=tuple(
+                FileSpec(str(f["name"]), tuple((str(k), int(a), int(n)) for k, a, n in f["pieces"]))
+                for f in d["files"]
+            ),
+            index=(int(d["index"][0]), int(d["index"][1])),
+            metadata=None if meta is None else (int(meta[0]), int(meta[1])),
+            wait_for=tuple(str(n) for n in d["wait_for"]),
+        )
+
+
+def read(shm: Path, step: int) -> DcpSlot | None:
+    """The DCP slot of ``step``, or None when that slot is not a DCP one (or is gone)."""
+    try:
+        data = json.loads(lay.slot_json(shm, step).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return DcpSlot.from_json(data) if isinstance(data, dict) and "dcp" in data else None
+
+
+def hand_off(shm: Path, slot: DcpSlot, blob: bytes) -> None:
+    """Write the blob, then the slot's json (the daemon takes the slot once that is there)."""
+    lay.write_atomic(lay.slot_pkl(shm, slot.step), blob, durable=False)
+    lay.write_atomic(lay.slot_json(shm, slot.step), json.dumps(slot.to_json()).encode(),
+                     durable=False)  # fmt: skip
+
+
+def persist(shm: Path, slot: DcpSlot, keep: int, wait_s: float = 600.0) -> Path:
+    """Write this rank's files of ``slot`` into its directory (each fsync'd, renamed into place),
+    then, on the coordinator, wait for the other ranks' files and write ``.metadata`` last
+    (:class:`AbandonedStepError` when they are not there within ``wait_s``)."""
+    blob = lay.slot_pkl(shm, slot.step).read_bytes()
+    where = slot.directory
+    where.mkdir(parents=True, exist_ok=True)
+    with _mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
+        for spec in slot.files:
+            _write_file(where, spec.name, spec.pieces, blob, data)
+    lay.fsync_dir(where)
+    if slot.metadata is None:
+        return where
+    try:
+        _wait_for(where, slot.wait_for, wait_s)
+    except TimeoutError as exc:  # a peer's copy is gone (its pod replaced): never complete
+        for path in (lay.slot_json(shm, slot.step), lay.slot_pkl(shm, slot.step)):
+            path.unlink(missing_ok=True)
+        raise AbandonedStepError(f"step {slot.step} abandoned, not committed: {exc}") from None
+    at, n = slot.metadata
+    _write_file(where, METADATA, [("lit", at, n)], blob, memoryview(b""))
+    lay.fsync_dir(where)
+    prune(where.parent, keep)
+    return where
+
+
+@contextlib.contextmanager
+def _mapped(path: Path, size: int) -> Any:
+    if size == 0:
+        yield memoryview(b"")
+        return
+    with path.open("rb") as src, mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mm:
+        view = memoryview(mm)
+        try:
+            yield view
+        finally:
+            view.release()
+
+
+def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
+                data: memoryview) -> None:  # fmt: skip
+    tmp = where / f".{name}.tmp-{os.getpid()}"
+    crcs: dict[tuple[int, int], bytes] = {}
+    with tmp.open("wb") as out:
+        for kind, at, n in pieces:
+            if kind == "lit":
+                out.write(blob[at : at + n])
+            elif kind == "buf":
+                for start in range(at, at + n, CHUNK):
+                    out.write(data[start : min(start + CHUNK, at + n)])
+            elif kind == "crc":
+                if (at, n) not in crcs:
+                    crcs[at, n] = zlib.crc32(data[at : at + n]).to_bytes(4, "little")
+                out.write(crcs[at, n])
+            else:
+                raise ValueError(f"unknown piece {kind!r} in the slot of {where / name}")
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.rename(where / name)
+
+
+def _wait_for(where: Path, names: Sequence[str], wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while missing := [n for n in names if not (where / n).exists()]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{where}: other ranks' files {missing} not written in {wait_s} s")
+        time.sleep(0.02)
+
+
+def steps(root: Path) -> list[int]:
+    """Steps with a complete DCP checkpoint (``step-<N>/.metadata``) under ``root``, ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = (int(m.group(1)) for n in names if (m := _STEP_DIR.match(n)))
+    return sorted(s for s in found if (root / f"step-{s}" / METADATA).exists())
+
+
+def step_dirs(root: Path) -> list[int]:
+    """Every ``step-<N>`` directory under ``root``, complete or not, ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.match(n)))
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints under ``root`` (and what is newer)."""
+    complete = steps(root)
+    if len(complete) <= keep:
+        return
+    oldest_kept = complete[-keep]
+    for step in step_dirs(root):
+        if step < oldest_kept:
+            shutil.rmtree(root / f"step-{step}", ignore_errors=True)
+
+
+def default_root(env: dict[str, str]) -> Path | None:
+    """Where DCP checkpoints go: ``AEGIS_DCP_DIR``, else ``dcp/`` in the job's checkpoint
+    directory (under the agent ``AEGIS_CKPT_DIR`` is ``<job dir>/<pod>``: one DCP checkpoint
+    holds every rank's files, so it lives beside the pods' directories), else None."""
+    if env.get("AEGIS_DCP_DIR"):
+        return Path(env["AEGIS_DCP_DIR"])
+    ckpt = env.get("AEGIS_CKPT_DIR")
+    if not ckpt:
+        return None
+    path = Path(ckpt)
+    pod = env.get("AEGIS_POD")
+    return (path.parent if pod and path.name == pod else path) / "dcp"
+
+
+def next_step(shm: Path, root: Path | None, resume_step: int | None) -> int:
+    """The step a save without a checkpoint id makes: one past the newest this pod knows of
+    (in shared memory or on disk), or past the job's resume step after a restart."""
+    known = lay.slot_steps(shm) + (step_dirs(root) if root is not None else [])
+    if resume_step is not None:
+        known = [s for s in known if s <= resume_step] + [resume_step]
+    return max(known, default=0) + 1
