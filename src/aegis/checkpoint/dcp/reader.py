@@ -33,13 +33,14 @@ from aegis.checkpoint import api
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint.dcp import slot as sl
 from aegis.checkpoint.dcp.writer import parse_step
+from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
 
 Index = dict[dmd.MetadataIndex, tuple[Any, ...]]
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(AegisError, FileNotFoundError):
     """No checkpoint to load (none in shared memory, none complete and valid on disk)."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis.checkpoint import layout as lay
+from aegis.core.errors import AegisError
 
 METADATA = ".metadata"
 CHUNK = 16 * 1024 * 1024
@@ -35,7 +36,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 Piece = tuple[str, int, int]  # ("lit" | "buf" | "crc", offset, length)
 
 
-class AbandonedStepError(FileNotFoundError):
+class AbandonedStepError(AegisError, FileNotFoundError):
     """The coordinator's slot was dropped: the other ranks' files never came (the daemon goes
     on with the next slot; the step is never committed, so no rank resumes from it)."""
 
