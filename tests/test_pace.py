@@ -114,7 +114,7 @@ def test_heartbeats_arriving_together_neither_inflate_the_pace_nor_report(
     delivered(slowed, pods, 0.0, 60.0, rate=20.0, batch_s=batch_s)
     beats = [
         (60.0 + k + i / pods, PodName(f"j-{i}"), 1200 + int(2.0 * (k + i / pods)))
-        for k in range(60)
+        for k in range(150)  # the drop lasts longer than its confirmation, three windows
         for i in range(pods)
     ]
     reasons = [
@@ -141,12 +141,25 @@ def test_one_report_per_committed_checkpoint() -> None:
 
 def test_a_dip_shorter_than_a_window_is_no_slowdown_and_one_that_stays_is() -> None:
     """The probe of issue 18: a loaded machine halved the pace for a few seconds before the
-    injected node turned slow, and that was reported. A drop must now last one more window."""
+    injected node turned slow, and that was reported. A drop must now last three more windows
+    (``confirm_windows``)."""
     pace = Pace(PaceSettings(window_s=5.0, drop=0.5))
+    assert pace.settings.confirm_after_s == 15.0
     assert beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0) == []
     # 5 s at a sixth of the pace: the median of the 5-s window stays low for a few seconds
     assert beat(pace, 3, 21.0, 25.0, rate=5.0, step0=600) == []
     assert beat(pace, 3, 26.0, 50.0, rate=30.0, step0=625) == []  # back: nothing reported
     assert pace.low_since is None
-    reasons = beat(pace, 3, 51.0, 70.0, rate=5.0, step0=1345)  # slow for good
-    assert len(reasons) == 1 and "for 5 s" in reasons[0], reasons
+    # two whole windows at a sixth (a longer spell of load) are not enough either
+    assert beat(pace, 3, 51.0, 60.0, rate=5.0, step0=1345) == []
+    assert beat(pace, 3, 61.0, 90.0, rate=30.0, step0=1395) == []
+    assert pace.low_since is None
+    reasons = beat(pace, 3, 91.0, 120.0, rate=5.0, step0=2265)  # slow for good
+    assert len(reasons) == 1 and "for 15 s" in reasons[0], reasons
+
+
+def test_the_confirmation_can_be_set_in_windows_or_seconds() -> None:
+    assert PaceSettings(window_s=4.0, confirm_windows=1).confirm_after_s == 4.0
+    assert PaceSettings(window_s=4.0, confirm_s=2.5).confirm_after_s == 2.5
+    with pytest.raises(ValueError, match="confirm_windows"):
+        PaceSettings(confirm_windows=-1)

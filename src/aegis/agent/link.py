@@ -309,12 +309,16 @@ class MasterLink:
         said, beats = "", 0
         while not self.done.done():
             phase, seq = self.run_round
-            step = self.sup.last_step if self.sup is not None else None
+            seen = self.sup.last_progress if self.sup is not None else None
+            step, step_ts = (None, None) if seen is None else seen
             self.ever_stepped |= step is not None
             watchdog = self.sup.hang_timeout_text if self.sup is not None else ""
             # the watchdog's choice when it changes, and now and then (a new leader learns it)
             again = watchdog != said or beats % WATCHDOG_EVERY_BEATS == 0
-            data = m.HeartbeatData(step, watchdog if again else "")
+            # when the step ended and when this beat left, on this host's clock: the master's
+            # straggler scores (core/stragglers.py)
+            sent = time.monotonic() if seen is not None else None
+            data = m.HeartbeatData(step, watchdog if again else "", step_ts, sent)
             said, beats = watchdog, beats + 1
             await self._send(m.MessageType.HEARTBEAT, phase, seq, data)
             try:

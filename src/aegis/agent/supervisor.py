@@ -181,8 +181,13 @@ class Supervisor:
     @property
     def last_step(self) -> int | None:
         """The step the command last reported with ``aegis.progress()``, None if none yet."""
-        seen = self._progress.read() if self._progress is not None else None
+        seen = self.last_progress
         return None if seen is None else seen[0]
+
+    @property
+    def last_progress(self) -> tuple[int, float] | None:
+        """(step, ``time.monotonic()`` when it ended) of the last report, None if none yet."""
+        return self._progress.read() if self._progress is not None else None
 
     def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
         """Ask the running command for a checkpoint at ``target_step`` (``aegis.checkpoint.

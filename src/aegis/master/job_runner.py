@@ -34,7 +34,7 @@ from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core import actions as act
 from aegis.core import events as ev
-from aegis.core import machine, rendezvous
+from aegis.core import machine, rendezvous, stragglers
 from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
@@ -42,7 +42,7 @@ from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.hang_judge import GatherSettings, HangJudge
-from aegis.master.pace import Pace, PaceSettings
+from aegis.master.pace import Pace, PaceSettings, StragglerWatch
 from aegis.master.ports import Platform
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
@@ -79,6 +79,9 @@ class JobSettings:
     drain_deadline_s: float = 60.0  # default wait for the commit before a drain evicts anyway
     # The pace watch (master/pace.py): a run that slows well below its own pace gets the checks.
     pace: PaceSettings = field(default_factory=PaceSettings)
+    # Straggler scores from the pods' step ends (core/stragglers.py); they name the pace
+    # watch's slow node, and are exported by the metrics.
+    stragglers: stragglers.StragglerSettings = field(default_factory=stragglers.StragglerSettings)
     # A hang is judged from every pod's report of it (master/hang_judge.py).
     hang_gather: GatherSettings = field(default_factory=GatherSettings)
 
@@ -157,6 +160,7 @@ class JobRunner:
                                    settings.checkpoint_hold_s)  # fmt: skip
         self.safe = SafePoints(spec.job, requests)
         self.pace = Pace(settings.pace)
+        self.stragglers = StragglerWatch(settings.stragglers)
         self.hangs = HangJudge(settings.hang_gather)
         self.observer_failures = 0
         self._observer_log = RateLimitedLog(log, every_s=10.0)
@@ -196,7 +200,7 @@ class JobRunner:
             return
         if event is None:  # a heartbeat: its arrival, and the training step it carries
             if isinstance(msg.data, m.HeartbeatData) and msg.data.step is not None:
-                self._step_seen(pod, msg.seq, msg.data.step)
+                self._step_seen(pod, msg.seq, msg.data)
             if isinstance(msg.data, m.HeartbeatData) and msg.data.hang_timeout:
                 # the pod's watchdog, for ``aegis status`` (stored with the next status write)
                 self.extra.setdefault("watchdogs", {})[pod] = msg.data.hang_timeout[:300]
@@ -252,13 +256,17 @@ class JobRunner:
         self.safe.drain(pods, deadline_s, time.monotonic())
         self.platform_event(ev.DrainRequested(pods, reason))
 
-    def _step_seen(self, pod: PodName, seq: int, step: int) -> None:
-        now = time.monotonic()
+    def _step_seen(self, pod: PodName, seq: int, beat: m.HeartbeatData) -> None:
+        now, step = time.monotonic(), beat.step
+        assert step is not None
         self.safe.step_seen(self.status, pod, seq, step, now)
         if seq != self.status.seq or self.status.phase is not Phase.RUN_COMMAND:
             return
+        if beat.step_ts is not None and beat.sent_mono is not None:
+            self.stragglers.step_seen(seq, pod, step, beat.step_ts, beat.sent_mono, now)
         slowed = self.pace.step_seen(seq, pod, step, now)
         if slowed is not None:
+            slowed += self.stragglers.naming(self.pod_nodes())
             log.warning("job %s: training slowed down: %s", self.spec.job, slowed)
             self.platform_event(ev.SlowdownReported(slowed))
 

@@ -99,6 +99,25 @@ class _LiveCollector(Collector):
         for phase, count in jobs.items():
             job_phase.add_metric([phase], count)
         yield job_phase
+        yield self._straggler_scores()
+
+    def _straggler_scores(self) -> GaugeMetricFamily:
+        """Each node's straggler score (core/stragglers.py) in the running jobs' current round:
+        how many steps its pod ends its steps after its peers (median over recent windows)."""
+        scores = GaugeMetricFamily(
+            "aegis_straggler_score",
+            "Steps by which the node's pod ends its training steps after its peers' (median "
+            "over recent windows of the current round; about 0 for all but a straggler)",
+            labels=["node"],
+        )
+        for job in self.jobs:
+            runner = job.runner
+            if runner.status.phase is not Phase.RUN_COMMAND:
+                continue
+            nodes = runner.pod_nodes()
+            for pod, score in sorted(runner.stragglers.scores().items()):
+                scores.add_metric([nodes.get(PodName(pod), "?")], score)
+        return scores
 
 
 class MasterMetrics:

@@ -13,14 +13,19 @@ intervals, so long steps get a longer window). The best pace since training (re)
 run's; a pace below ``drop`` times that is a slowdown, reported once per RunCommand round and
 at most once per committed checkpoint (a node that is slow only now and then, or a pace that
 changes for good, does not start round after round), and only once the pace has stayed below
-for ``confirm_s`` (one more window by default: a loaded machine's dip of a few seconds, as a
-fresh clone's ``make test`` saw on a quiet machine, is not a slow node; a slow node stays slow).
+for ``confirm_s`` (``confirm_windows`` more windows by default, 3: a loaded machine's dip of a
+few seconds, as a fresh clone's ``make test`` saw, is not a slow node; a slow node stays slow).
+The report names the straggler when the scores (:class:`StragglerWatch`) name one.
 
 What is not a slowdown: training that stops stepping (the end of the job, a final save: no
 advance, no interval; a hang is the hang watchdog's), one long pause such as an evaluation (one
 slow interval against the median), a slow start (the best pace is a maximum). Each round (a
 restart rewinds the step) starts afresh, so a node that stays slow after a round that could not
 name it does not start round after round.
+
+:class:`StragglerWatch` is the shell around :mod:`aegis.core.stragglers`: it keeps each pod's
+recent step ends (from the heartbeats: the step, its end on the pod's clock, the beat's send time
+on the pod's clock), the clock offsets, and the last windows' figures; the core decides.
 
 No I/O and no clock: times are ``time.monotonic()`` values passed in by the job runner.
 """
@@ -29,8 +34,10 @@ from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aegis.core import stragglers
 from aegis.core.model import PodName
 
 
@@ -40,13 +47,14 @@ class PaceSettings:
     drop: float = 0.3  # a pace below this fraction of the run's best pace is a slowdown
     min_intervals: int = 5  # the pace is the median of at least this many advances
     min_interval_s: float = 1.0  # an interval spans at least this long (the heartbeat period)
-    # A drop must last this long (None: one more window) before it is a slowdown: a loaded
-    # machine's dip of a few seconds is not a slow node, a slow node stays slow.
+    # A drop must last this long (None: ``confirm_windows`` more windows) before it is a
+    # slowdown: a loaded machine's dip of a few seconds is not a slow node, a slow node stays.
     confirm_s: float | None = None
+    confirm_windows: int = 3
 
     @property
     def confirm_after_s(self) -> float:
-        return self.window_s if self.confirm_s is None else self.confirm_s
+        return self.confirm_windows * self.window_s if self.confirm_s is None else self.confirm_s
 
     def __post_init__(self) -> None:
         if self.window_s < 0:
@@ -59,6 +67,8 @@ class PaceSettings:
             raise ValueError(f"min_interval_s must be > 0, got {self.min_interval_s:g}")
         if self.confirm_s is not None and self.confirm_s < 0:
             raise ValueError(f"confirm_s must be >= 0 s, got {self.confirm_s:g}")
+        if self.confirm_windows < 0:
+            raise ValueError(f"confirm_windows must be >= 0, got {self.confirm_windows}")
 
 
 @dataclass(slots=True)
@@ -129,3 +139,82 @@ class Pace:
         if len(intervals) < s.min_intervals or now - self.started < s.window_s:
             return None
         return statistics.median(rate for _, rate in intervals)
+
+
+OFFSET_BEATS = 60  # the clock offset is the least delayed of this many recent beats
+KEPT_WINDOWS = 2  # step ends are kept this many windows (a window compares with the one before)
+
+
+@dataclass(slots=True)
+class _PodSteps:
+    beats: collections.deque[tuple[float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=OFFSET_BEATS)
+    )  # (sent on the pod's clock, arrived on the master's)
+    ends: collections.deque[tuple[int, float, float]] = field(default_factory=collections.deque)
+    # (step, its end on the pod's clock, when it arrived on the master's)
+
+
+@dataclass(slots=True)
+class StragglerWatch:
+    """Straggler scores during training (:mod:`aegis.core.stragglers` decides)."""
+
+    settings: stragglers.StragglerSettings = field(default_factory=stragglers.StragglerSettings)
+    seq: int = -1
+    pods: dict[PodName, _PodSteps] = field(default_factory=dict)
+    window_start: float | None = None
+    history: collections.deque[stragglers.Window] = field(default_factory=collections.deque)
+    named: stragglers.Straggler | None = None  # the straggler, as of the last window
+
+    def step_seen(
+        self, seq: int, pod: PodName, step: int, step_ts: float, sent: float, now: float
+    ) -> None:
+        """A heartbeat of round ``seq``: ``pod`` ended ``step`` at ``step_ts`` and sent the beat
+        at ``sent`` (both on its own clock); ``now`` on the master's."""
+        s = self.settings
+        if s.window_s <= 0:
+            return
+        if seq != self.seq:
+            self.seq, self.window_start, self.named = seq, None, None
+            self.pods.clear()
+            self.history.clear()
+        steps = self.pods.setdefault(pod, _PodSteps())
+        steps.beats.append((sent, now))
+        ends = steps.ends
+        if ends and step < ends[-1][0]:
+            ends.clear()  # rewound within a round (not expected): start this pod afresh
+        if not ends or step > ends[-1][0]:
+            ends.append((step, step_ts, now))
+        while ends and ends[0][2] < now - KEPT_WINDOWS * s.window_s:
+            ends.popleft()
+        if self.window_start is None:
+            self.window_start = now
+        elif now - self.window_start >= s.window_s:
+            self._close_window(now)
+
+    def _close_window(self, now: float) -> None:
+        s, since = self.settings, self.window_start
+        assert since is not None
+        timelines = {}
+        for pod, steps in self.pods.items():
+            offset = stragglers.clock_offset(steps.beats)
+            timelines[str(pod)] = [stragglers.StepEnd(k, ts + offset) for k, ts, _ in steps.ends]
+        window = stragglers.window(timelines, since, s.min_samples)
+        self.window_start = now
+        if window is None:
+            return
+        self.history.append(window)
+        while len(self.history) > s.windows:
+            self.history.popleft()
+        self.named = stragglers.straggler(tuple(self.history), s)
+
+    def scores(self) -> Mapping[str, float]:
+        """Each pod's score (steps behind its peers) over the windows kept."""
+        return stragglers.scores(tuple(self.history))
+
+    def naming(self, nodes: Mapping[PodName, str]) -> str:
+        """ "; straggler: <node> (pod P, why)" when the scores name one, else ""."""
+        named = self.named
+        if named is None:
+            return ""
+        node = nodes.get(PodName(named.pod), "?")
+        return f"; straggler: {node} (pod {named.pod}, {named.why})"

@@ -63,10 +63,14 @@ class SafePoints:
 
     def rewound(self) -> None:
         """Training (re)starts from the job's committed step: what a pod committed beyond it
-        belongs to an abandoned timeline and counts again only when committed anew."""
+        belongs to an abandoned timeline and counts again only when committed anew; the steps
+        seen before are no estimate of where it is (extrapolated across a long troubleshoot
+        round they named a step past the end of the job, and a slow pod waited for the next
+        periodic checkpoint instead of the requested one)."""
         self.pod_steps = {
             p: {s for s in steps if s <= self.committed_step} for p, steps in self.pod_steps.items()
         }
+        self.steps.clear()
 
     def resume_step(self) -> int | None:
         """The step every rank resumes from (``AEGIS_RESUME_STEP``): the committed step; 0 (a

@@ -113,6 +113,10 @@ class HeartbeatData(
 ):
     step: int | None = None
     hang_timeout: str = ""  # the watchdog's current choice: "30 s (how it was chosen)"
+    # Straggler scores (core/stragglers.py): when ``step`` ended and when this beat was sent,
+    # both ``time.monotonic()`` of the pod's host (the master estimates the offset)
+    step_ts: float | None = None
+    sent_mono: float | None = None
 
 
 class CheckpointData(

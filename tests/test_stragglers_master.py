@@ -1,0 +1,97 @@
+"""The straggler scores in the master: heartbeats carry each pod's step end and send time on its
+own clock, the job runner feeds them to its watch, the metrics export a score per node, and a
+slowdown the pace watch reports names the straggler's node."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aegis.core import stragglers
+from aegis.core.model import PodName
+from aegis.master import metrics
+from aegis.wire import messages as m
+from tests.agent_waits import async_wait_until, async_wait_until_async
+from tests.scrape import parse
+from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
+
+CLOCKS = {"job-0": 1000.0, "job-1": -20.0}  # each pod's clock: the master's plus this
+
+
+async def test_heartbeats_feed_the_scores_and_the_metrics_name_each_node(harness: Harness) -> None:  # noqa: F811
+    hub = metrics.MasterMetrics()
+    hub.attach(harness.runner)
+    await _to_running(harness)
+    watch = harness.runner.stragglers
+    watch.settings = stragglers.StragglerSettings(window_s=0.05, min_samples=1)
+    step, base = 0, time.monotonic()
+
+    async def beats() -> bool:
+        """Every pod's beat of the next step: the steps end every 0.1 s (a timeline of their
+        own, ahead of the beats, so no load on this machine changes it), job-1's half a step
+        after job-0's; each beat says when it was sent on its pod's clock."""
+        nonlocal step
+        step += 1
+        for pod, clock in CLOCKS.items():
+            late = 0.05 if pod == "job-1" else 0.0
+            ended = base + 0.1 * step + late + clock
+            beat = m.HeartbeatData(step, "", ended, time.monotonic() + clock)
+            await harness.send(pod, m.MessageType.HEARTBEAT, beat)
+        return len(watch.history) >= 3
+
+    await async_wait_until_async(beats, 15.0, "three straggler windows")
+    assert set(watch.pods) == {PodName("job-0"), PodName("job-1")}
+    # the offsets read each pod's clock back to the master's (within the transit time)
+    for pod, clock in CLOCKS.items():
+        offset = stragglers.clock_offset(watch.pods[PodName(pod)].beats)
+        assert -clock <= offset < -clock + 1.0
+    scores = watch.scores()
+    assert scores["job-1"] - scores["job-0"] > 0.25, scores  # half a step, less the transit
+    exported = {dict(labels)["node"]: v for (name, labels), v in parse(hub.scrape()).items()
+                if name == "aegis_straggler_score"}  # fmt: skip
+    assert set(exported) == {"node-0", "node-1"} and exported["node-1"] > exported["node-0"]
+
+
+async def test_an_old_agent_without_step_times_only_feeds_the_pace(harness: Harness) -> None:  # noqa: F811
+    await _to_running(harness)
+    for step in (1, 2, 3):
+        await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(step))
+    await harness.settle()
+    assert harness.runner.stragglers.pods == {}
+    assert harness.runner.pace.steps[PodName("job-0")] == 3
+
+
+class _Slowed:
+    """A pace watch that has seen a slowdown (the pace itself is tests/test_pace.py's)."""
+
+    def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
+        return "3.00 steps/s, below 30% of this run's pace"
+
+    def committed(self) -> None:
+        pass
+
+
+async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) -> None:  # noqa: F811
+    await _to_running(harness)
+    runner = harness.runner
+    runner.pace = _Slowed()  # type: ignore[assignment]
+    runner.stragglers.seq = runner.status.seq
+    runner.stragglers.named = stragglers.Straggler("job-1", 0.62, 5, 6)
+    await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(7))
+    await harness.settle()
+    await async_wait_until(lambda: "SlowdownReported" in _events(harness), what="the report")
+    [reason] = [r["reason"] for r in _records(harness) if r["type"] == "SlowdownReported"]
+    assert reason == (
+        "3.00 steps/s, below 30% of this run's pace; straggler: node-1 (pod job-1, 0.62 steps "
+        "behind its peers, late in 5 of the last 6 windows)"
+    )
+
+
+def _records(h: Harness) -> list[dict[str, object]]:
+    log_dir = h.runner.events.path
+    assert log_dir is not None
+    return [json.loads(line) for line in log_dir.read_text().splitlines()]
+
+
+def _events(h: Harness) -> list[object]:
+    return [r["type"] for r in _records(h)]
