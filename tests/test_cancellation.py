@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.memory import MemoryLeaseStore
 from aegis.master.lease import Lease, LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.platforms.kubernetes import master_side
@@ -83,8 +84,7 @@ async def test_the_replicas_job_poll_and_record_refresh_stop_when_cancelled() ->
 
 
 async def test_the_lease_keeper_and_election_stop_when_cancelled() -> None:
-    lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
-    lease.kv = object()  # type: ignore[assignment]
+    lease = Lease(MemoryLeaseStore(), "r1", LeaseSettings(lease_s=2.0))
     lease.settings = LeaseSettings(lease_s=2.0, renew_s=0.01)
     renewal = Swallower(result=True)  # renewed, says the reply that beat the cancellation
     lease.renew = renewal  # type: ignore[method-assign]
@@ -108,8 +108,7 @@ async def test_the_kubernetes_sides_sync_loop_stops_when_cancelled() -> None:
 
 
 async def test_a_won_election_still_stops_when_the_cancellation_was_swallowed() -> None:
-    lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
-    lease.kv = object()  # type: ignore[assignment]
+    lease = Lease(MemoryLeaseStore(), "r1", LeaseSettings(lease_s=2.0))
     won = Swallower(result=True)  # the reply that beat the cancellation: acquired
     lease.try_acquire = won  # type: ignore[method-assign]
     await stops_when_cancelled(lease.wait_for_lead(), won)
@@ -126,8 +125,7 @@ async def test_a_cancellation_left_over_from_before_the_loop_does_not_stop_it() 
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(1)  # the cancellation lands here and is absorbed
         assert task.cancelling() == 1  # ... but never withdrawn
-        lease = Lease(None, "r1", LeaseSettings(lease_s=2.0))  # type: ignore[arg-type]
-        lease.kv = object()  # type: ignore[assignment]
+        lease = Lease(MemoryLeaseStore(), "r1", LeaseSettings(lease_s=2.0))
         answers = iter([False, False, True])
 
         async def try_acquire() -> bool:
@@ -137,7 +135,7 @@ async def test_a_cancellation_left_over_from_before_the_loop_does_not_stop_it() 
             await asyncio.sleep(0)
 
         lease.try_acquire = try_acquire  # type: ignore[method-assign]
-        lease._wait_vacancy = wait_vacancy  # type: ignore[method-assign]
+        lease.store.wait_vacancy = wait_vacancy  # type: ignore[method-assign]
         lease.epoch = 7
         return await lease.wait_for_lead()
 

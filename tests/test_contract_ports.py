@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -9,9 +10,10 @@ import pytest
 from aegis.adapters import memory
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_lease import NatsLeaseStore
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
-from tests.agent_waits import async_wait_until
+from aegis.adapters.ports import Bus, LeaseStore, LeaseTakenError, StatusStore, StoreConflictError
+from tests.agent_waits import async_wait_until, async_wait_until_async
 
 
 @pytest.fixture(params=["nats", "memory"])
@@ -34,6 +36,24 @@ async def store(request: pytest.FixtureRequest, authority: Authority) -> AsyncIt
     server = request.getfixturevalue("nats_server")
     real = await NatsBus.connect(server.url, authority.master_creds())
     yield await KvStore.open(real, "contract")
+    await real.close()
+
+
+@pytest.fixture(params=["jetstream-kv", "memory"])
+async def lease_store(
+    request: pytest.FixtureRequest, authority: Authority
+) -> AsyncIterator[LeaseStore]:
+    if request.param == "memory":
+        yield memory.MemoryLeaseStore()
+        return
+    server = request.getfixturevalue("nats_server")
+    real = await NatsBus.connect(server.url, authority.master_creds())
+    store = NatsLeaseStore(
+        real.client, bucket="contract-lease", key="leader", replicas=1, ttl_s=1.0
+    )
+    await store.open()
+    yield store
+    await store.stop_watching()
     await real.close()
 
 
@@ -134,3 +154,57 @@ async def test_store_removes_a_record_at_its_revision_and_leaves_no_trace(
     assert await store.remove("ns.ended", ended) is False  # a newer record is not removed
     assert await store.get("ns.ended") == (b"new job", again)
     assert await store.remove("ns.gone", 5) is True  # nothing there: nothing to keep
+
+
+async def test_lease_store_lets_one_holder_write_at_a_time(lease_store: LeaseStore) -> None:
+    vacant = await lease_store.vacant_revision()
+    assert vacant == 0  # never written
+    first = await lease_store.write("m1", expected=vacant, ttl_s=30, timeout_s=5)
+    assert first > vacant
+    with pytest.raises(LeaseTakenError):
+        await lease_store.vacant_revision()
+    with pytest.raises(LeaseTakenError):  # a second candidate that read the vacancy too late
+        await lease_store.write("m2", expected=vacant, ttl_s=30, timeout_s=5)
+    renewed = await lease_store.write("m1", expected=first, ttl_s=30, timeout_s=5)
+    assert renewed > first
+    with pytest.raises(LeaseTakenError):  # a renewal from before the last one: stale
+        await lease_store.write("m1", expected=first, ttl_s=30, timeout_s=5)
+
+
+async def test_lease_store_frees_the_key_when_its_ttl_passes(lease_store: LeaseStore) -> None:
+    held = await lease_store.write(
+        "m1", expected=await lease_store.vacant_revision(), ttl_s=1, timeout_s=5
+    )
+
+    async def vacant() -> int | None:
+        try:
+            return await lease_store.vacant_revision()
+        except LeaseTakenError:
+            return None
+
+    async def expired() -> bool:
+        return await vacant() is not None
+
+    await async_wait_until_async(expired, timeout_s=15, what="the lease's TTL to pass")
+    after = await vacant()
+    assert after is not None and after > held  # the expiry takes a revision
+    with pytest.raises(LeaseTakenError):  # the old holder's renewal is refused
+        await lease_store.write("m1", expected=held, ttl_s=30, timeout_s=5)
+    assert await lease_store.write("m2", expected=after, ttl_s=30, timeout_s=5) > after
+
+
+async def test_lease_store_wakes_a_waiting_standby_when_the_lease_is_removed(
+    lease_store: LeaseStore,
+) -> None:
+    await lease_store.write(
+        "m1", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
+    )
+    await lease_store.wait_vacancy(0.05)  # held: returns at the timeout (and watches the key)
+    with pytest.raises(LeaseTakenError):
+        await lease_store.vacant_revision()
+    waiting = asyncio.create_task(lease_store.wait_vacancy(60))
+    await lease_store.remove()
+    async with asyncio.timeout(15):  # long before the 60-s wait and the TTL
+        await waiting
+    free = await lease_store.vacant_revision()
+    assert await lease_store.write("m2", expected=free, ttl_s=60, timeout_s=5) > free

@@ -18,9 +18,10 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import TRANSIENT, KvStore, NatsBus
+from aegis.adapters.nats_lease import NatsLeaseStore
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
-from aegis.master.lease import Lease, LeaseSettings
+from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.records import MalformedRecordError, decode_record
 from aegis.master.replica import submit_job
 from aegis.wire import status_json
@@ -203,7 +204,8 @@ async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_wait
     leads as soon as the leader lets go."""
     bus = await NatsBus.connect(nats_server.url, authority.master_creds())
     settings = LeaseSettings(lease_s=1.0)
-    leader, standby = (Lease(bus.client, name, settings) for name in ("m1", "m2"))
+    leader, standby = (nats_lease(bus.client, name, settings) for name in ("m1", "m2"))
+    assert isinstance(standby.store, NatsLeaseStore)
     try:
         for lease in (leader, standby):
             await lease.open()
@@ -220,7 +222,7 @@ async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_wait
         standby.try_acquire = counted  # type: ignore[method-assign]
         waiting = asyncio.create_task(standby.wait_for_lead())
         await wait_for(lambda: tries >= 8, "eight tries of the standby")
-        assert not waiting.done() and standby.watchers_opened == 1
+        assert not waiting.done() and standby.store.watchers_opened == 1
         assert (await consumer_counts(bus))[settings.bucket] <= 1
         keeping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -228,7 +230,7 @@ async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_wait
         await leader.release()
         async with asyncio.timeout(30):
             epoch = await waiting
-        assert epoch == standby.epoch and standby.watchers_opened == 1
-        assert standby._watcher is None  # stopped once it led
+        assert epoch == standby.epoch and standby.store.watchers_opened == 1
+        assert not standby.store.watching  # stopped once it led
     finally:
         await bus.close()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Callable
 
-from aegis.adapters.ports import Handler, StoreConflictError
+from aegis.adapters.ports import Handler, LeaseTakenError, StoreConflictError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -78,3 +81,54 @@ class MemoryStore:
             return False
         self.data.pop(key, None)
         return True
+
+
+class MemoryLeaseStore:
+    """The lease port in memory, on an injected clock: the lease expires when the clock passes
+    its TTL (an expiry or a removal takes a revision, as the server's marker does). Share one
+    between the ``Lease``s that compete for it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.revision = 0
+        self.holder: str | None = None
+        self._expires_at = 0.0
+        self._changed = asyncio.Condition()
+
+    async def open(self) -> None:
+        return None
+
+    def _expire(self) -> None:
+        if self.holder is not None and self.clock() >= self._expires_at:
+            self.holder, self.revision = None, self.revision + 1
+
+    async def vacant_revision(self) -> int:
+        self._expire()
+        if self.holder is not None:
+            raise LeaseTakenError("lease held", detail=self.holder)
+        return self.revision
+
+    async def write(self, holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
+        self._expire()
+        if expected != self.revision:
+            raise LeaseTakenError("lease moved on", detail=f"at {self.revision}, not {expected}")
+        self.holder, self.revision = holder, self.revision + 1
+        self._expires_at = self.clock() + ttl_s
+        return self.revision
+
+    async def wait_vacancy(self, timeout_s: float) -> None:
+        self._expire()
+        if self.holder is None:
+            return
+        left = min(timeout_s, max(0.0, self._expires_at - self.clock()))
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def stop_watching(self) -> None:
+        return None
+
+    async def remove(self) -> None:
+        self.holder, self.revision = None, self.revision + 1
+        async with self._changed:
+            self._changed.notify_all()

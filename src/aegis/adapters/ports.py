@@ -57,3 +57,41 @@ class StatusStore(Protocol):
         (``keys`` no longer lists it; a later create of the key succeeds). False when a newer
         revision is there: that one stays."""
         ...
+
+
+class LeaseTakenError(RemoteError):
+    """The lease key is held by someone, or moved on since the revision we expected."""
+
+
+class LeaseStore(Protocol):
+    """One lease key with a time to live (the master's leader election lives here).
+
+    Revisions grow with every write, and with the key's expiry or removal: a vacant key has the
+    revision of its removal (or 0 when it was never written), and only a write that names the
+    key's current revision succeeds."""
+
+    async def open(self) -> None:
+        """Create the lease's bucket if there is none."""
+        ...
+
+    async def vacant_revision(self) -> int:
+        """The revision to overwrite when nobody holds the lease; raises ``LeaseTakenError``
+        when a live lease is there."""
+        ...
+
+    async def write(self, holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
+        """Write the lease for ``holder``, expiring ``ttl_s`` later, if the key is still at
+        revision ``expected``; returns the new revision. Raises ``LeaseTakenError`` when the key
+        moved on; any other exception is a failure of the store itself (try again)."""
+        ...
+
+    async def wait_vacancy(self, timeout_s: float) -> None:
+        """Until the lease is removed or expires, or ``timeout_s`` passed. May watch the key
+        until ``stop_watching``; one watch serves every wait."""
+        ...
+
+    async def stop_watching(self) -> None: ...
+
+    async def remove(self) -> None:
+        """Remove the lease now (its holder's clean shutdown)."""
+        ...

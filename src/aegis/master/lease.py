@@ -1,11 +1,10 @@
-"""Leader election on a JetStream KV bucket: one lease key with a per-key TTL.
+"""Leader election on a lease store (``adapters.ports.LeaseStore``): one key with a TTL.
 
-- acquire: ``create`` the key with a message TTL (the bucket has limit markers, so the server
-  places a delete marker when the TTL expires);
-- renew: a publish with ``Nats-Expected-Last-Subject-Sequence`` (our last revision) and
-  ``Nats-TTL``; nats-py's ``update`` cannot set a TTL, so the publish is made directly;
-- standby: watch the key and try ``create`` when the marker appears (and on a timer, in case a
-  watch event is missed).
+The store is a JetStream KV bucket in production (``adapters.nats_lease``) and a fake in
+memory for tests (``adapters.memory.MemoryLeaseStore``); the same contract suite runs on both.
+This module holds the election's logic: acquire a vacant key, renew it before it expires, and
+as a standby, wait for a vacancy and try again (also on a timer, in case a watch event is
+missed).
 
 The revision at acquisition is the leader's *epoch*. The lease is held while a renewal
 succeeded within ``lease_s - margin_s`` by this process's monotonic clock: a leader that was
@@ -25,16 +24,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import nats.errors
 from nats.aio.client import Client
-from nats.js import api
-from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
-from aegis.core.errors import AegisError
+from aegis.adapters.nats_lease import NatsLeaseStore
+from aegis.adapters.ports import LeaseStore, LeaseTakenError
 
 log = logging.getLogger(__name__)
 
@@ -68,46 +65,44 @@ class LeaseSettings:
         return self.renew_s if self.renew_s is not None else min(self.lease_s / 3, 1.0)
 
 
-class _OccupiedError(AegisError):
-    pass
+def nats_lease(client: Client, holder: str, settings: LeaseSettings) -> Lease:
+    """The production lease: on the JetStream bucket ``settings.bucket``."""
+    store = NatsLeaseStore(
+        client,
+        bucket=settings.bucket,
+        key=settings.key,
+        replicas=settings.replicas,
+        ttl_s=settings.lease_s,
+    )
+    return Lease(store, holder, settings)
 
 
 class Lease:
-    def __init__(self, client: Client, holder: str, settings: LeaseSettings) -> None:
-        self.client, self.holder, self.settings = client, holder, settings
-        self.kv: KeyValue | None = None
+    def __init__(
+        self,
+        store: LeaseStore,
+        holder: str,
+        settings: LeaseSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.holder, self.settings, self.clock = store, holder, settings, clock
         self.epoch: int | None = None
         self._revision = 0
         self._valid_until = 0.0
         self.renew_failures = 0  # consecutive failed renewals (a cluster failover)
-        # One watcher for a standby's whole wait (each watcher is a JetStream consumer that
-        # outlives its stop by minutes: one per try filled the bucket with them).
-        self._watcher: KeyValue.KeyWatcher | None = None
-        self.watchers_opened = 0
 
     async def open(self) -> None:
-        js = self.client.jetstream()
-        try:
-            self.kv = await js.key_value(self.settings.bucket)
-        except NotFoundError:
-            self.kv = await js.create_key_value(
-                bucket=self.settings.bucket,
-                history=1,
-                limit_marker_ttl=max(1.0, self.settings.lease_s),
-                replicas=self.settings.replicas,
-                storage=api.StorageType.FILE,
-            )
+        await self.store.open()
 
     @property
     def held(self) -> bool:
-        return self.epoch is not None and time.monotonic() < self._valid_until
+        return self.epoch is not None and self.clock() < self._valid_until
 
     async def try_acquire(self) -> bool:
-        assert self.kv is not None
-        started = time.monotonic()
+        started = self.clock()
         try:
-            revision = await self._publish(expected=await self._vacant_revision())
-        except (KeyWrongLastSequenceError, _OccupiedError):
+            revision = await self._write(expected=await self.store.vacant_revision())
+        except LeaseTakenError:
             return False
         except Exception as exc:  # a JetStream hiccup (cluster failover): try again later
             log.debug("lease: acquire failed: %s", exc)
@@ -119,13 +114,12 @@ class Lease:
 
     async def renew(self) -> bool:
         """Extend the lease; False when it is lost (someone else holds it or it expired)."""
-        assert self.kv is not None
         if not self.held:
             self.epoch = None
             return False
-        started = time.monotonic()
+        started = self.clock()
         try:
-            self._revision = await self._publish(expected=self._revision)
+            self._revision = await self._write(expected=self._revision)
         except Exception as exc:
             self.renew_failures += 1
             level = logging.WARNING if self.renew_failures == 1 else logging.DEBUG
@@ -139,35 +133,13 @@ class Lease:
         self._valid_until = started + self.settings.lease_s - self.settings.margin_s
         return True
 
-    async def _publish(self, *, expected: int) -> int:
-        """Write the lease with a TTL if the key is still at revision ``expected``."""
-        headers = {str(api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value): str(expected)}
-        ack = await self.client.jetstream().publish(
-            self._subject,
-            self.holder.encode(),
-            headers=headers,
-            msg_ttl=self.settings.lease_s,
-            timeout=max(0.2, self.settings.renew_every_s),
+    async def _write(self, *, expected: int) -> int:
+        return await self.store.write(
+            self.holder,
+            expected=expected,
+            ttl_s=self.settings.lease_s,
+            timeout_s=max(0.2, self.settings.renew_every_s),
         )
-        return int(ack.seq)
-
-    @property
-    def _subject(self) -> str:
-        return f"$KV.{self.settings.bucket}.{self.settings.key}"
-
-    async def _vacant_revision(self) -> int:
-        """The revision to overwrite when nobody holds the lease (0: never held); raises
-        ``_OccupiedError`` when a live lease is there. The server's TTL delete marker counts as
-        vacant (nats-py's ``create`` does not see it as a deletion)."""
-        stream = f"KV_{self.settings.bucket}"
-        try:
-            last = await self.client.jetstream().get_last_msg(stream, self._subject)
-        except NotFoundError:
-            return 0
-        headers = last.headers or {}
-        if headers.get("Nats-Marker-Reason") or headers.get("KV-Operation") in ("DEL", "PURGE"):
-            return int(last.seq or 0)
-        raise _OccupiedError
 
     async def keep(self) -> None:
         """Renew until the lease is lost (soon again after a failure); then return."""
@@ -183,53 +155,21 @@ class Lease:
 
     async def wait_for_lead(self) -> int:
         """Until this replica holds the lease; returns the epoch."""
-        assert self.kv is not None
         since = cancellations()
         try:
             while not await self.try_acquire():
                 raise_if_cancelled(since)
-                await self._wait_vacancy(min(self.settings.lease_s / 2, 2.0))
+                await self.store.wait_vacancy(min(self.settings.lease_s / 2, 2.0))
         finally:
-            await self._stop_watching()
+            await self.store.stop_watching()
         raise_if_cancelled(since)  # won, but asked to stop meanwhile: run's finally releases
         assert self.epoch is not None
         return self.epoch
 
-    async def _wait_vacancy(self, timeout_s: float) -> None:
-        """Until the lease is deleted or expires (its marker), or ``timeout_s``, on the one
-        watcher of this wait (opened on first use, again only after it failed)."""
-        assert self.kv is not None
-        if self._watcher is None:
-            try:
-                self._watcher = await self.kv.watch(self.settings.key, include_history=False)
-                self.watchers_opened += 1
-            except Exception as exc:  # the bucket is electing a leader (a cluster failover)
-                log.debug("lease: cannot watch yet: %s", exc)
-                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
-                return
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                entry = await self._watcher.updates(timeout=left)  # type: ignore[no-untyped-call]
-            except (nats.errors.TimeoutError, TimeoutError):
-                return
-            except Exception as exc:  # the watcher broke: a new one on the next wait
-                log.debug("lease: watching failed: %s", exc)
-                await self._stop_watching()
-                return
-            if entry is not None and entry.operation in ("DEL", "PURGE"):
-                return
-
-    async def _stop_watching(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
-
     async def release(self) -> None:
         """Give the lease up now (a clean shutdown): standbys take over at once."""
-        if self.kv is None or self.epoch is None:
+        if self.epoch is None:
             return
         with contextlib.suppress(Exception):
-            await self.kv.purge(self.settings.key)
+            await self.store.remove()
         self.epoch = None

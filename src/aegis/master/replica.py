@@ -56,7 +56,7 @@ from aegis.master import (
 )
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLostError, runner_from_record
 from aegis.master.job_runner import status_key as job_key
-from aegis.master.lease import Lease, LeaseSettings
+from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.remote_platform import RemotePlatform
 from aegis.master.service import STATUS_BUCKET
 from aegis.wire import platform_msgs as pm
@@ -124,7 +124,7 @@ class Replica:
             self.bus, drained_nodes.BUCKET, replicas=self.settings.lease.replicas
         )
         self.drained = drained_nodes.DrainedNodes(drained)
-        self.lease = Lease(self.bus.client, self.settings.replica_id, self.settings.lease)
+        self.lease = nats_lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
         server, self.grpc_port = await grpc_creds.serve(
             self.authority,

@@ -1,0 +1,84 @@
+"""The election's logic (``master.lease.Lease``) on the in-memory lease store and a clock the
+test moves: who leads, when a leader stops believing it leads, and who follows."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aegis.adapters.memory import MemoryLeaseStore
+from aegis.master.lease import Lease, LeaseSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+SETTINGS = LeaseSettings(lease_s=2.0, margin_s=0.3)
+
+
+def pair() -> tuple[Clock, MemoryLeaseStore, Lease, Lease]:
+    clock = Clock()
+    store = MemoryLeaseStore(clock)
+    return clock, store, Lease(store, "m1", SETTINGS, clock), Lease(store, "m2", SETTINGS, clock)
+
+
+async def test_one_candidate_leads_and_the_other_waits() -> None:
+    _, store, first, second = pair()
+    assert await first.try_acquire()
+    assert not await second.try_acquire()
+    assert first.held and not second.held
+    assert first.epoch == store.revision and store.holder == "m1"
+
+
+async def test_a_leader_stopped_past_its_lease_finds_it_lost_before_writing() -> None:
+    clock, store, first, second = pair()
+    assert await first.try_acquire()
+    epoch = first.epoch
+    clock.now += SETTINGS.lease_s - SETTINGS.margin_s  # stopped (SIGSTOP) this long
+    assert not first.held  # by its own clock, before the store says so
+    writes = store.revision
+    assert not await first.renew()
+    assert first.epoch is None and store.revision == writes  # nothing written
+    clock.now += SETTINGS.margin_s  # the store's TTL passes too
+    assert await second.try_acquire()
+    assert second.epoch is not None and epoch is not None and second.epoch > epoch
+
+
+async def test_renewals_keep_the_lead_as_time_passes() -> None:
+    clock, _, first, second = pair()
+    assert await first.try_acquire()
+    for _ in range(10):
+        clock.now += 1.0  # within the lease every time
+        assert await first.renew()
+        assert not await second.try_acquire()
+    assert first.held
+
+
+async def test_a_renewal_that_fails_keeps_the_lease_until_it_runs_out() -> None:
+    clock, store, first, _ = pair()
+    assert await first.try_acquire()
+
+    async def broken(*args: object, **kwargs: object) -> int:
+        raise ConnectionError("stream leader election")
+
+    store.write = broken  # type: ignore[method-assign]
+    clock.now += 0.5
+    assert await first.renew() and first.renew_failures == 1  # still within the lease
+    clock.now += SETTINGS.lease_s
+    assert not await first.renew() and first.epoch is None
+
+
+async def test_a_standby_takes_over_at_once_when_the_leader_releases() -> None:
+    _, _, first, second = pair()
+    assert await first.try_acquire()
+    waiting = asyncio.create_task(second.wait_for_lead())
+    await asyncio.sleep(0)  # let the standby try once and wait
+    assert not waiting.done()
+    await first.release()
+    async with asyncio.timeout(5):  # the fake clock never moves: only the removal wakes it
+        epoch = await waiting
+    assert epoch == second.epoch and second.held and first.epoch is None
