@@ -22,8 +22,8 @@ from aegis.cli import live_view, operator_cmd, render, run_cmd, run_view
 from aegis.cli import main as cli
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core.incidents import IncidentTracker
 from aegis.core.model import name_problem
-from aegis.master import faultlog
 from aegis.tools import incidents as incidents_tool
 from aegis.tools import replay
 from tests.core_helpers import Driver, rejected
@@ -92,9 +92,10 @@ def test_incident_ids_are_no_pod_names_and_agree_between_fault_log_and_incidents
     assert [i.id for i in found] == ["llama#1", "llama#2", "llama#3"]
     pods = set(initial.pod_infos)
     assert all(i.id not in pods and name_problem("pod", i.id) is not None for i in found)
-    tracker, before, opened = faultlog.IncidentTracker(spec.job), initial.phase, []
+    tracker, before, opened = IncidentTracker(spec.job), initial.phase, []
     for done in steps:  # the master's fault log, fed what the master fed it
-        tracker.feed(before, done.status, done.actions, done.entry.ts)
+        assert done.entry.event is not None
+        tracker.feed(before, done.entry.event, done.status, done.actions, done.entry.ts)
         if tracker.current is not None and tracker.current.id not in opened:
             opened.append(tracker.current.id)
         before = done.status.phase

@@ -14,6 +14,8 @@ from rich.console import Console
 from aegis.adapters.memory import MemoryBus
 from aegis.cli import live_view, run_cmd, run_view
 from aegis.core import actions as act
+from aegis.core import events as ev
+from aegis.core.incidents import Incident, IncidentTracker
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import RecoveryLevel
@@ -72,23 +74,48 @@ def test_fault_log_rotates_by_size_and_keeps_whole_lines(tmp_path: Path) -> None
 
 
 def test_incident_tracker_opens_on_a_fault_and_closes_back_in_run_command() -> None:
-    tracker = faultlog.IncidentTracker("demo")
+    tracker = IncidentTracker("demo")
     pod = PodName("demo-1")
     status = initial_status(SPEC)
     troubleshooting = status.__class__(**{**_fields(status), "phase": Phase.TROUBLESHOOTING})
     running = status.__class__(**{**_fields(status), "phase": Phase.RUN_COMMAND})
     fault = (act.RecordFault(pod, "exit code 1", counted=True),)
-    assert tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 10.0) is None
-    assert tracker.current is not None and tracker.current.id == "demo#1"
+    error = ev.PodErrored(pod, Phase.RUN_COMMAND, 1, "exit code 1")
+    change = tracker.feed(Phase.RUN_COMMAND, error, troubleshooting, fault, 10.0)
+    assert change.closed is None and change.opener == fault[0]
+    assert change.opened is tracker.current and tracker.current is not None
+    assert tracker.current.id == "demo#1"
     restart = (act.SendOrder(Order.RESTART, Phase.RUN_COMMAND, 4),)
-    closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 14.5)
+    checked = ev.PodFinished(pod, Phase.TROUBLESHOOTING, 2, 0)
+    closed = tracker.feed(Phase.TROUBLESHOOTING, checked, running, restart, 14.5).closed
     assert closed is not None and closed.level is RecoveryLevel.IN_PLACE
     assert (closed.closed_ts, closed.outcome) == (14.5, Phase.RUN_COMMAND)
     evict = (act.EvictPod(pod, RecoveryLevel.NODE, 1, "gpu"),)
-    tracker.feed(Phase.RUN_COMMAND, troubleshooting, fault, 20.0)
-    tracker.feed(Phase.TROUBLESHOOTING, troubleshooting, evict, 21.0)
-    closed = tracker.feed(Phase.TROUBLESHOOTING, running, restart, 30.0)
+    tracker.feed(Phase.RUN_COMMAND, error, troubleshooting, fault, 20.0)
+    again = tracker.feed(Phase.TROUBLESHOOTING, checked, troubleshooting, evict, 21.0)
+    assert again.opened is None and again.closed is None  # the open one takes the eviction
+    closed = tracker.feed(Phase.TROUBLESHOOTING, checked, running, restart, 30.0).closed
     assert closed is not None and (closed.id, closed.level_name) == ("demo#2", "node_replaced")
+
+
+def test_a_slowdown_that_stops_training_opens_an_incident_of_its_own() -> None:
+    """No fault is recorded, but the checks run: the fault log, the metrics and ``aegis
+    incidents`` all count it (one rule), and a round that finds nothing closes it uncounted."""
+    tracker = IncidentTracker("demo")
+    status = initial_status(SPEC)
+    troubleshooting = status.__class__(**{**_fields(status), "phase": Phase.TROUBLESHOOTING})
+    running = status.__class__(**{**_fields(status), "phase": Phase.RUN_COMMAND})
+    slowed = ev.SlowdownReported("12 steps/s, below 50% of 25")
+    order = (act.SendOrder(Order.TROUBLESHOOT, Phase.TROUBLESHOOTING, 3),)
+    change = tracker.feed(Phase.RUN_COMMAND, slowed, troubleshooting, order, 5.0)
+    assert change.opened is not None and change.opener is None and change.opened.id == "demo#1"
+    ignored = tracker.feed(Phase.RUN_COMMAND, slowed, running, (), 6.0)  # not stopped: nothing
+    assert ignored.opened is None and tracker.current is change.opened
+    restart = (act.SendOrder(Order.RESTART, Phase.RUN_COMMAND, 4),)
+    done = ev.PodFinished(PodName("demo-0"), Phase.TROUBLESHOOTING, 2, 0)
+    closed = tracker.feed(Phase.TROUBLESHOOTING, done, running, restart, 9.0).closed
+    assert closed is change.opened and closed is not None
+    assert (closed.counted, closed.level, closed.outcome) == (False, None, Phase.RUN_COMMAND)
 
 
 def _fields(status: object) -> dict[str, object]:
@@ -173,14 +200,13 @@ def test_every_recovery_level_has_one_name_in_the_fault_log_and_in_incidents() -
     from aegis.core import actions as act
     from aegis.core.model import PodName
     from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
-    from aegis.master import faultlog
     from aegis.tools import incidents as incidents_tool
 
     assert set(LEVEL_NAMES) == set(RecoveryLevel)
     drained = act.EvictPod(PodName("j-1"), RecoveryLevel.DRAIN, 0, "maintenance")
     note = incidents_tool.decision(drained)
     assert note is not None and note.level == "drained"
-    assert faultlog.Incident("j#1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"
+    assert Incident("j#1", 0.0, level=RecoveryLevel.DRAIN).level_name == "drained"
 
 
 def test_status_prints_a_reason_with_brackets_as_it_is_not_as_markup() -> None:

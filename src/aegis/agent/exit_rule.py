@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aegis.agent import ports
+from aegis.core.recovery import FaultClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +41,8 @@ def on_exit(report: ports.ExitReport, dying_reported: bool) -> Finished | Failed
 def exit_fault_class(report: ports.ExitReport) -> str:
     """The fault class of a failed exit: the output's, unless the output did not end it."""
     cls = report.evidence.fault_class or ""
-    if cls == ports.FaultClass.PYTHON_TRACEBACK and (
+    if cls == FaultClass.PYTHON_TRACEBACK and (
         report.signal is not None or report.exit_status != 1
     ):
-        return ports.FaultClass.KILLED if report.signal is not None else ""
+        return FaultClass.KILLED if report.signal is not None else ""
     return cls

@@ -13,35 +13,11 @@ import enum
 import logging
 from typing import Protocol, TypeVar
 
+from aegis.core.recovery import FaultClass as FaultClass  # noqa: PLC0414 (re-exported)
+
 log = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
-
-
-class FaultClass(enum.StrEnum):
-    """Known classes of fault signature, most specific (hardware) first: the order is the rank."""
-
-    GPU_XID = "gpu_xid"
-    GPU_ECC = "gpu_ecc"
-    CUDA_OOM = "cuda_oom"
-    NCCL_TIMEOUT = "nccl_timeout"
-    NCCL_ERROR = "nccl_error"
-    CUDA_ERROR = "cuda_error"
-    HOST_OOM = "host_oom"
-    IO_ERROR = "io_error"
-    CONNECTION = "connection"
-    SEGFAULT = "segfault"
-    KILLED = "killed"
-    PYTHON_TRACEBACK = "python_traceback"
-
-
-def rank_of(fault_class: str) -> int:
-    """Lower is more telling; classes from a config file rank just before a bare traceback."""
-    order = list(FaultClass)
-    try:
-        return order.index(FaultClass(fault_class))
-    except ValueError:
-        return order.index(FaultClass.PYTHON_TRACEBACK) - 1
 
 
 class ExitReason(enum.StrEnum):

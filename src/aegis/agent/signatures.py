@@ -22,8 +22,9 @@ import msgspec
 
 from aegis.agent import ports
 from aegis.core import errors
+from aegis.core.recovery import FaultClass, fault_rank
 
-FC = ports.FaultClass
+FC = FaultClass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,5 +188,5 @@ class Scanner:
         classes = [m.fault_class for m in matches]
         if fallback_class is not None:
             classes.append(fallback_class)
-        best = min(classes, key=ports.rank_of, default=None)
+        best = min(classes, key=fault_rank, default=None)
         return ports.Evidence(fault_class=best, matches=matches, last_lines=tuple(self._last))

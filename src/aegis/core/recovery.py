@@ -72,12 +72,41 @@ SEVERITY: tuple[Classification, ...] = (
     Classification.HARDWARE,
 )
 
+
+class FaultClass(enum.StrEnum):
+    """The known classes of fault signature (the agent's log scanner), most specific (hardware)
+    first: the order is the rank. A signature file may name classes of its own: on the wire and
+    in events a class is its string, and an unknown one ranks just before a bare traceback."""
+
+    GPU_XID = "gpu_xid"
+    GPU_ECC = "gpu_ecc"
+    CUDA_OOM = "cuda_oom"
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    CUDA_ERROR = "cuda_error"
+    HOST_OOM = "host_oom"
+    IO_ERROR = "io_error"
+    CONNECTION = "connection"
+    SEGFAULT = "segfault"
+    KILLED = "killed"
+    PYTHON_TRACEBACK = "python_traceback"
+
+
+def fault_rank(fault_class: str) -> int:
+    """Lower is more telling; classes from a config file rank just before a bare traceback."""
+    order = list(FaultClass)
+    try:
+        return order.index(FaultClass(fault_class))
+    except ValueError:
+        return order.index(FaultClass.PYTHON_TRACEBACK) - 1
+
+
 # Fault classes (the agent's log scanner) that name a software cause: a plain Python exception,
 # with no hardware, CUDA, NCCL, network or memory signature in the log. The checks cannot find
 # anything a restart would not, so the job restarts in place at once, without a troubleshooting
 # round (the fault is counted all the same). An exit with no signature, a signal, a hang or a
 # lost pod still gets the round.
-SOFTWARE_FAULT_CLASSES: frozenset[str] = frozenset({"python_traceback"})
+SOFTWARE_FAULT_CLASSES: frozenset[str] = frozenset({FaultClass.PYTHON_TRACEBACK})
 
 # Exit code of an agent told to restart its container (level 2); level 3 exits 1.
 CONTAINER_RESTART_EXIT_CODE = 75

@@ -5,11 +5,8 @@ ts, phase, message`` plus ``job``, ``kind`` (``phase_start``, ``phase_end``, ``r
 ``decision``), ``incident`` (id, or null outside an incident) and ``level`` (a recovery level
 name, or null). The file is rotated by size (``faults.jsonl.1`` .. ``.N``, newest first).
 
-An *incident* opens at the first fault (or slow-pod eviction) while none is open and closes when
-the job is back in ``RunCommand`` or terminal. Its level is the highest recovery level decided
-inside it (``in_place`` when a counted fault ended in an in-place restart). Ids are
-``<job>#<n>`` (``demo#1``), never a pod's name. ``aegis incidents`` (``aegis.tools.incidents``)
-applies the same rule to a replayed ``events.jsonl``, so ids agree.
+Incidents open and close by the rule of ``core.incidents`` (the metrics and ``aegis incidents``
+over a replayed ``events.jsonl`` use it too, so ids agree).
 """
 
 from __future__ import annotations
@@ -24,75 +21,14 @@ from typing import Any
 
 from aegis.core import actions as act
 from aegis.core import events as ev
-from aegis.core import model
-from aegis.core.model import JobStatus, PodName
+from aegis.core.incidents import IncidentTracker
+from aegis.core.model import PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.master.job_runner import JobRunner
 from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Incident:
-    id: str
-    opened_ts: float
-    counted: bool = False
-    level: RecoveryLevel | None = None
-    closed_ts: float | None = None
-    outcome: Phase | None = None
-
-    @property
-    def level_name(self) -> str | None:
-        return LEVEL_NAMES[self.level] if self.level is not None else None
-
-
-@dataclass(slots=True)
-class IncidentTracker:
-    """Opens and closes incidents from what the core decided (no I/O)."""
-
-    job: str
-    count: int = 0
-    current: Incident | None = None
-
-    def feed(
-        self, before: Phase, after: JobStatus, actions: tuple[act.Action, ...], now: float
-    ) -> Incident | None:
-        """Update from one handled event; returns the incident it closed, if any."""
-        for action in actions:
-            match action:
-                case act.RecordFault(counted=counted):
-                    self.open(now).counted |= counted and before is Phase.RUN_COMMAND
-                case act.EvictPod(level=level):
-                    self._raise(self.open(now), level)
-                case act.ReplacePod():
-                    self._raise(self.open(now), RecoveryLevel.CONTAINER)
-                case _:
-                    pass
-        incident = self.current
-        if incident is None:
-            return None
-        back = act.back_to_training(before, after.phase, actions)
-        if not back and after.phase not in TERMINAL_PHASES:
-            return None
-        if back and incident.level is None and incident.counted:
-            incident.level = RecoveryLevel.IN_PLACE
-        incident.closed_ts, incident.outcome = now, after.phase
-        self.current = None
-        return incident
-
-    def open(self, now: float) -> Incident:
-        """The current incident, opened now if none is."""
-        if self.current is None:
-            self.count += 1
-            self.current = Incident(id=model.incident_id(self.job, self.count), opened_ts=now)
-        return self.current
-
-    @staticmethod
-    def _raise(incident: Incident, level: RecoveryLevel) -> None:
-        if incident.level is None or level > incident.level:
-            incident.level = level
 
 
 class RotatingJsonLines:
@@ -186,11 +122,8 @@ class FaultLog:
             pod = getattr(event, "pod", ",".join(getattr(event, "pods", ())))
             self._write(runner, kind="report", pod=pod, phase=before,
                         message=_platform_text(event))  # fmt: skip
-        if isinstance(event, ev.SlowdownReported) and after.phase is Phase.TROUBLESHOOTING:
-            self.tracker.open(now)  # no fault, but an incident: the checks look for a slow node
-        opened_before = self.tracker.current
-        closed = self.tracker.feed(before, after, actions, now)
-        incident = closed or self.tracker.current or opened_before
+        closed = self.tracker.feed(before, event, after, actions, now).closed
+        incident = closed or self.tracker.current
         for action in actions:
             text, pod, level = decision_text(action)
             if text is not None:

@@ -23,10 +23,10 @@ from prometheus_client.registry import Collector
 
 from aegis.core import actions as act
 from aegis.core import events as ev
+from aegis.core.incidents import IncidentTracker
 from aegis.core.model import PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Phase
 from aegis.core.recovery import LEVEL_NAMES
-from aegis.master.faultlog import IncidentTracker
 from aegis.master.job_runner import JobRunner
 from aegis.wire import messages as m
 
@@ -233,7 +233,7 @@ class MasterMetrics:
                     self.jobs_failed.labels(*job.labels).inc()
                 case _:
                     pass
-        closed = job.tracker.feed(job.phase, runner.status, actions, now)
+        closed = job.tracker.feed(job.phase, event, runner.status, actions, now).closed
         if closed is not None and closed.outcome is Phase.RUN_COMMAND and closed.level_name:
             self.recoveries.labels(closed.level_name).inc()
             self.incident_duration.labels(closed.level_name).observe(now - closed.opened_ts)

@@ -1,8 +1,7 @@
 """Incidents of a job, rebuilt from its replayed ``events.jsonl`` (``aegis incidents``).
 
-An incident opens at the first fault (``RecordFault``), eviction or replacement while none is
-open, and closes when the job is back in ``RunCommand`` or terminal: the rule of the master's
-fault log (``aegis.master.faultlog``), so incident ids agree with ``faults.jsonl``. Evidence comes
+Incidents open and close by the rule of ``core.incidents``, the one the master's fault log and
+metrics use, so incident ids agree with ``faults.jsonl``. Evidence comes
 from the agents' reports recorded in the event log: matched log lines and fault class (Error),
 stack dumps (the master's ``HangJudged`` record: every pod's, and the suspect it named; a Hang
 report in an older log), check results (troubleshooting Finish).
@@ -18,9 +17,9 @@ import msgspec
 
 from aegis.core import actions as act
 from aegis.core import events as ev
-from aegis.core import model
+from aegis.core.incidents import Change, IncidentTracker
 from aegis.core.model import JobStatus, PodName, rank_of
-from aegis.core.phases import TERMINAL_PHASES, Order, Phase
+from aegis.core.phases import Order, Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.tools import replay
 from aegis.wire import eventlog
@@ -201,78 +200,63 @@ def evidence_of(entry_text: str, ts: float) -> tuple[Evidence | None, tuple[str,
             return None, None
 
 
-level_min = RecoveryLevel.IN_PLACE
-
-
 def incidents(job: str, initial: JobStatus, steps: Iterable[replay.Replayed]) -> list[Incident]:
     found: list[Incident] = []
-    current: Incident | None = None
-    phase = initial.phase
-    before = initial
+    tracker = IncidentTracker(job)
+    phase, before = initial.phase, initial
     for done in steps:
         assert done.entry.event is not None
         event, ts, after = done.entry.event, done.entry.ts, done.status
-
-        slowed = isinstance(event, ev.SlowdownReported) and after.phase is Phase.TROUBLESHOOTING
-        if current is None and slowed:  # no fault, but the checks look for a slow node
-            current = _opened(found, job, ts, event, phase, "", "", getattr(event, "reason", ""))
-        for action in done.actions:
-            opens = isinstance(action, act.RecordFault | act.EvictPod | act.ReplacePod)
-            if opens and current is None:
-                pod = str(getattr(action, "pod", ""))
-                info = before.pod_infos.get(pod)  # type: ignore[call-overload]
-                node = str(info.node) if info else ""
-                reason = str(getattr(action, "reason", ""))
-                current = _opened(found, job, ts, event, phase, pod, node, reason)
-            if current is None:
-                continue
-            match action:
-                case act.RecordFault(counted=True) if phase is Phase.RUN_COMMAND:
-                    current.counted = True
-                case act.EvictPod(level=level):
-                    current.level = max(level, current.level or level)
-                case act.ReplacePod():
-                    current.level = max(RecoveryLevel.CONTAINER, current.level or level_min)
-                case _:
-                    pass
-            note = decision(action)
-            if note is not None:
-                current.decisions.append(Decision(ts, note.text, note.level))
-        judged = hang_judged(done.entry.text) if current is not None else None
-        if current is not None and judged is not None:
-            current.evidence.extend(hang_evidence(judged, ts))
-            current.suspect = current.suspect or suspect_line(judged, before)
-        if current is not None:
-            evidence, verdict = evidence_of(done.entry.text, ts)
-            if evidence is not None and (evidence.kind != "checks" or phase in _CHECKING):
-                current.evidence.append(evidence)
-            if verdict is not None:
-                pod, cls = verdict
-                seen = current.classification.get(pod)
-                if seen is not None and not seen.endswith(cls):
-                    cls = f"{seen} -> {cls}"
-                current.classification[pod] = seen if seen and seen.endswith(cls) else cls
-            back = act.back_to_training(phase, after.phase, done.actions)
-            if back or after.phase in TERMINAL_PHASES:
-                if back and current.level is None and current.counted:
-                    current.level = RecoveryLevel.IN_PLACE
-                current.closed_ts, current.outcome = ts, after.phase
-                current = None
+        change = tracker.feed(phase, event, after, done.actions, ts)
+        if change.opened is not None:
+            found.append(_opened(change, ts, event, phase, before))
+        core = change.closed or tracker.current
+        if core is not None:
+            current = found[-1]
+            assert current.id == core.id
+            _gather(current, done, phase, before, ts)
+            current.counted, current.level = core.counted, core.level
+            current.closed_ts, current.outcome = core.closed_ts, core.outcome
         phase, before = after.phase, after
     return found
 
 
 def _opened(
-    found: list[Incident], job: str, ts: float, event: ev.Event, phase: Phase,
-    pod: str, node: str, reason: str,
-) -> Incident:  # fmt: skip
-    """A new incident, detected by ``event`` at ``ts``, appended to ``found``."""
-    incident = Incident(
-        id=model.incident_id(job, len(found) + 1), detected_ts=ts, detected_by=detected_by(event),
-        pod=pod, node=node, reason=reason, phase=phase,
+    change: Change, ts: float, event: ev.Event, phase: Phase, before: JobStatus
+) -> Incident:
+    """The record of an incident opened by ``event`` (at ``change.opener``, or a slowdown)."""
+    assert change.opened is not None
+    action = change.opener
+    pod = str(getattr(action, "pod", "")) if action is not None else ""
+    info = before.pod_infos.get(PodName(pod)) if pod else None
+    reason = getattr(action if action is not None else event, "reason", "")
+    return Incident(
+        id=change.opened.id, detected_ts=ts, detected_by=detected_by(event), pod=pod,
+        node=str(info.node) if info else "", reason=str(reason), phase=phase,
     )  # fmt: skip
-    found.append(incident)
-    return incident
+
+
+def _gather(
+    current: Incident, done: replay.Replayed, phase: Phase, before: JobStatus, ts: float
+) -> None:
+    """The decisions and evidence of one replayed event, into its incident."""
+    for action in done.actions:
+        note = decision(action)
+        if note is not None:
+            current.decisions.append(Decision(ts, note.text, note.level))
+    judged = hang_judged(done.entry.text)
+    if judged is not None:
+        current.evidence.extend(hang_evidence(judged, ts))
+        current.suspect = current.suspect or suspect_line(judged, before)
+    evidence, verdict = evidence_of(done.entry.text, ts)
+    if evidence is not None and (evidence.kind != "checks" or phase in _CHECKING):
+        current.evidence.append(evidence)
+    if verdict is not None:
+        pod, cls = verdict
+        seen = current.classification.get(pod)
+        if seen is not None and not seen.endswith(cls):
+            cls = f"{seen} -> {cls}"
+        current.classification[pod] = seen if seen and seen.endswith(cls) else cls
 
 
 _CHECKING = frozenset({Phase.BOOT_CHECKING, Phase.TROUBLESHOOTING})
