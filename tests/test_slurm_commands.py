@@ -24,9 +24,9 @@ from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.master import control
 from aegis.master.replica import submit_job
 from aegis.master.service import STATUS_BUCKET
+from aegis.platforms.process_pods import Pod
 from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
-from aegis.platforms.slurm.platform import _Pod as _SlurmPod
 from aegis.wire import status_json
 from tests.agent_waits import async_wait_until
 
@@ -173,7 +173,7 @@ def _no_spare(tmp_path: Path, slurm: ScriptedSlurm) -> tuple[SlurmPlatform, list
     platform.attach(events.append, namespace="default", job="t",
                     pods={PodName("t-0"): "n1", PodName("t-1"): "n2"}, master="h:1",
                     token="tok")  # fmt: skip
-    platform.pods = {p: _SlurmPod(p, n) for p, n in platform.initial.items()}
+    platform.pods = {p: Pod(p, n) for p, n in platform.initial.items()}
     platform.used_nodes |= {"n1", "n2"}
     platform.blacklist["n2"] = "gpu"
     return platform, events
@@ -236,7 +236,7 @@ async def test_a_granted_node_gets_the_pods_step_in_the_holding_job(tmp_path: Pa
     platform, events = _no_spare(tmp_path, slurm)
     spawned: list[str] = []
 
-    async def spawn(state: _SlurmPod) -> None:
+    async def spawn(state: Pod) -> None:
         spawned.append(f"{state.name}@{state.node}:{platform.requested.get(state.node)}")
 
     platform._spawn = spawn  # type: ignore[method-assign]

@@ -14,17 +14,16 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from aegis.adapters import lifecycle, nats_auth
+from aegis.adapters import lifecycle
 from aegis.agent import hang_policy
 from aegis.core import events as ev
-from aegis.core.model import NodeName, PodName
-from aegis.core.phases import Phase
-from aegis.core.recovery import RecoveryLevel
+from aegis.core.model import PodName
+from aegis.platforms.process_pods import Pod, ProcessPods
 
 log = logging.getLogger(__name__)
 
@@ -83,30 +82,14 @@ class SharedHost:
         return "127.0.0.1"
 
 
-@dataclass(slots=True)
-class _Pod:
-    name: PodName
-    node: str
-    process: asyncio.subprocess.Process | None = None
-    incarnation: int = 0
-    containers_on_node: int = 0  # this pod's containers (agents) started on ``node`` so far
+class LocalPlatform(ProcessPods):
+    task_name = "local-platform"
 
-
-class LocalPlatform:
     def __init__(self, settings: LocalSettings, hosts: Hosts | None = None) -> None:
+        super().__init__(settings.exit_wait_s, settings.log_dir)
         self.settings = settings
         self.hosts: Hosts = hosts or SharedHost()
-        self.pods: dict[PodName, _Pod] = {}
-        self.blacklist: dict[str, str] = {}
-        self.used_nodes: set[str] = set()
-        self.placements: list[tuple[PodName, str]] = []  # every (pod, node) ever used
-        self.sink: Callable[[ev.Event], None] | None = None
-        self.job = ""
-        self.initial: dict[PodName, str] = {}
         self.grpc_target = ""
-        self.job_token: str | None = None
-        self.namespace = "default"
-        self._tasks: set[asyncio.Task[None]] = set()
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -146,85 +129,23 @@ class LocalPlatform:
     ) -> None:
         """``sink`` receives the platform's events (a runner's ``platform_event``, or a
         publisher to the master replicas); ``pods`` is the initial placement."""
-        self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
+        self._attach(sink, namespace, job, pods, token)
         self.grpc_target = grpc_target
-        self.job_token = token  # each pod gets only its own secret, derived from it
-
-    async def launch_all(self) -> None:
-        for pod, node in sorted(self.initial.items()):
-            self.pods[pod] = _Pod(pod, node)
-            await self._spawn(self.pods[pod])
-
-    # -- the Platform port ---------------------------------------------------------------------
-
-    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
-        self._background(self._replace(PodName(pod), same_node=True, reason=reason))
-
-    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
-        same = level is RecoveryLevel.CONTAINER
-        self._background(self._replace(PodName(pod), same_node=same, reason=reason, wait=True))
 
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s", node, reason)
         self.blacklist[node] = reason
 
-    def known_nodes(self) -> frozenset[str]:
-        return frozenset((*self.settings.nodes, *self.settings.spares))
+    def node_pool(self) -> tuple[str, ...]:
+        return (*self.settings.nodes, *self.settings.spares)
 
-    async def end_job(self, job: str, phase: Phase) -> None:
-        log.info("job %s %s: stopping every pod", job, phase)
+    def _address(self, node: str) -> str:
+        return self.hosts.address(node)
 
-    # -- placement -----------------------------------------------------------------------------
-
-    async def _replace(
-        self, pod: PodName, *, same_node: bool, reason: str, wait: bool = False
-    ) -> None:
-        state = self.pods[pod]
-        await self._retire(state, wait_for_exit=wait)
-        node = state.node if same_node and state.node not in self.blacklist else self._spare()
-        if node is None:
-            log.error("no healthy node left for %s", pod)
-            assert self.sink is not None
-            self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))
-            return
-        self.used_nodes.discard(state.node)
-        if node != state.node:
-            state.containers_on_node = 0
-        state.node = node
-        assert self.sink is not None
-        try:
-            await self._spawn(state)
-        except (OSError, RuntimeError) as exc:  # the node could not be made, the agent started
-            log.error("%s could not be placed on %s: %s", pod, node, exc)
-            self.sink(ev.QuitRequested(f"{pod} could not be placed on {node}: {exc}"))
-            return
-        self.sink(ev.PodRestarted(pod, NodeName(node), self.hosts.address(node)))
-        log.info("%s placed on %s (%s)", pod, node, reason)
-
-    def _spare(self) -> str | None:
-        for node in (*self.settings.nodes, *self.settings.spares):
-            if node not in self.blacklist and node not in self.used_nodes:
-                return node
-        return None
-
-    async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
-        proc = state.process
-        if proc is None:
-            return
-        if wait_for_exit and proc.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), self.settings.exit_wait_s)
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         await _kill_group(proc, self.settings.grace_s)
 
-    async def _spawn(self, state: _Pod) -> None:
-        assert self.job_token is not None
-        token_file = nats_auth.write_pod_token(
-            self.settings.log_dir, self.job_token, self.namespace, self.job, state.name
-        )
-        state.incarnation += 1
-        state.containers_on_node += 1
-        self.used_nodes.add(state.node)
-        self.placements.append((state.name, state.node))
+    async def _start(self, state: Pod, token_file: Path) -> None:
         s = self.settings
         await self.hosts.prepare(state.node)
         argv: Sequence[str] = [
@@ -248,13 +169,7 @@ class LocalPlatform:
             env["AEGIS_CKPT_DIR"] = str(s.ckpt_dir)
         env.setdefault("AEGIS_PREWARM", s.prewarm)
         env["AEGIS_POD_IP"] = self.hosts.address(state.node)  # what its ACK says
-        log_path = s.log_dir / "pods" / f"{state.name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as out:
-            out.write(
-                f"=== {state.name} incarnation {state.incarnation} on {state.node}\n".encode()
-            )
-            out.flush()
+        with self.pod_log(state, "incarnation").open("ab") as out:
             state.process = await asyncio.create_subprocess_exec(
                 *self.hosts.wrap(state.node, argv),
                 stdout=out,
@@ -265,18 +180,6 @@ class LocalPlatform:
             )
         if state.node in self.slowed:
             self._background(self._slow_down(state.process))
-
-    async def stop_all(self) -> None:
-        """Wait (bounded) for the agents to exit on their own, then kill what is left."""
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
-                await task
-        procs = [p.process for p in self.pods.values() if p.process is not None]
-        if procs:
-            waits = [asyncio.wait_for(p.wait(), self.settings.exit_wait_s) for p in procs]
-            await asyncio.gather(*waits, return_exceptions=True)
-        for proc in procs:
-            await _kill_group(proc, self.settings.grace_s)
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
@@ -289,19 +192,6 @@ class LocalPlatform:
             _signal_all(members, signal.SIGCONT)
             await asyncio.sleep(s.slow_period_s - s.slow_stop_s)
         _signal_all(session_members(proc.pid), signal.SIGCONT)
-
-    def agent_pids(self) -> dict[PodName, int]:
-        return {name: p.process.pid for name, p in self.pods.items() if p.process is not None}
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro, name="local-platform")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("platform task crashed", exc_info=task.exception())
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

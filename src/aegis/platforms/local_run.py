@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aegis.adapters.nats_auth import Authority
-from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
 from aegis.core.model import JobSpec
 from aegis.core.rendezvous import RendezvousRule
@@ -21,6 +20,7 @@ from aegis.master.pace import PaceSettings
 from aegis.master.service import MasterService, MasterSettings
 from aegis.platforms import emulated
 from aegis.platforms.local import Hosts, LocalPlatform, LocalSettings, SharedHost
+from aegis.platforms.master_bootstrap import run_master
 from aegis.platforms.run_settings import RunResult as RunResult  # noqa: PLC0414 (re-exported)
 from aegis.platforms.run_settings import RunSettings as RunSettings  # noqa: PLC0414 (re-exported)
 from aegis.platforms.run_settings import node_names as node_names  # noqa: PLC0414 (re-exported)
@@ -85,33 +85,20 @@ async def _run_in_process(
     address: str,
     rule: RendezvousRule,
 ) -> RunResult:
+    master_settings = MasterSettings(
+        grpc_host=address,
+        creds_ttl_s=settings.creds_ttl_s,
+        job=JobSettings(
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            pace=PaceSettings(settings.pace_window_s, settings.pace_drop),
+            rendezvous=rule,
+        ),
+    )
     authority = None if settings.nats_url else Authority()
-    server = None
-    if settings.nats_url is None:
-        server = EmbeddedNats(authority, host=address)
-        await asyncio.to_thread(server.start)
-    url = settings.nats_url or (server.url if server else "")
-    master: MasterService | None = None
-    try:
-        master = await MasterService.connect(
-            authority,
-            url,
-            MasterSettings(
-                grpc_host=address,
-                creds_ttl_s=settings.creds_ttl_s,
-                job=JobSettings(
-                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                    pace=PaceSettings(settings.pace_window_s, settings.pace_drop),
-                    rendezvous=rule,
-                ),
-            ),
-        )
+    async with run_master(
+        master_settings, nats_url=settings.nats_url, authority=authority, server_host=address
+    ) as master:
         return await _run_job(settings, master, log_dir, observe, hosts)
-    finally:
-        if master is not None:
-            await master.close()
-        if server is not None:
-            await asyncio.to_thread(server.stop)
 
 
 async def _run_job(

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from aegis.adapters.nats_auth import Authority, UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StatusStore, StoreConflictError
 from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
@@ -40,6 +39,7 @@ from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import control
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
+from aegis.platforms.master_bootstrap import run_master
 from aegis.platforms.served_job import ServedJob
 from aegis.platforms.slurm import commands
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
@@ -154,34 +154,26 @@ async def run_coordinator(
     if settings.master is not None:
         return await _run_on_master(settings, nodes, attempt, slurm)
     authority = None if settings.nats_url else _authority(settings.state_dir)
-    server = None
     if authority is not None:
         (settings.state_dir / "nats").mkdir(exist_ok=True)
-        # on every address: the agents on the other nodes connect to it
-        server = EmbeddedNats(authority, store_dir=settings.state_dir / "nats", host="0.0.0.0")
-        await asyncio.to_thread(server.start)
-    url = settings.nats_url or (f"nats://{settings.advertise}:{server.port}" if server else "")
-    master: MasterService | None = None
-    try:
-        master = await MasterService.connect(
-            authority,
-            url,
-            MasterSettings(
-                grpc_host="0.0.0.0",
-                job=JobSettings(
-                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                    # rank 0's node (a Slurm node owns its ports; the batch host is only
-                    # where rank 0 starts)
-                    rendezvous=RendezvousRule(settings.advertise, port_base=TORCH_PORT),
-                ),
-            ),
-        )
+    master_settings = MasterSettings(
+        grpc_host="0.0.0.0",
+        job=JobSettings(
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            # rank 0's node (a Slurm node owns its ports; the batch host is only where rank 0
+            # starts)
+            rendezvous=RendezvousRule(settings.advertise, port_base=TORCH_PORT),
+        ),
+    )
+    async with run_master(
+        master_settings,
+        nats_url=settings.nats_url,
+        authority=authority,
+        server_host="0.0.0.0",  # on every address: the agents on the other nodes connect to it
+        store_dir=settings.state_dir / "nats",
+        advertise=settings.advertise,
+    ) as master:
         return await _run_attempt(settings, master, nodes, attempt, slurm)
-    finally:
-        if master is not None:
-            await master.close()
-        if server is not None:
-            await asyncio.to_thread(server.stop)
 
 
 async def _run_attempt(

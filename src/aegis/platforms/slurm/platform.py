@@ -15,16 +15,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from aegis.adapters import nats_auth
 from aegis.core import events as ev
-from aegis.core.model import NodeName, PodName
-from aegis.core.phases import Phase
-from aegis.core.recovery import RecoveryLevel
+from aegis.core.model import PodName
+from aegis.platforms.process_pods import Pod, ProcessPods
 from aegis.platforms.slurm import commands
 
 log = logging.getLogger(__name__)
@@ -48,35 +45,20 @@ class SlurmSettings:
     holder_options: tuple[str, ...] = ()  # the allocation's resources, for a requested node
 
 
-@dataclass(slots=True)
-class _Pod:
-    name: PodName
-    node: str
-    process: asyncio.subprocess.Process | None = None
-    incarnation: int = 0
+class SlurmPlatform(ProcessPods):
+    task_name = "slurm-platform"
 
-
-class SlurmPlatform:
     def __init__(
         self,
         settings: SlurmSettings,
         slurm: commands.SlurmCommands | None = None,
     ) -> None:
+        super().__init__(settings.exit_wait_s, settings.log_dir)
         self.settings = settings
         self.slurm: commands.SlurmCommands = slurm or commands.SubprocessCommands()
-        self.pods: dict[PodName, _Pod] = {}
-        self.blacklist: dict[str, str] = {}
-        self.used_nodes: set[str] = set()
-        self.placements: list[tuple[PodName, str]] = []
         self.drained: list[tuple[str, str]] = []
         self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
-        self._stopping = False
-        self.sink: Callable[[ev.Event], None] | None = None
-        self.namespace, self.job = "default", ""
-        self.initial: dict[PodName, str] = {}
         self.master = ""
-        self.job_token: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def attach(
         self,
@@ -91,23 +73,8 @@ class SlurmPlatform:
         """``sink`` receives the platform's events (a runner's ``platform_event``, or a
         publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
         HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
-        self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
+        self._attach(sink, namespace, job, pods, token)
         self.master = master
-        self.job_token = token  # each pod gets only its own secret, derived from it
-
-    async def launch_all(self) -> None:
-        for pod, node in sorted(self.initial.items()):
-            self.pods[pod] = _Pod(pod, node)
-            await self._spawn(self.pods[pod])
-
-    # -- the Platform port ---------------------------------------------------------------------
-
-    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
-        self._background(self._replace(PodName(pod), same_node=True, reason=reason))
-
-    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
-        same = level is RecoveryLevel.CONTAINER
-        self._background(self._replace(PodName(pod), same_node=same, reason=reason, wait=True))
 
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s; draining it in Slurm", node, reason)
@@ -116,8 +83,8 @@ class SlurmPlatform:
 
     # -- aegis ctl drain / undrain (control.NodeDrainer, control.KnownNodes) ---------------------
 
-    def known_nodes(self) -> frozenset[str]:
-        return frozenset((*self.settings.nodes, *self.settings.spares, *self.requested))
+    def node_pool(self) -> tuple[str, ...]:
+        return (*self.settings.nodes, *self.settings.spares, *self.requested)
 
     async def drain_node(self, node: str, reason: str) -> None:
         result = await self.slurm(commands.drain_argv(node, reason))
@@ -133,40 +100,14 @@ class SlurmPlatform:
             return
         log.warning("node %s resumed in Slurm (aegis ctl undrain)", node)
 
-    async def end_job(self, job: str, phase: Phase) -> None:
-        log.info("job %s %s: its steps end with their agents", job, phase)
-
     # -- placement -----------------------------------------------------------------------------
 
-    async def _replace(
-        self, pod: PodName, *, same_node: bool, reason: str, wait: bool = False
-    ) -> None:
-        state = self.pods[pod]
-        await self._retire(state, wait_for_exit=wait)
-        left = state.node
-        node = state.node if same_node and state.node not in self.blacklist else self._spare()
-        if node is None and self.settings.request_nodes and not self._stopping:
-            node = await self._request_node(pod)
-        if node is not None:
-            self.used_nodes.add(node)  # taken now: a concurrent move must not pick it too
-        if left in self.requested and left in self.blacklist and node != left:
-            await self._release(left)
-        assert self.sink is not None
-        if node is None:
-            log.error("no healthy node left in the allocation for %s", pod)
-            self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))
-            return
-        self.used_nodes.discard(state.node)
-        state.node = node
-        await self._spawn(state)
-        self.sink(ev.PodRestarted(pod, NodeName(node), node))
-        log.info("%s placed on %s (%s)", pod, node, reason)
+    async def _more_node(self, pod: PodName) -> str | None:
+        return await self._request_node(pod) if self.settings.request_nodes else None
 
-    def _spare(self) -> str | None:
-        for node in (*self.settings.nodes, *self.settings.spares, *self.requested):
-            if node not in self.blacklist and node not in self.used_nodes:
-                return node
-        return None
+    async def _left_node(self, node: str, now_on: str | None) -> None:
+        if node in self.requested and node in self.blacklist and now_on != node:
+            await self._release(node)
 
     async def _request_node(self, pod: PodName) -> str | None:
         """A new node from Slurm for ``pod``, or None when it was refused, not granted in
@@ -188,7 +129,7 @@ class SlurmPlatform:
         deadline = loop.time() + s.node_request_s
         granted = None
         try:
-            while loop.time() < deadline and not self._stopping:
+            while loop.time() < deadline and not self.stopping:
                 words = (await self.slurm(commands.job_state_argv(job_id))).stdout.split()
                 state, node = [*words, "", ""][:2]
                 if state == "RUNNING" and node:
@@ -210,23 +151,10 @@ class SlurmPlatform:
         if result.returncode != 0:
             log.error("cancelling Slurm job %s (node %s) failed: %s", job_id, node, result.stderr)
 
-    async def _retire(self, state: _Pod, *, wait_for_exit: bool) -> None:
-        proc = state.process
-        if proc is None or proc.returncode is not None:
-            return
-        if wait_for_exit:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), self.settings.exit_wait_s)
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         await _stop_step(proc, self.settings.grace_s)
 
-    async def _spawn(self, state: _Pod) -> None:
-        assert self.job_token is not None
-        token_file = nats_auth.write_pod_token(
-            self.settings.log_dir, self.job_token, self.namespace, self.job, state.name
-        )
-        state.incarnation += 1
-        self.used_nodes.add(state.node)
-        self.placements.append((state.name, state.node))
+    async def _start(self, state: Pod, token_file: Path) -> None:
         s = self.settings
         inject = s.inject.get(state.node, frozenset())
         step = commands.AgentStep(
@@ -235,11 +163,7 @@ class SlurmPlatform:
             grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
             job_id=self.requested.get(state.node),
         )  # fmt: skip
-        log_path = s.log_dir / "pods" / f"{state.name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as out:
-            out.write(f"=== {state.name} step {state.incarnation} on {state.node}\n".encode())
-            out.flush()
+        with self.pod_log(state, "step").open("ab") as out:
             state.process = await asyncio.create_subprocess_exec(
                 *commands.srun_argv(step), stdout=out, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, env=commands.step_env(os.environ, inject),
@@ -249,28 +173,9 @@ class SlurmPlatform:
     async def stop_all(self) -> None:
         """Wait (bounded) for the steps to end with their agents, then stop what is left; a
         node request in flight is given up (and cancelled in Slurm)."""
-        self._stopping = True
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
-                await task
-        procs = [p.process for p in self.pods.values() if p.process is not None]
-        if procs:
-            waits = [asyncio.wait_for(p.wait(), self.settings.exit_wait_s) for p in procs]
-            await asyncio.gather(*waits, return_exceptions=True)
-        for proc in procs:
-            await _stop_step(proc, self.settings.grace_s)
+        await super().stop_all()
         for node in list(self.requested):  # the requested nodes go back with the job
             await self._release(node)
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro, name="slurm-platform")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("platform task crashed", exc_info=task.exception())
 
 
 async def _stop_step(proc: asyncio.subprocess.Process, grace_s: float) -> None:
