@@ -115,3 +115,26 @@ async def test_a_record_the_refresh_forgets_during_its_removal_fails_no_poll() -
     replica.finished = {k: Ended(0.0, r) for k, r in zip(("ns.a", "ns.b"), revisions, strict=True)}
     await replica._remove_expired(await store.keys())  # long after: both expired
     assert replica.removed == 2 and replica.finished == {} and await store.keys() == []
+
+
+async def test_a_quit_sent_before_the_master_adopted_the_job_still_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The submitter quits at once, before any replica has subscribed to the job's events
+    (the master polls for new jobs every 0.5 s): the quit is published again until the leader
+    ends the job, so the job does not run on."""
+    async with standalone_master(monkeypatch, poll_s=0.5) as master:
+        spec = JobSpec(job="early-quit", namespace="default", worker_num=2, max_retry=1)
+        served = await ServedJob.submit(
+            master.bus, master.store, spec, ["node-0", "node-1"], NullPlatform()
+        )
+        served.server.sink(ev.QuitRequested("changed my mind"))
+        assert not leads(master, "default.early-quit")  # nobody heard the first one
+        async with asyncio.timeout(30):
+            status = await served.wait(poll_s=0.05)
+        assert status.phase in TERMINAL_PHASES
+        repeating = served.server._repeating
+        assert repeating is not None and served.server.quits_sent >= 2
+        await wait_for(repeating.done, "the repeats to stop once the job ended")
+        assert served.server.ended.is_set()
+        await served.close()

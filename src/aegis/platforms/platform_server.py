@@ -2,12 +2,16 @@
 
 Requests from the leader are carried out once per idempotency key (a new leader re-issues the
 pending work of a round after a takeover); the platform's events go back on the job's events
-subject, where whichever replica leads picks them up.
+subject, where whichever replica leads picks them up. A quit is published again every
+``REPEAT_QUIT_S`` until the leader ends the job: one sent before any replica had subscribed to
+the job's events (the job was just submitted, or a takeover was under way) would be lost, and
+the job would run on (a repeat reaching a job that ended already changes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import msgspec
@@ -22,6 +26,8 @@ from aegis.wire import platform_msgs as pm
 
 log = logging.getLogger(__name__)
 
+REPEAT_QUIT_S = 1.0
+
 
 class PlatformServer:
     def __init__(self, bus: Bus, platform: Platform, *, namespace: str, job: str) -> None:
@@ -32,6 +38,8 @@ class PlatformServer:
         self._encoder = msgspec.json.Encoder()
         self._pending: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
+        self._repeating: asyncio.Task[None] | None = None
+        self.quits_sent = 0
 
     async def start(self) -> None:
         subject = pm.subject(self.namespace, self.job, "requests")
@@ -42,6 +50,11 @@ class PlatformServer:
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
             await subscription.unsubscribe()
+        repeating, self._repeating = self._repeating, None
+        if repeating is not None:
+            repeating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await repeating
 
     def sink(self, event: ev.Event) -> None:
         """The platform's events, published for the leading replica."""
@@ -50,12 +63,29 @@ class PlatformServer:
                 out = pm.PlatformEvent(kind="restarted", pod=pod, node=node, pod_ip=ip)
             case ev.QuitRequested(reason=reason):
                 out = pm.PlatformEvent(kind="quit", reason=reason)
+                if self._repeating is None and self._subscription is not None:
+                    self._repeating = asyncio.create_task(self._repeat_quit(out))
+                    return
             case _:
                 return
-        subject = pm.subject(self.namespace, self.job, "events")
-        task = asyncio.create_task(self.bus.publish(subject, self._encoder.encode(out)))
+        task = asyncio.create_task(self._publish(out))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    async def _publish(self, event: pm.PlatformEvent) -> None:
+        subject = pm.subject(self.namespace, self.job, "events")
+        await self.bus.publish(subject, self._encoder.encode(event))
+
+    async def _repeat_quit(self, quit_event: pm.PlatformEvent) -> None:
+        """Until the leader ends the job (or this server stops)."""
+        while not self.ended.is_set():
+            try:
+                await self._publish(quit_event)
+                self.quits_sent += 1
+            except Exception as exc:  # the connection is back soon: try again
+                log.warning("platform: the quit was not published: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), REPEAT_QUIT_S)
 
     async def _on(self, subject: str, payload: bytes) -> None:
         try:
