@@ -58,10 +58,23 @@ def blas_threads(env: dict[str, str] | os._Environ[str]) -> int:
     return len(os.sched_getaffinity(0)) or 1
 
 
+_FOUND_BLAS: list[str | None] = []  # the loaded OpenBLAS, once found (``find_blas``)
+
+
+def find_blas() -> str | None:
+    """The loaded OpenBLAS library's path (None: none is loaded), looked up once: a server calls
+    it after its imports, so its children inherit the answer instead of each reading
+    ``/proc/self/maps``."""
+    if not _FOUND_BLAS:
+        libraries = _loaded_libraries()
+        _FOUND_BLAS.append(next((p for p in libraries if "openblas" in os.path.basename(p)), None))
+    return _FOUND_BLAS[0]
+
+
 def restore_blas() -> int | None:
     """In a child, with the job's environment: OpenBLAS's pool as a cold start has it (threads
     made after the fork are safe); the size set, or None when no OpenBLAS is loaded."""
-    path = next((p for p in _loaded_libraries() if "openblas" in os.path.basename(p)), None)
+    path = find_blas()
     if path is None:
         return None
     import ctypes  # only where OpenBLAS is loaded

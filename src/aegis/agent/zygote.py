@@ -54,6 +54,7 @@ from typing import Any
 from aegis import autoprogress
 from aegis.forking import (
     cuda_initialized,
+    find_blas,
     next_request,
     quiet_blas,
     refuse_unless_safe,
@@ -308,6 +309,7 @@ def main(argv: list[str]) -> Callable[[], None]:
         reason = "cuda" if cuda_initialized() else "threads"
         send(sock, event="failed", reason=reason, module=culprit)
         os._exit(1)
+    find_blas()  # once, here: every child inherits it (restore_blas)
     chosen = set(names)
     send(sock, event="ready", pid=os.getpid(), modules=[n for n in imported if n in chosen],
          skipped=[n for n in skipped if n in chosen], learned=len(extra), total=len(sys.modules),
