@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import pytest
 
 from aegis.cli import main as cli
 from aegis.core import events as ev
-from aegis.core import machine, updates
+from aegis.core import machine, rounds, updates
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Order, Phase
 from aegis.tools.verify import checker
@@ -85,42 +86,49 @@ def _count_outside_run_command(spec, status, event, now):  # type: ignore[no-unt
     return after, actions
 
 
-MUTANTS: dict[str, tuple[str, object, set[str]]] = {
+MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
     "drop the recover_count cap": (
+        machine,
         "_capped_recover_count",
         lambda spec, status: status.recover_count + 1,
         {"RecoverCountBound", "CountMatchesMax"},
     ),
     "process a duplicate finish": (
+        machine,
         "_already_finished",
         lambda info: False,
         {"NoFinishDoubleProcessed"},
     ),
     "accept a stale seq": (
+        machine,
         "_is_current",
         lambda status, phase, seq: True,
         {"StaleFinishRejected"},
     ),
     "forget to align retries on return to RunCommand": (
-        "_align_retries",
+        rounds,
+        "align_retries",
         lambda status: status.pod_infos,
         {"CountMatchesMax"},
     ),
     "never leave Troubleshooting when a pod exits": (
-        "_evict",
+        rounds,
+        "evict",
         lambda status, leaving, now, phase: (status, ()),
         # (a software fault during a drain evicts too: retries left unaligned)
         {"NoDeadlock", "CountersConsistent", "FaultFreeTermination", "CountMatchesMax"},
     ),
     "terminal Failed not absorbing": (
+        machine,
         "TERMINAL_PHASES",
         frozenset({Phase.SUCCEED}),
         {"TerminalAbsorbing"},
     ),
     "restart in place after a software fault past the budget": (
+        machine,
         "_restart_in_place",
-        lambda spec, status, now: machine._start_round(
-            updates.status(status, pod_infos=machine._align_retries(status)),
+        lambda spec, status, now: rounds.start_round(
+            updates.status(status, pod_infos=rounds.align_retries(status)),
             Phase.RUN_COMMAND,
             Order.RESTART,
             now,
@@ -128,8 +136,9 @@ MUTANTS: dict[str, tuple[str, object, set[str]]] = {
         {"SpentBudgetStopsTraining"},
     ),
     "budget exhausted without should_quit": (
-        "_fail",
-        lambda spec, status, reason, now, budget_spent: machine._end(
+        rounds,
+        "fail",
+        lambda spec, status, reason, now, budget_spent: rounds.end(
             updates.status(status, recover_count=spec.max_retry + 1), Phase.FAILED, reason, now
         ),
         {"FailedMeansShouldQuit"},
@@ -146,8 +155,8 @@ def small_spec() -> Iterator[JobSpec]:
 def test_checker_catches_mutant_with_a_trace(
     name: str, small_spec: JobSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    attribute, replacement, expected = MUTANTS[name]
-    monkeypatch.setattr(machine, attribute, replacement)
+    module, attribute, replacement, expected = MUTANTS[name]
+    monkeypatch.setattr(module, attribute, replacement)
     result = checker.check(small_spec, checker.Bounds(faults=4, max_states=200_000))
     assert not result.ok
     assert result.violation is not None

@@ -1,9 +1,12 @@
 """The job state machine: ``step(spec, status, event, now) -> (status, actions)``.
 
-Pure: no I/O, no clock, no logging. Every rule of DESIGN section 3 lives here, one small function
-per decision so that a transition reads like a table row (and so that the model checker's mutants
-can replace exactly one rule). An event that changes nothing returns the same status object and
-one ``Rejected`` action saying why.
+Pure: no I/O, no clock, no logging. Every rule of DESIGN section 3 lives in this package, one
+small function per decision so that a transition reads like a table row (and so that the model
+checker's mutants can replace exactly one rule). An event that changes nothing returns the same
+status object and one ``Rejected`` action saying why. This module dispatches the events and
+holds the rules of round messages, faults and membership; ``rounds`` holds how a round starts,
+ends and makes pods leave, ``resolution`` how a round of checks resolves, and ``departures``
+the pods that leave at a safe point (slow marks, drains).
 
 Cost: an ordinary event (ACK, one pod's answer) touches one pod in the persistent map and the
 round counters: O(log pods). Only a phase change walks the pods, once per round.
@@ -14,53 +17,49 @@ from __future__ import annotations
 from typing import assert_never
 
 from aegis.core import actions as act
+from aegis.core import departures, resolution, rounds, updates
 from aegis.core import events as ev
-from aegis.core import updates
-from aegis.core.model import ErrorNode, JobSpec, JobStatus, NodeName, PodInfo, PodName
+from aegis.core.model import JobSpec, JobStatus, PodInfo, PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import (
-    CONTAINER_RESTART_EXIT_CODE,
-    JOB_FAILED_EXIT_CODE,
-    LEVEL_BY_CLASS,
-    NODE_BAD_EXIT_CODE,
     SOFTWARE_FAULT_CLASSES,
     Classification,
     RecoveryLevel,
 )
 
-Result = tuple[JobStatus, tuple[act.Action, ...]]
-PodMap = updates.PodMap
+Result = rounds.Result
+PodMap = rounds.PodMap
 
 
 def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Result:
     """Feed one event to the job; return the new status and what the shells must do."""
     if status.phase in TERMINAL_PHASES:
-        return _reject(status, act.RejectReason.TERMINAL, status.phase)
+        return rounds.reject(status, act.RejectReason.TERMINAL, status.phase)
     match event:
         case ev.QuitRequested(reason=reason):
-            return _fail(spec, status, reason, now, budget_spent=False)
+            return rounds.fail(spec, status, reason, now, budget_spent=False)
         case ev.CheckpointCommitted():
-            return _on_checkpoint(status, now)
+            return departures.on_checkpoint(status, now)
         case ev.DrainRequested(pods=pods, reason=reason):
-            return _on_drain(status, pods, reason, now)
+            return departures.on_drain(status, pods, reason, now)
         case ev.DrainForced(pods=pods, reason=reason):
-            return _on_drain_forced(status, pods, reason, now)
+            return departures.on_drain_forced(status, pods, reason, now)
         case ev.SlowdownReported():
             return _on_slowdown(status, now)
         case ev.PodAcked(pod=pod, pod_ip=ip):
             info = status.pod_infos.get(pod)
             if info is None:
-                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+                return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
             return _addressed(pod, ip, status, _on_ack(spec, status, pod, info, now))
         case ev.HeartbeatLost(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:
-                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+                return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
             return _on_lost(spec, status, pod, info, now)
         case ev.PodRestarted(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:
-                return _reject(status, act.RejectReason.UNKNOWN_POD, pod)
+                return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
             return _on_restarted(spec, status, event, info, now)
         case ev.ChecksReported() | ev.PodFinished() | ev.PodErrored() | ev.HangReported():
             return _on_round_message(spec, status, event, now)
@@ -75,13 +74,13 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
 def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, now: float) -> Result:
     info = status.pod_infos.get(msg.pod)
     if info is None:
-        return _reject(status, act.RejectReason.UNKNOWN_POD, msg.pod)
+        return rounds.reject(status, act.RejectReason.UNKNOWN_POD, msg.pod)
     if not _is_current(status, msg.phase, msg.seq):
-        return _reject(status, act.RejectReason.STALE, f"{msg.phase}/{msg.seq}")
+        return rounds.reject(status, act.RejectReason.STALE, f"{msg.phase}/{msg.seq}")
     if info.inner_phase != status.phase:
-        return _reject(status, act.RejectReason.STALE, f"pod is {info.inner_phase}")
+        return rounds.reject(status, act.RejectReason.STALE, f"pod is {info.inner_phase}")
     if _already_finished(info):
-        return _reject(status, act.RejectReason.DUPLICATE, f"{msg.pod} seq {msg.seq}")
+        return rounds.reject(status, act.RejectReason.DUPLICATE, f"{msg.pod} seq {msg.seq}")
     phase = status.phase
     match msg:
         case ev.ChecksReported(verdict=verdict, reason=reason) if phase in CHECK_PHASES:
@@ -101,10 +100,12 @@ def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, no
                 spec, status, msg.pod, reason, now, leaving=None, checks=checks, repeat=key
             )
         case ev.HangReported(reason=reason, blame=blame) if phase is Phase.RUN_COMMAND:
-            marked = _mark_slow(status, msg.pod, info) if blame else status
+            marked = rounds.mark_slow(status, msg.pod, info) if blame else status
             return _count_fault(spec, marked, msg.pod, reason, now, leaving=None)
         case _:
-            return _reject(status, act.RejectReason.WRONG_PHASE, f"{type(msg).__name__} in {phase}")
+            return rounds.reject(
+                status, act.RejectReason.WRONG_PHASE, f"{type(msg).__name__} in {phase}"
+            )
 
 
 def _is_current(status: JobStatus, phase: Phase, seq: int) -> bool:
@@ -138,8 +139,8 @@ def _record_answer(
     if status.outstanding > 0:
         return status, ()
     if status.phase is Phase.BOOT_CHECKING:
-        return _resolve_bootcheck(spec, status, now)
-    return _resolve_troubleshooting(spec, status, now)
+        return resolution.resolve_bootcheck(spec, status, now)
+    return resolution.resolve_troubleshooting(spec, status, now)
 
 
 def _on_success(status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
@@ -149,7 +150,7 @@ def _on_success(status: JobStatus, pod: PodName, info: PodInfo, now: float) -> R
     )
     if status.outstanding > 0:
         return status, ()
-    return _end(status, Phase.SUCCEED, "every pod finished with exit code 0", now)
+    return rounds.end(status, Phase.SUCCEED, "every pod finished with exit code 0", now)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +179,7 @@ def _count_fault(
         same = (status.repeat_step, status.repeat_reason) == repeat
         count = status.repeat_count + 1 if same else 1
     verdict = ""
-    spent = info.retries + 1 > spec.max_retry or _budget_exhausted(spec, status)
+    spent = info.retries + 1 > spec.max_retry or rounds.budget_exhausted(spec, status)
     if repeat is not None and spec.repeat_limit and count >= spec.repeat_limit and not spent:
         verdict = (f"the same fault {count} times in a row at step {repeat[0]} "
                    f"({repeat[1]}): a restart does not fix it; stopping")  # fmt: skip
@@ -193,15 +194,17 @@ def _count_fault(
     )
     record = act.RecordFault(pod=pod, reason=reason, counted=True)
     if verdict:  # (a budget spent by this very fault says so first, below)
-        new_status, actions = _fail(spec, status, verdict, now, budget_spent=False)
+        new_status, actions = rounds.fail(spec, status, verdict, now, budget_spent=False)
         return new_status, (record, *actions)
     if leaving is None and not checks:
         new_status, actions = _restart_in_place(spec, status, now)
         return new_status, (record, *actions)
     if leaving is None:
-        new_status, orders = _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
+        new_status, orders = rounds.start_round(
+            status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now
+        )
         return new_status, (record, *orders)
-    new_status = _enter_restarting(status, {pod: leaving}, now)
+    new_status = rounds.enter_restarting(status, {pod: leaving}, now)
     stop = act.SendOrder(Order.STOP, Phase.RESTARTING, new_status.seq)
     replace: tuple[act.Action, ...] = ()
     if leaving is Phase.RESTARTING:
@@ -217,149 +220,18 @@ def _needs_checks(spec: JobSpec, fault_class: str) -> bool:
 def _restart_in_place(spec: JobSpec, status: JobStatus, now: float) -> Result:
     """Level 1 without a round: the budget decides as at the end of a troubleshooting round.
     Training has stopped anyway, so pods of a drained node leave now (as when a round ends)."""
-    if _budget_exhausted(spec, status):
-        return _fail(spec, status, "fault budget exhausted", now, budget_spent=True)
+    if rounds.budget_exhausted(spec, status):
+        return rounds.fail(spec, status, "fault budget exhausted", now, budget_spent=True)
     if status.drain_count > 0:
         draining = {pod: RecoveryLevel.DRAIN for pod, i in status.pod_infos.items() if i.drain}
-        return _evict_running(status, draining, now)
-    status = updates.status(status, pod_infos=_align_retries(status))
-    return _start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
+        return rounds.evict_running(status, draining, now)
+    status = updates.status(status, pod_infos=rounds.align_retries(status))
+    return rounds.start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
 
 
 def _capped_recover_count(spec: JobSpec, status: JobStatus) -> int:
     """recover_count = min(recover_count + 1, max_retry): the cap TLC found missing in the seed."""
     return min(status.recover_count + 1, spec.max_retry)
-
-
-def _mark_slow(status: JobStatus, pod: PodName, info: PodInfo) -> JobStatus:
-    if info.slow:
-        return status
-    return updates.status(
-        status,
-        pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=True)),
-        slow_count=status.slow_count + 1,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Resolving a round of checks.
-
-
-def _resolve_bootcheck(spec: JobSpec, status: JobStatus, now: float) -> Result:
-    """Transition 3: all PASS -> RunCommand; a failing pod exits (not counted) and is replaced,
-    after which a fresh bootcheck round runs for everybody."""
-    leaving = {
-        pod: _bootcheck_level(info.verdict)
-        for pod, info in status.pod_infos.items()
-        if info.verdict is not Classification.HEALTHY
-    }
-    for pod, info in status.pod_infos.items():
-        if info.drain:
-            leaving[pod] = _drain_level(leaving.get(pod, RecoveryLevel.IN_PLACE))
-    if not leaving:
-        return _start_round(status, Phase.RUN_COMMAND, Order.RUN, now)
-    return _evict(status, leaving, now, phase=Phase.BOOT_CHECKING)
-
-
-def _bootcheck_level(verdict: Classification | None) -> RecoveryLevel:
-    # Before training nothing is lost by moving: a slow node leaves at once.
-    if verdict is Classification.RUNTIME:
-        return RecoveryLevel.CONTAINER
-    return RecoveryLevel.NODE
-
-
-def _drain_level(level: RecoveryLevel) -> RecoveryLevel:
-    """A draining pod leaves its node in any case; only a bad node (level 3) says more."""
-    return level if level is RecoveryLevel.NODE else RecoveryLevel.DRAIN
-
-
-def _resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Result:
-    """Transition 8: budget exhausted -> Failed; a pod must exit -> Restarting; else restart
-    every pod in place (RunCommand) with retries aligned to recover_count."""
-    if _budget_exhausted(spec, status):
-        return _fail(spec, status, "fault budget exhausted", now, budget_spent=True)
-    leaving: dict[PodName, RecoveryLevel] = {}
-    for pod, info in status.pod_infos.items():
-        if info.verdict is None:
-            continue
-        level = LEVEL_BY_CLASS[info.verdict]
-        if info.drain:  # training is stopped: nothing is lost by leaving now
-            leaving[pod] = _drain_level(level)
-        elif level is RecoveryLevel.EVICT_SLOW:
-            status = _mark_slow(status, pod, info)
-        elif level is not RecoveryLevel.IN_PLACE:
-            leaving[pod] = level
-    if leaving:
-        return _evict(status, leaving, now, phase=Phase.RESTARTING)
-    status = updates.status(status, pod_infos=_align_retries(status))
-    return _start_round(status, Phase.RUN_COMMAND, Order.RESTART, now)
-
-
-def _budget_exhausted(spec: JobSpec, status: JobStatus) -> bool:
-    return any(info.retries > spec.max_retry for info in status.pod_infos.values())
-
-
-def _align_retries(status: JobStatus) -> PodMap:
-    """Back to RunCommand: every pod's retries = recover_count (one down, all down)."""
-    rc = status.recover_count
-    with status.pod_infos.mutate() as pods:
-        for pod, info in status.pod_infos.items():
-            if info.retries != rc:
-                pods[pod] = updates.pod(info, retries=rc)
-        aligned = pods.finish()
-    return aligned
-
-
-def _evict(
-    status: JobStatus, leaving: dict[PodName, RecoveryLevel], now: float, *, phase: Phase
-) -> Result:
-    """Make pods leave. In Troubleshooting the job waits in Restarting; in BootChecking it stays
-    BootChecking and starts a new round when they are back."""
-    actions: list[act.Action] = []
-    error_nodes = status.error_nodes
-    for pod, level in sorted(leaving.items()):
-        info = status.pod_infos[pod]
-        if info.slow or info.drain:  # marks belong to the node it leaves, not its replacement
-            status = updates.status(
-                status,
-                pod_infos=status.pod_infos.set(pod, updates.pod(info, slow=False, drain=False)),
-                slow_count=status.slow_count - info.slow,
-                drain_count=status.drain_count - info.drain,
-            )
-        reason = info.last_failed_reason or (info.verdict.value if info.verdict else "evicted")
-        code = (
-            CONTAINER_RESTART_EXIT_CODE if level is RecoveryLevel.CONTAINER else NODE_BAD_EXIT_CODE
-        )
-        actions.append(act.EvictPod(pod=pod, level=level, exit_code=code, reason=reason))
-        if level not in (RecoveryLevel.CONTAINER, RecoveryLevel.DRAIN):
-            error_nodes = _add_error_node(error_nodes, info.node, reason, now)
-            actions.append(act.BlacklistNode(node=info.node, reason=reason))
-    status = updates.status(status, error_nodes=error_nodes)
-    if phase is Phase.RESTARTING:
-        return _enter_restarting(status, dict.fromkeys(leaving, Phase.RESTARTING), now), tuple(
-            actions
-        )
-    with status.pod_infos.mutate() as pods:
-        for pod, level in leaving.items():
-            pods[pod] = updates.pod(
-                pods[pod], inner=Phase.RESTARTING, finished=False, evict=level, ts=now
-            )
-        pod_infos = pods.finish()
-    status = updates.status(
-        status,
-        pod_infos=pod_infos,
-        outstanding=status.outstanding + len(leaving),
-        away=status.away + len(leaving),
-    )
-    return status, tuple(actions)
-
-
-def _add_error_node(
-    nodes: tuple[ErrorNode, ...], node: NodeName, reason: str, now: float
-) -> tuple[ErrorNode, ...]:
-    if any(entry.node == node for entry in nodes):
-        return nodes
-    return (*nodes, ErrorNode(node=node, reason=reason, ts=now))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,9 +253,9 @@ def _addressed(pod: PodName, ip: str | None, before: JobStatus, result: Result) 
 def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
     if status.phase is Phase.PENDING:
         if info.finished:
-            return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
+            return rounds.reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
         if info.inner_phase is not Phase.PENDING:
-            return _reject(status, act.RejectReason.STALE, f"{pod} is awaiting a replacement")
+            return rounds.reject(status, act.RejectReason.STALE, f"{pod} is awaiting a replacement")
         status = updates.status(
             status,
             pod_infos=status.pod_infos.set(pod, updates.pod(info, finished=True, ts=now)),
@@ -391,10 +263,10 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
         )
         if status.outstanding > 0:
             return status, ()
-        return _start_round(status, Phase.BOOT_CHECKING, Order.BOOTCHECK, now)
+        return rounds.start_round(status, Phase.BOOT_CHECKING, Order.BOOTCHECK, now)
     # The PENDING exception: an ACK carries no round; it is accepted from a pod that (re)joined.
     if info.inner_phase is not Phase.PENDING:
-        return _reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
+        return rounds.reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
     if status.phase is Phase.RESTARTING:
         back = updates.pod(info, inner=Phase.RESTARTING, finished=True, evict=None, ts=now)
         status = updates.status(
@@ -405,7 +277,7 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
         )
         if status.away > 0:
             return status, ()
-        return _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
+        return rounds.start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
     if status.phase in CHECK_PHASES:
         back = updates.pod(info, inner=status.phase, evict=None, ts=now)
         status = updates.status(
@@ -414,14 +286,14 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
         if status.away > 0:
             return status, ()
         order = Order.BOOTCHECK if status.phase is Phase.BOOT_CHECKING else Order.TROUBLESHOOT
-        return _start_round(status, status.phase, order, now)
-    return _reject(status, act.RejectReason.WRONG_PHASE, f"ACK in {status.phase}")
+        return rounds.start_round(status, status.phase, order, now)
+    return rounds.reject(status, act.RejectReason.WRONG_PHASE, f"ACK in {status.phase}")
 
 
 def _on_lost(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
     reason = "heartbeat lost"
-    if _awaiting_replacement(info):
-        return _reject(status, act.RejectReason.IGNORED, f"{pod} is already being replaced")
+    if rounds.awaiting_replacement(info):
+        return rounds.reject(status, act.RejectReason.IGNORED, f"{pod} is already being replaced")
     replace = act.ReplacePod(pod=pod, reason=reason)
     if status.phase is Phase.RUN_COMMAND:
         return _count_fault(spec, status, pod, reason, now, leaving=Phase.RESTARTING)
@@ -443,7 +315,7 @@ def _on_restarted(
     )
     if moved and info.drain:  # the drain mark belongs to the node it left
         status = updates.status(status, drain_count=status.drain_count - 1)
-    if _awaiting_replacement(info):
+    if rounds.awaiting_replacement(info):
         # The replacement the platform was asked for: it must ACK before it counts as back.
         return updates.status(
             status, pod_infos=status.pod_infos.set(pod, updates.pod(placed, inner=Phase.PENDING))
@@ -455,10 +327,6 @@ def _on_restarted(
     # Outside RunCommand nothing is counted and only this pod is reset (seed branch 4).
     status = _leave(status, pod, placed, Phase.PENDING, reason, now)
     return status, (act.RecordFault(pod=pod, reason=reason, counted=False),)
-
-
-def _awaiting_replacement(info: PodInfo) -> bool:
-    return info.inner_phase is Phase.RESTARTING and not info.finished
 
 
 def _leave(
@@ -483,24 +351,7 @@ def _leave(
 
 
 # ---------------------------------------------------------------------------------------------
-# Safe point, terminal phases, rounds.
-
-
-def _on_checkpoint(status: JobStatus, now: float) -> Result:
-    """At a committed checkpoint, pods marked slow (or hung) are evicted and blacklisted, and
-    pods of a drained node leave (no fault, no blacklist)."""
-    if status.phase is not Phase.RUN_COMMAND or status.slow_count + status.drain_count == 0:
-        return _reject(status, act.RejectReason.IGNORED, "no pod to evict at this checkpoint")
-    leaving: dict[PodName, RecoveryLevel] = {}
-    with status.pod_infos.mutate() as pods:
-        for pod, info in status.pod_infos.items():
-            if info.drain:
-                leaving[pod] = RecoveryLevel.DRAIN
-            elif info.slow:
-                leaving[pod] = RecoveryLevel.EVICT_SLOW
-                pods[pod] = updates.pod(info, reason=info.last_failed_reason or "slow")
-        status = updates.status(status, pod_infos=pods.finish())
-    return _evict_running(status, leaving, now)
+# Slowdowns (the safe point and drains: ``departures``).
 
 
 def _on_slowdown(status: JobStatus, now: float) -> Result:
@@ -509,137 +360,13 @@ def _on_slowdown(status: JobStatus, now: float) -> Result:
     place. While a pod waits to leave at a checkpoint (slow, or drained: ranks may hold after
     saving), or once a pod has finished (the job is ending), a slowdown is expected: ignored."""
     if status.phase is not Phase.RUN_COMMAND:
-        return _reject(status, act.RejectReason.IGNORED, f"slowdown in {status.phase}")
+        return rounds.reject(status, act.RejectReason.IGNORED, f"slowdown in {status.phase}")
     if status.outstanding < len(status.pod_infos):
-        return _reject(status, act.RejectReason.IGNORED, "pods have finished: the job is ending")
-    if status.slow_count + status.drain_count > 0:
-        return _reject(status, act.RejectReason.IGNORED, "a pod leaves at the next checkpoint")
-    return _start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
-
-
-def _evict_running(status: JobStatus, leaving: dict[PodName, RecoveryLevel], now: float) -> Result:
-    """Pods leave a running job: every pod stops training, the job waits in Restarting."""
-    evicted, actions = _evict(status, leaving, now, phase=Phase.RESTARTING)
-    stop = act.SendOrder(Order.STOP, Phase.RESTARTING, evicted.seq)
-    return evicted, (stop, *actions)
-
-
-def _on_drain(status: JobStatus, pods: tuple[PodName, ...], reason: str, now: float) -> Result:
-    """Mark the pods of a drained node. In RunCommand they leave at the next committed
-    checkpoint (the shell asks for one); in any other phase training is stopped, so they leave
-    when the current round resolves. Nothing is counted."""
-    marked = [
-        pod
-        for pod in dict.fromkeys(pods)
-        if (info := status.pod_infos.get(pod)) is not None
-        and not info.drain
-        and not _awaiting_replacement(info)
-    ]
-    if not marked:
-        return _reject(status, act.RejectReason.IGNORED, "no pod left to drain")
-    with status.pod_infos.mutate() as infos:
-        for pod in marked:
-            infos[pod] = updates.pod(infos[pod], drain=True, reason=f"drain: {reason}", ts=now)
-        pod_infos = infos.finish()
-    status = updates.status(
-        status, pod_infos=pod_infos, drain_count=status.drain_count + len(marked)
-    )
-    return status, ()
-
-
-def _on_drain_forced(
-    status: JobStatus, pods: tuple[PodName, ...], reason: str, now: float
-) -> Result:
-    """The drain stops waiting for a checkpoint: its pods leave now (from RunCommand only;
-    elsewhere they leave when the round resolves anyway)."""
-    if status.phase is not Phase.RUN_COMMAND:
-        return _reject(
-            status, act.RejectReason.IGNORED, f"drain waits for the {status.phase} round"
+        return rounds.reject(
+            status, act.RejectReason.IGNORED, "pods have finished: the job is ending"
         )
-    leaving = {
-        pod: RecoveryLevel.DRAIN
-        for pod in dict.fromkeys(pods)
-        if (info := status.pod_infos.get(pod)) is not None and info.drain
-    }
-    if not leaving:
-        return _reject(status, act.RejectReason.IGNORED, "no draining pod")
-    with status.pod_infos.mutate() as infos:
-        for pod in leaving:
-            info = infos[pod]
-            infos[pod] = updates.pod(info, reason=f"{info.last_failed_reason} ({reason})")
-        status = updates.status(status, pod_infos=infos.finish())
-    return _evict_running(status, leaving, now)
-
-
-def _fail(
-    spec: JobSpec, status: JobStatus, reason: str, now: float, *, budget_spent: bool
-) -> Result:
-    """Transitions 8 (budget exhausted) and 9 (should_quit from outside)."""
-    rc = spec.max_retry + 1 if budget_spent else status.recover_count
-    status = updates.status(status, recover_count=rc, should_quit=True)
-    return _end(status, Phase.FAILED, reason, now)
-
-
-def _end(status: JobStatus, phase: Phase, reason: str, now: float) -> Result:
-    with status.pod_infos.mutate() as pods:
-        for pod, info in status.pod_infos.items():
-            pods[pod] = updates.pod(info, inner=phase, finished=True, ts=now)
-        pod_infos = pods.finish()
-    seq = status.seq + 1
-    status = updates.status(
-        status, phase=phase, seq=seq, pod_infos=pod_infos, outstanding=0, away=0
-    )
-    code = 0 if phase is Phase.SUCCEED else JOB_FAILED_EXIT_CODE
-    return status, (
-        act.SendOrder(Order.EXIT, phase, seq, exit_code=code),
-        act.EndJob(phase=phase, reason=reason),
-    )
-
-
-def _start_round(
-    status: JobStatus, phase: Phase, order: Order, now: float
-) -> tuple[JobStatus, tuple[act.Action, ...]]:
-    """A new round: bump seq, every pod enters ``phase`` unfinished, one order to all."""
-    with status.pod_infos.mutate() as pods:
-        for pod, info in status.pod_infos.items():
-            pods[pod] = updates.pod(
-                info, inner=phase, finished=False, verdict=None, evict=None, ts=now
-            )
-        pod_infos = pods.finish()
-    seq = status.seq + 1
-    status = updates.status(
-        status,
-        phase=phase,
-        seq=seq,
-        pod_infos=pod_infos,
-        outstanding=len(pod_infos),
-        away=0,
-    )
-    return status, (act.SendOrder(order, phase, seq),)
-
-
-def _enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: float) -> JobStatus:
-    """Restarting: the leaving pods are away, the others present (finished) and idle."""
-    with status.pod_infos.mutate() as pods:
-        for pod, info in status.pod_infos.items():
-            if pod in leaving:
-                pods[pod] = updates.pod(
-                    info, inner=leaving[pod], finished=False, verdict=None, ts=now
-                )
-            else:
-                pods[pod] = updates.pod(
-                    info, inner=Phase.RESTARTING, finished=True, verdict=None, ts=now
-                )
-        pod_infos = pods.finish()
-    return updates.status(
-        status,
-        phase=Phase.RESTARTING,
-        seq=status.seq + 1,
-        pod_infos=pod_infos,
-        outstanding=len(leaving),
-        away=len(leaving),
-    )
-
-
-def _reject(status: JobStatus, reason: act.RejectReason, detail: str = "") -> Result:
-    return status, (act.Rejected(reason=reason, detail=detail),)
+    if status.slow_count + status.drain_count > 0:
+        return rounds.reject(
+            status, act.RejectReason.IGNORED, "a pod leaves at the next checkpoint"
+        )
+    return rounds.start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
