@@ -94,7 +94,10 @@ async def test_soak_a_standalone_master_adopts_every_job_and_its_consumers_stay_
         await wait_for(lambda: all(r.done.is_set() for r in runners), "every job's loop over")
         # a master serving for days keeps only the running jobs (and their subscriptions)
         await wait_for(lambda: not master.replica.runners, "every ended job's runner dropped")
-        assert not any(r.subscribed for r in runners) and not master.replica._platform_subs
+        assert (
+            not any(r.subscribed for r in runners)
+            and not master.replica.platform_events.subscriptions
+        )
         # ended jobs leave only their keys behind (a refresh in flight may keep one or two)
         assert len(master.replica.records) <= LIVE, len(master.replica.records)
         # every ended job's record is removed after the retention, none before it is seen ended

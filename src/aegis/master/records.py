@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from aegis.adapters.grpc.creds import JobAccess
 from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec, JobStatus, check_names
+from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
@@ -62,3 +65,31 @@ class MalformedRecords:
 
     def forget(self, key: str) -> None:
         self.revisions.pop(key, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """A job this replica leads, as its runner has it now."""
+
+    pods: list[str]
+    phase: Phase
+    extra: dict[str, Any]
+
+
+def job_access(
+    namespace: str, job: str, live: Live | None, record: dict[str, Any] | None, ended: bool
+) -> JobAccess | None:
+    """What the credentials handshake may hand out for the job: from its runner when this
+    replica leads it (the token from its record if the runner has none), else from its record;
+    None when neither is known. ``ended``: its key is among the ended jobs'."""
+    if live is not None:
+        pods, phase = live.pods, live.phase.value
+        token = str(live.extra.get("token", record.get("token", "") if record else ""))
+    elif record is not None:
+        pods, phase = list(record["status"]["pod_infos"]), str(record["status"]["phase"])
+        token = str(record.get("token", ""))
+    else:
+        return None
+    ended = ended or phase in {p.value for p in TERMINAL_PHASES}
+    by_rank = tuple(sorted(pods, key=lambda p: int(p.rsplit("-", 1)[-1])))
+    return JobAccess(namespace, job, token, by_rank, ended)

@@ -31,16 +31,14 @@ from typing import Any
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
-from aegis.adapters.nats_bus import KvStore, NatsBus, NatsSubscription
+from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Subscription
 from aegis.adapters.tls import TlsDir
-from aegis.core import events as ev
 from aegis.core import retention
 from aegis.core.model import (
     JobSpec,
     JobStatus,
     NodeName,
-    PodName,
     initial_status,
     pods_by_rank,
 )
@@ -52,6 +50,7 @@ from aegis.master import (
     eventlog_writer,
     faultlog,
     metrics,
+    platform_events,
     records,
 )
 from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLostError, runner_from_record
@@ -59,7 +58,6 @@ from aegis.master.job_runner import status_key as job_key
 from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.remote_platform import RemotePlatform
 from aegis.master.service import STATUS_BUCKET
-from aegis.wire import platform_msgs as pm
 from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
@@ -109,7 +107,6 @@ class Replica:
         self.grpc_port = 0
         self.leading = asyncio.Event()
         self._fault_lines: faultlog.RotatingJsonLines | None = None  # log_dir/faults.jsonl
-        self._platform_subs: dict[str, NatsSubscription] = {}
         self.malformed = records.MalformedRecords(settings.replica_id)  # skipped records, counted
 
     async def run(self) -> None:
@@ -124,6 +121,7 @@ class Replica:
             self.bus, drained_nodes.BUCKET, replicas=self.settings.lease.replicas
         )
         self.drained = drained_nodes.DrainedNodes(drained)
+        self.platform_events = platform_events.PlatformEvents(self.bus)
         self.lease = nats_lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
         server, self.grpc_port = await grpc_creds.serve(
@@ -322,7 +320,7 @@ class Replica:
             platform.blacklist[node] = f"drained: {reason}"
             await platform.drain_node(node, reason)
         self._observe(runner)
-        await self._subscribe_platform_events(runner)
+        await self.platform_events.follow(runner)
         try:
             await runner.takeover()
         except BaseException:
@@ -347,38 +345,12 @@ class Replica:
         if self.metrics is not None:
             self.metrics.attach(runner, gpu_type=metrics.host_gpu_type())
 
-    async def _subscribe_platform_events(self, runner: JobRunner) -> None:
-        import msgspec
-
-        decoder = msgspec.json.Decoder(pm.PlatformEvent)
-
-        async def on_event(subject: str, payload: bytes) -> None:
-            try:
-                event = decoder.decode(payload)
-            except msgspec.DecodeError:
-                runner.drops.add("platform_malformed")
-                return
-            if event.kind == "restarted":
-                node = NodeName(event.node) if event.node else None
-                runner.platform_event(ev.PodRestarted(PodName(event.pod), node, event.pod_ip))
-            elif event.kind == "quit":
-                runner.platform_event(ev.QuitRequested(event.reason))
-
-        spec = runner.spec
-        key = job_key(spec)
-        self._platform_subs[key] = await self.bus.subscribe(
-            pm.subject(spec.namespace, spec.job, "events"), on_event
-        )
-
     async def _unsubscribe(self, runner: JobRunner, key: str) -> None:
         """Detach a stopped runner from NATS (its own loop unsubscribes only when it ends)."""
         if self.metrics is not None and runner.task is not None and not runner.done.is_set():
             self.metrics.detach(runner)  # a loop that died: its replacement reports instead
         await runner.unsubscribe()
-        sub = self._platform_subs.pop(key, None)
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await self.platform_events.stop_following(key)
 
     async def _stop_runners(self) -> None:
         runners, self.runners = dict(self.runners), {}
@@ -455,14 +427,7 @@ class Replica:
                 record = read[0]
                 if read[3].phase not in TERMINAL_PHASES:
                     self.records[key] = record
+        live = None
         if runner is not None:
-            pods, phase = list(runner.status.pod_infos), runner.status.phase.value
-            token = str(runner.extra.get("token", record.get("token", "") if record else ""))
-        elif record is not None:
-            pods, phase = list(record["status"]["pod_infos"]), str(record["status"]["phase"])
-            token = str(record.get("token", ""))
-        else:
-            return None
-        ended = key in self.finished or phase in {p.value for p in TERMINAL_PHASES}
-        by_rank = tuple(sorted(pods, key=lambda p: int(p.rsplit("-", 1)[-1])))
-        return grpc_creds.JobAccess(namespace, job, token, by_rank, ended)
+            live = records.Live(list(runner.status.pod_infos), runner.status.phase, runner.extra)
+        return records.job_access(namespace, job, live, record, key in self.finished)
