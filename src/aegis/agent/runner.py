@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class MasterSettings:
+class MasterAddress:
+    """Where the agent finds its master and who it is there (not the master's own settings,
+    ``master.service.MasterSettings``)."""
+
     host: str
     port: int
     job: str | None = None
@@ -44,10 +47,10 @@ class MasterSettings:
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentSettings:
     supervisor: supervisor.SupervisorSettings
-    master: MasterSettings | None = None
+    master: MasterAddress | None = None
 
 
-async def master_answers(master: MasterSettings) -> bool:
+async def master_answers(master: MasterAddress) -> bool:
     """Whether a TCP connection to the master opens within the connect timeout."""
     try:
         async with asyncio.timeout(master.connect_timeout_s):
@@ -102,7 +105,7 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
     return report.exit_status
 
 
-def _link_settings(master: MasterSettings) -> link.LinkSettings:
+def _link_settings(master: MasterAddress) -> link.LinkSettings:
     assert master.job and master.pod and master.token_file
     return link.LinkSettings(
         grpc_target=f"{master.host}:{master.port}",

@@ -98,7 +98,7 @@ def agent(
             raise typer.BadParameter(str(exc), param_hint="--tls-ca") from None
     if master is not None:
         host, port = parse_master(master)
-        master_settings = runner.MasterSettings(
+        master_settings = runner.MasterAddress(
             host,
             port,
             job,
