@@ -30,7 +30,7 @@ def parse_master(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def agent(
+def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[list[str], typer.Argument(help="The command; one string runs under 'bash -c'.")],
     grace_s: Annotated[
         float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL on stop.")

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     app.command("check")(check)
 
 
-def check(
+def check(  # noqa: PLR0913 (a typer command: one parameter per option)
     name: Annotated[str, typer.Argument(help="io, gpu, runtime, rdma, allreduce_connect, ...")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     scratch_dir: Annotated[Path, typer.Option(help="Directory the io check writes in.")] = Path(

@@ -172,7 +172,7 @@ def _job_name(value: str) -> str:
     return value
 
 
-def run(
+def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")] = 3,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,

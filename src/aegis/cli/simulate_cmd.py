@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
 
 
-def simulate(
+def simulate(  # noqa: PLR0913 (a typer command: one parameter per option)
     gpus: Annotated[int, typer.Option(min=1, help="GPUs in the job.")] = 16_384,
     gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node (one pod each).")] = 8,
     days: Annotated[float, typer.Option(min=0.001, help="Wall time simulated, in days.")] = 54.0,

@@ -83,7 +83,7 @@ def _command(cmd: list[str]) -> tuple[str, ...]:
     return tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd)
 
 
-def submit(
+def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[
         list[str], typer.Argument(help="[sbatch options, e.g. -p gpu --time=10] then the command.")
     ],
@@ -155,7 +155,7 @@ def _check_master_options(master: str | None, nats: str | None, auth_file: Path 
         raise typer.BadParameter(f"no such file: {auth_file}", param_hint="--auth-file")
 
 
-def run_coordinator(
+def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
     job: Annotated[str, typer.Option(help="Job name.")],
     state_dir: Annotated[Path, typer.Option(help="Shared directory for logs and the store.")],

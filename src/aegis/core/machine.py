@@ -31,7 +31,7 @@ Result = rounds.Result
 PodMap = rounds.PodMap
 
 
-def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Result:
+def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Result:  # noqa: PLR0912 (the dispatch: one case per event type)
     """Feed one event to the job; return the new status and what the shells must do."""
     if status.phase in TERMINAL_PHASES:
         return rounds.reject(status, act.RejectReason.TERMINAL, status.phase)

@@ -21,7 +21,7 @@ class Keep(enum.Enum):
 KEEP = Keep.KEEP
 
 
-def pod(
+def pod(  # noqa: PLR0913 (one optional keyword per field it may replace)
     info: PodInfo,
     *,
     inner: Phase | None = None,
@@ -53,7 +53,7 @@ def pod(
     )
 
 
-def status(
+def status(  # noqa: PLR0913 (one optional keyword per field it may replace)
     status: JobStatus,
     *,
     phase: Phase | None = None,

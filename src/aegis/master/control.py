@@ -126,14 +126,7 @@ async def handle(
         case "drain":
             return await _drain(request, list(resolve_platforms()), list(resolve_jobs()))
         case "undrain":
-            if not request.nodes:
-                return ControlReply(False, "no node given")
-            for platform in resolve_platforms():
-                for node in request.nodes:
-                    platform.blacklist.pop(node, None)
-                    if isinstance(platform, NodeDrainer):
-                        await platform.undrain_node(node)
-            return ControlReply(True, f"undrained {', '.join(request.nodes)}: schedulable again")
+            return await _undrain(request, list(resolve_platforms()))
         case "stop":
             runner = resolve_job(request.namespace, request.job)
             if runner is None:
@@ -141,24 +134,38 @@ async def handle(
             runner.platform_event(ev.QuitRequested(request.reason or "stopped by aegis ctl"))
             return ControlReply(True, f"job {request.job}: stop requested")
         case "taint" | "untaint":
-            if not request.nodes:
-                return ControlReply(False, "no node given")
-            platforms = list(resolve_platforms())
-            for platform in platforms:
-                for node in request.nodes:
-                    if request.command == "taint":
-                        platform.blacklist[node] = request.reason or "tainted by aegis ctl"
-                    else:
-                        platform.blacklist.pop(node, None)
-            done = "tainted" if request.command == "taint" else "untainted"
-            return ControlReply(True, f"{done} {', '.join(request.nodes)} "
-                                f"on {len(platforms)} platform(s)")  # fmt: skip
+            return _taint(request, list(resolve_platforms()))
         case "hang":
             runner = resolve_job(request.namespace, request.job or job_of_pod(request.pod))
             if runner is None or request.pod not in runner.status.pod_infos:
                 return ControlReply(False, f"no pod {request.pod}")
             await _feed_hang(runner, request.pod)
             return ControlReply(True, f"{request.pod}: reported hung")
+
+
+async def _undrain(request: ControlRequest, platforms: list[NodeBlacklist]) -> ControlReply:
+    if not request.nodes:
+        return ControlReply(False, "no node given")
+    for platform in platforms:
+        for node in request.nodes:
+            platform.blacklist.pop(node, None)
+            if isinstance(platform, NodeDrainer):
+                await platform.undrain_node(node)
+    return ControlReply(True, f"undrained {', '.join(request.nodes)}: schedulable again")
+
+
+def _taint(request: ControlRequest, platforms: list[NodeBlacklist]) -> ControlReply:
+    if not request.nodes:
+        return ControlReply(False, "no node given")
+    for platform in platforms:
+        for node in request.nodes:
+            if request.command == "taint":
+                platform.blacklist[node] = request.reason or "tainted by aegis ctl"
+            else:
+                platform.blacklist.pop(node, None)
+    done = "tainted" if request.command == "taint" else "untainted"
+    return ControlReply(True, f"{done} {', '.join(request.nodes)} "
+                        f"on {len(platforms)} platform(s)")  # fmt: skip
 
 
 async def _drain(

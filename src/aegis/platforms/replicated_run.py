@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class ReplicatedRun:
-    def __init__(
+    def __init__(  # noqa: PLR0913 (what the run hands its masters, all but three defaulted)
         self,
         settings: RunSettings,
         masters: int,

@@ -57,7 +57,7 @@ def _parabola(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return a, b
 
 
-def _det3(
+def _det3(  # noqa: PLR0913 (a 3x3 determinant, its nine entries)
     a: float, b: float, c: float, d: float, e: float, f: float, g: float, h: float, i: float
 ) -> float:
     return a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
