@@ -36,6 +36,7 @@ from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosedError, NatsBus
 from aegis.agent import decline_rule, exit_rule, ports, supervisor
+from aegis.checkpoint import outage
 from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
@@ -258,6 +259,14 @@ class MasterLink:
         """The saver daemon committed ``step``: the master's safe point for evictions."""
         phase, seq = self.run_round
         await self._send(m.MessageType.CHECKPOINT, phase, seq, m.CheckpointData(step))
+
+    async def checkpoint_store(self, report: outage.StoreReport) -> None:
+        """The saver daemon cannot persist (or can again): the master logs and counts it."""
+        phase, seq = self.run_round
+        data = m.CheckpointStoreData(report.directory, report.step, report.ok, report.errno,
+                                     report.strerror[:200], report.failures, report.opened,
+                                     report.down_s)  # fmt: skip
+        await self._send(m.MessageType.CHECKPOINT, phase, seq, data)
 
     async def fault_seen(self, report: ports.FaultReport) -> None:
         log.info("fault signature %s: %s", report.match.fault_class, report.match.line)

@@ -87,7 +87,10 @@ async def run_linked(
             ]
             if daemon_settings is not None:
                 saver = process.DaemonProcess(
-                    daemon_settings, spawner=the_reaper, on_commit=the_link.checkpoint_committed
+                    daemon_settings,
+                    spawner=the_reaper,
+                    on_commit=the_link.checkpoint_committed,
+                    on_store=the_link.checkpoint_store,
                 )
                 tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
             try:

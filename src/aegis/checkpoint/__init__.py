@@ -6,8 +6,11 @@ and returns; the saver daemon (:mod:`aegis.checkpoint.daemon`, kept alive by the
 a commit marker. ``load_latest`` reads the newest committed copy from shared memory after an
 in-place restart, else the newest valid committed copy on disk. A save never drops silently:
 while the previous one is being persisted the default policy ``wait`` blocks (``raise`` raises
-:class:`SaverBusyError`). Configured by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``,
-``AEGIS_CKPT_POLICY``, ``AEGIS_CKPT_WAIT_S``. Importing this package does not import torch.
+:class:`SaverBusyError`); while the durable directory fails (full, read-only, gone: the daemon
+reports it, :mod:`aegis.checkpoint.outage`) a save goes on and replaces the unpersisted slot, so
+shared memory keeps the newest save, which is persisted when the store works again. Configured
+by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY``,
+``AEGIS_CKPT_WAIT_S``. Importing this package does not import torch.
 
 ``save_if_requested(step, state)``, called every step, saves only when the master asked for a
 checkpoint (a drain, or a slow node's eviction) and the step it named is reached: every rank

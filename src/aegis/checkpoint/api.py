@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis.checkpoint import layout as lay
-from aegis.checkpoint import store
+from aegis.checkpoint import outage, store
 from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
@@ -88,12 +88,27 @@ class Saver:
         shm = self.settings.shm_dir
         return [s for s in lay.slot_steps(shm) if not lay.committed_marker(shm, s).exists()]
 
+    def store_down(self) -> bool:
+        """The saver daemon cannot persist (its durable directory is full, read-only or gone)."""
+        return (self.settings.shm_dir / outage.STORE_DOWN).exists()
+
     def wait_idle(self, step: int) -> None:
+        """Wait until the previous save is persisted; not while the store is down: the save
+        goes on (the older unpersisted slot is dropped by :meth:`reserve`, the newest kept)."""
         started = time.monotonic()
+        warned = False
         while pending := self.pending_steps():
             waited = time.monotonic() - started
-            if self.settings.policy is BusyPolicy.RAISE or waited > self.settings.wait_timeout_s:
+            go = outage.save_may_proceed(self.store_down(), waited, self.settings.wait_timeout_s)
+            if go is True:
+                log.warning("checkpoint step %s kept in shared memory only: step(s) %s not "
+                            "persisted (the checkpoint store is down)", step, pending)  # fmt: skip
+                return
+            if self.settings.policy is BusyPolicy.RAISE or go is False:
                 raise SaverBusyError(step, pending, waited)
+            if not warned and waited > 5.0:
+                warned = True
+                log.info("checkpoint step %s waits for step(s) %s to be persisted", step, pending)
             time.sleep(self.settings.poll_s)
 
     def save(self, step: int, state: Any) -> None:
@@ -130,6 +145,8 @@ class Saver:
         shm = self.settings.shm_dir
         shm.mkdir(parents=True, exist_ok=True)
         self.drop_from(step)
+        for unpersisted in self.pending_steps():  # only while the store is down (wait_idle)
+            _drop_slot(shm, unpersisted)
         committed = [s for s in self.committed_steps() if s < step]
         buffer = 0
         if committed:

@@ -8,21 +8,28 @@ from it without a disk read; ``Saver.save`` drops it before reusing that buffer)
 line to ``commits.jsonl``. Killed at any point, it leaves at most a ``.tmp-step-*`` directory
 (removed at the next start) and the slot it was writing is persisted again after the restart.
 It imports no torch.
+
+A durable directory that fails (full, read-only, vanished) stalls nothing: each failed attempt
+is recorded in ``store.jsonl`` (the agent forwards it to the master) and ``store-down`` stays in
+the shared-memory directory while it lasts, so saves go on from memory; the daemon retries the
+newest pending slot with backoff (:mod:`aegis.checkpoint.outage`) and commits it when it can.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aegis.checkpoint import layout as lay
-from aegis.checkpoint import store
+from aegis.checkpoint import outage, store
 from aegis.checkpoint.dcp import slot as dcp_slot
 
 log = logging.getLogger(__name__)
@@ -32,13 +39,22 @@ def pending(shm: Path) -> list[int]:
     return [s for s in lay.slot_steps(shm) if not lay.committed_marker(shm, s).exists()]
 
 
-def commit_one(shm: Path, ckpt: Path, step: int, max_write_mb_s: float, keep: int) -> None:
+def commit_one(
+    shm: Path,
+    ckpt: Path,
+    step: int,
+    max_write_mb_s: float,
+    keep: int,
+    still_handed: Callable[[], bool] | None = None,
+) -> None:
     started = time.monotonic()
     dcp = dcp_slot.read(shm, step)
     if dcp is None:
-        final = store.persist(shm, ckpt, step, max_write_mb_s)
+        final = store.persist(shm, ckpt, step, max_write_mb_s, still_handed)
     else:  # a torch distributed checkpoint: DCP's own format, in its directory
         final = dcp_slot.persist(shm, dcp, keep)
+        if still_handed is not None and not still_handed():
+            raise store.SlotReplacedError(step)
     store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
     older = [s for s in lay.slot_steps(shm) if s < step]
     previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)
@@ -54,23 +70,108 @@ def commit_one(shm: Path, ckpt: Path, step: int, max_write_mb_s: float, keep: in
     log.info("step %s committed to %s in %.2f s", step, final, time.monotonic() - started)
 
 
+def handed_identity(shm: Path, step: int) -> tuple[int, int] | None:
+    """Which hand-off of ``step`` is in place (a save of it anew makes a new file)."""
+    try:
+        info = lay.slot_json(shm, step).stat()
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_mtime_ns
+
+
+def attempt(
+    shm: Path, ckpt: Path, step: int, state: outage.StoreState, max_write_mb_s: float, keep: int
+) -> tuple[outage.StoreState, float]:
+    """Persist and commit ``step`` once: the store's new state and the wait before the next
+    attempt. A slot dropped or replaced meanwhile (a save went on while the store was down)
+    is not committed and is no failure of the store."""
+    handed = handed_identity(shm, step)
+    if handed is None:
+        return state, 0.0
+
+    def still_handed() -> bool:
+        return handed_identity(shm, step) == handed
+
+    try:
+        commit_one(shm, ckpt, step, max_write_mb_s, keep, still_handed)
+    except store.SlotReplacedError:
+        log.info("step %s replaced by a newer save while persisting; not committed", step)
+        return state, 0.0
+    except OSError as exc:
+        if not still_handed():  # the slot was replaced while we read it: try again
+            log.warning("step %s vanished while persisting (%s); retrying", step, exc)
+            return state, 0.0
+        with contextlib.suppress(OSError):
+            store.discard_torn(ckpt, step)
+        return store_failed(shm, ckpt, step, state, exc)
+    return store_worked(shm, ckpt, step, state), 0.0
+
+
+def store_failed(
+    shm: Path, ckpt: Path, step: int, state: outage.StoreState, exc: OSError
+) -> tuple[outage.StoreState, float]:
+    """Record the failed attempt where the agent reads it (every one: the master counts them)
+    and keep ``store-down`` in place, so that saves go on from memory."""
+    now = time.time()
+    result = outage.failed(state, now)
+    failure = outage.Failure.of(exc, step, str(ckpt))
+    record = {"event": "failed", "step": step, "errno": failure.errno,
+              "strerror": failure.strerror, "dir": failure.directory,
+              "opened": result.opened, "failures": result.state.failures,
+              "since": result.state.since, "ts": now}  # fmt: skip
+    line = json.dumps(record)
+    with contextlib.suppress(OSError):
+        lay.write_atomic(shm / outage.STORE_DOWN, line.encode(), durable=False)
+        with (shm / outage.STORE_LOG).open("a") as out:
+            out.write(line + "\n")
+    if result.opened:
+        log.error("step %s not persisted: %s; training goes on from shared memory (the newest "
+                  "save kept), retrying with backoff", step, failure.describe())  # fmt: skip
+    else:
+        log.debug("step %s not persisted (attempt %d): %s; retrying in %.2f s", step,
+                  result.state.failures, failure.describe(), result.retry_in_s)  # fmt: skip
+    return result.state, result.retry_in_s
+
+
+def store_worked(shm: Path, ckpt: Path, step: int, state: outage.StoreState) -> outage.StoreState:
+    result = outage.succeeded(state, time.time())
+    if result.closed_after_s is not None:
+        (shm / outage.STORE_DOWN).unlink(missing_ok=True)
+        record = {"event": "resumed", "step": step, "dir": str(ckpt),
+                  "down_s": result.closed_after_s, "failures": state.failures,
+                  "ts": time.time()}  # fmt: skip
+        with (shm / outage.STORE_LOG).open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        log.warning("checkpoint store %s back after %.1f s (%d failed attempts): step %s "
+                    "committed", ckpt, result.closed_after_s, state.failures, step)  # fmt: skip
+    return result.state
+
+
+def resumed_state(shm: Path) -> outage.StoreState:
+    """An outage a killed daemon left (``store-down``) goes on: not reported a second time."""
+    try:
+        record = json.loads((shm / outage.STORE_DOWN).read_bytes())
+        return outage.StoreState(int(record["failures"]), float(record["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return outage.StoreState()
+
+
 def serve(shm: Path, ckpt: Path, poll_s: float, max_write_mb_s: float, keep: int) -> None:
     shm.mkdir(parents=True, exist_ok=True)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    store.clean_tmp(ckpt)
+    state = resumed_state(shm)
+    try:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        store.clean_tmp(ckpt)
+    except OSError as exc:  # a read-only or vanished store: each attempt reports it
+        log.error("checkpoint directory %s not usable: %s", ckpt, exc)
     while True:
         steps = pending(shm)
         if not steps:
             time.sleep(poll_s)
             continue
-        step = steps[0]
-        try:
-            commit_one(shm, ckpt, step, max_write_mb_s, keep)
-        except FileNotFoundError as exc:  # the slot was replaced while we read it: try again
-            log.warning("step %s vanished while persisting (%s); retrying", step, exc)
-        except OSError as exc:
-            log.error("step %s not persisted: %s; retrying in 1 s", step, exc)
-            time.sleep(1.0)
+        state, wait_s = attempt(shm, ckpt, steps[-1], state, max_write_mb_s, keep)
+        if wait_s > 0:
+            time.sleep(wait_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 ``DaemonProcess`` starts ``python -m aegis.checkpoint.daemon`` through a :class:`Spawner` (the
 agent passes its reaper, the one owner of ``waitpid``; :class:`LocalSpawner` serves elsewhere),
 restarts it at once when it dies (:meth:`supervise`), and tails ``commits.jsonl`` in the shared
-memory directory, calling ``on_commit(step)`` once per newly committed step.
+memory directory, calling ``on_commit(step)`` once per newly committed step, and ``store.jsonl``,
+calling ``on_store(report)`` for the daemon's failed attempts to persist (batched) and recoveries.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Protocol
 
 from aegis.checkpoint import layout as lay
+from aegis.checkpoint import outage
 
 log = logging.getLogger(__name__)
 
 OnCommit = Callable[[int], Awaitable[None]]
+OnStore = Callable[[outage.StoreReport], Awaitable[None]]
 
 
 class Spawner(Protocol):
@@ -78,13 +81,16 @@ class DaemonProcess:
         settings: DaemonSettings,
         spawner: Spawner | None = None,
         on_commit: OnCommit | None = None,
+        on_store: OnStore | None = None,
     ) -> None:
         self.settings = settings
         self._spawner: Spawner = spawner or LocalSpawner()
         self._on_commit = on_commit
+        self._on_store = on_store
         self._pid: int | None = None
         self._exited: asyncio.Event = asyncio.Event()
         self._offset = 0
+        self._store_offset = 0
         self.last_committed: int | None = None
         self.restarts = 0
 
@@ -126,15 +132,7 @@ class DaemonProcess:
     async def poll_commits(self) -> list[int]:
         """New commit lines since the last call; calls ``on_commit`` for each (a step at or
         below the last one is a commit of a new timeline, after the rank rolled back)."""
-        path = self.settings.shm_dir / lay.COMMITS_LOG
-        try:
-            with path.open("rb") as src:
-                src.seek(self._offset)
-                chunk = src.read()
-        except FileNotFoundError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
+        complete, self._offset = _tail(self.settings.shm_dir / lay.COMMITS_LOG, self._offset)
         steps = []
         for line in complete.splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
@@ -144,6 +142,31 @@ class DaemonProcess:
                 if self._on_commit is not None:
                     await self._on_commit(step)
         return steps
+
+    async def poll_store(self) -> list[outage.StoreReport]:
+        """The daemon's records of failed attempts to persist (and of the store working again)
+        since the last call, batched (:func:`outage.reports_of`); ``on_store`` for each."""
+        complete, self._store_offset = _tail(
+            self.settings.shm_dir / outage.STORE_LOG, self._store_offset
+        )
+        records = []
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+        reports = outage.reports_of(records)
+        for report in reports:
+            if report.opened:
+                log.error("checkpoint store %s down: [Errno %d] %s (step %d kept in memory)",
+                          report.directory, report.errno, report.strerror,
+                          report.step)  # fmt: skip
+            elif report.ok:
+                log.warning("checkpoint store %s back after %.1f s", report.directory,
+                            report.down_s)  # fmt: skip
+            if self._on_store is not None:
+                await self._on_store(report)
+        return reports
 
     async def supervise(self) -> None:
         """Run until cancelled: keep the daemon alive and report commits (kills it on exit)."""
@@ -155,8 +178,21 @@ class DaemonProcess:
                     async with asyncio.timeout(self.settings.poll_s * 5):
                         await self._exited.wait()
                 await self.poll_commits()
+                await self.poll_store()
                 if not self.alive:
                     await asyncio.sleep(self.settings.restart_delay_s)
                     await self.restart()
         finally:
             await asyncio.shield(self.stop())
+
+
+def _tail(path: Path, offset: int) -> tuple[bytes, int]:
+    """The complete lines of ``path`` past ``offset``, and the offset after them."""
+    try:
+        with path.open("rb") as src:
+            src.seek(offset)
+            chunk = src.read()
+    except FileNotFoundError:
+        return b"", offset
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return complete, offset + len(complete)

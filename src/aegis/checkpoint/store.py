@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,15 @@ from aegis.checkpoint import layout as lay
 from aegis.core.errors import AegisError
 
 CHUNK = 16 * 1024 * 1024
+
+
+class SlotReplacedError(AegisError):
+    """The slot being persisted was dropped or replaced meanwhile (a save went on while the
+    store was down): what was read may mix two states, so it is not committed."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"checkpoint step {step}: slot replaced while it was persisted")
+        self.step = step
 
 
 class CorruptCheckpointError(AegisError):
@@ -33,8 +43,16 @@ class DiskCopy:
     data: bytearray
 
 
-def persist(shm: Path, ckpt: Path, step: int, max_write_mb_s: float = 0.0) -> Path:
-    """Write slot ``step`` as ``step-<step>/`` (manifest, checksums), then the commit marker."""
+def persist(
+    shm: Path,
+    ckpt: Path,
+    step: int,
+    max_write_mb_s: float = 0.0,
+    still_handed: Callable[[], bool] | None = None,
+) -> Path:
+    """Write slot ``step`` as ``step-<step>/`` (manifest, checksums), then the commit marker,
+    unless ``still_handed()`` says, after every read of the slot, that it was replaced
+    (:class:`SlotReplacedError`; the uncommitted copy is removed)."""
     layout = lay.read_layout(shm, step)
     skeleton = lay.slot_pkl(shm, step).read_bytes()
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -61,6 +79,9 @@ def persist(shm: Path, ckpt: Path, step: int, max_write_mb_s: float = 0.0) -> Pa
         shutil.rmtree(final)
     tmp.rename(final)
     lay.fsync_dir(ckpt)
+    if still_handed is not None and not still_handed():
+        shutil.rmtree(final, ignore_errors=True)
+        raise SlotReplacedError(step)
     marker = {"step": step, "manifest_crc32": zlib.crc32(manifest)}
     lay.write_atomic(final / lay.COMMIT, json.dumps(marker).encode(), durable=True)
     return final
@@ -149,6 +170,15 @@ def clean_tmp(ckpt: Path) -> None:
         for entry in ckpt.iterdir():
             if entry.name.startswith(".tmp-step-"):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def discard_torn(ckpt: Path, step: int) -> None:
+    """After a failed persist: its unfinished copies go (they hold the space a full disk
+    needs); a ``step-<step>/`` without its commit marker is never loaded anyway."""
+    clean_tmp(ckpt)
+    where = lay.step_dir(ckpt, step)
+    if where.is_dir() and not (where / lay.COMMIT).exists():
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def prune(ckpt: Path, keep: int) -> None:

@@ -75,6 +75,7 @@ class CheckSettings:
     expect_cuda: bool | None = None  # runtime: CUDA must (True) / must not (False) be usable
     perf: PerfSettings = field(default_factory=PerfSettings)
     host: check_host.CheckHost | None = None  # the agent's warm check interpreter (None: cold)
+    ckpt_dir: Path | None = None  # the pod's durable checkpoint directory (the io check probes it)
 
 
 @dataclass(frozen=True, slots=True)

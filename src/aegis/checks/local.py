@@ -24,9 +24,38 @@ _ERRNO_WORDS = {
 
 
 async def io_check(settings: CheckSettings) -> Outcome:
+    if settings.ckpt_dir is not None:
+        failed = await asyncio.to_thread(_probe_ckpt, settings.ckpt_dir)
+        if failed is not None:
+            return failed
     return await asyncio.to_thread(
         _io, settings.scratch_dir, settings.io_size_mb, settings.io_floor_mb_s
     )
+
+
+CKPT_PROBE_BYTES = 64 * 1024
+
+
+def _probe_ckpt(directory: Path) -> Outcome | None:
+    """A failure naming the durable checkpoint directory when a small file cannot be written
+    and fsync'd there (full, read-only, vanished); None when it can. Made when missing, as the
+    saver daemon makes it (a round may come before the daemon's first start)."""
+    path = directory / f".aegis-io-probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            out.write(os.urandom(CKPT_PROBE_BYTES))
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        code = exc.errno or 0
+        word = _ERRNO_WORDS.get(code, exc.strerror or str(exc))
+        return Outcome(False, f"checkpoint directory {directory}: {word} "
+                              f"([Errno {code}] {errno.errorcode.get(code, '?')})")  # fmt: skip
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    return None
 
 
 def _io(

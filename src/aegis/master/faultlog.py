@@ -184,6 +184,14 @@ def report_text(msg: m.Message) -> str | None:
             return "checks failed: " + "; ".join(failed) if failed else "checks passed"
         case m.ExitData(exit_code=code):
             return f"training exited {code}"
+        case m.CheckpointStoreData(opened=True, errno=code, strerror=text, directory=where,
+                                   step=step):  # fmt: skip
+            return (
+                f"checkpoint store down: [Errno {code}] {text}: {where}; step {step} kept "
+                "in memory, training goes on"
+            )
+        case m.CheckpointStoreData(ok=True, directory=where, down_s=down_s, step=step):
+            return f"checkpoint store back: {where} after {down_s:.1f} s; step {step} committed"
         case _:
             return None
 

@@ -198,6 +198,9 @@ class JobRunner:
         if isinstance(msg.data, m.CheckpointDeclinedData):
             self._checkpoint_declined(pod, msg.data.reason)
             return
+        if isinstance(msg.data, m.CheckpointStoreData):
+            self._checkpoint_store(pod, msg)
+            return
         if event is None:  # a heartbeat: its arrival, and the training step it carries
             if isinstance(msg.data, m.HeartbeatData) and msg.data.step is not None:
                 self._step_seen(pod, msg.seq, msg.data)
@@ -249,6 +252,21 @@ class JobRunner:
             self.pace.committed()
             self.extra["committed_step"] = committed  # stored with the next status write
             self.platform_event(ev.CheckpointCommitted(committed))
+
+    def _checkpoint_store(self, pod: PodName, msg: m.Message) -> None:
+        """A pod's durable checkpoint directory fails (logged once per outage) or works again;
+        the observers (fault log, metrics) see every report."""
+        data = msg.data
+        assert isinstance(data, m.CheckpointStoreData)
+        if data.opened:
+            log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "
+                      "memory, training goes on", self.spec.job, pod, data.directory, data.errno,
+                      data.strerror, data.step)  # fmt: skip
+        elif data.ok:
+            log.warning("job %s pod %s: checkpoint store %s back after %.1f s", self.spec.job,
+                        pod, data.directory, data.down_s)  # fmt: skip
+        for on_message in self.message_listeners:
+            self._observe(on_message, self, msg)
 
     def drain(self, pods: tuple[PodName, ...], reason: str, deadline_s: float) -> None:
         """``aegis ctl drain``: these pods leave at the next committed checkpoint (requested

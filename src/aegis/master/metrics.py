@@ -8,6 +8,7 @@ starts the HTTP exposition on a port. Label ``round`` is the kind of check round
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import threading
@@ -169,6 +170,11 @@ class MasterMetrics:
             "From an agent sending a heartbeat (its timestamp) to the master handling it",
             buckets=HEARTBEAT_LAG_BUCKETS_S, registry=r,
         )  # fmt: skip
+        self.persist_failures = Counter(
+            "aegis_checkpoint_persist_failures", "Failed attempts of a pod's saver daemon to "
+            "persist a checkpoint to its durable directory, by errno name (ENOSPC, EROFS, ...)",
+            ["errno"], registry=r,
+        )  # fmt: skip
         for level in LEVEL_NAMES.values():
             self.recoveries.labels(level)
         self.jobs: list[_Job] = []
@@ -209,6 +215,9 @@ class MasterMetrics:
                 job.fault_latency[PodName(msg.pod)] = ("error", max(0.0, now - msg.ts))
             case m.HangData(idle_s=idle_s):
                 job.fault_latency[PodName(msg.pod)] = ("hang", idle_s + max(0.0, now - msg.ts))
+            case m.CheckpointStoreData(ok=False, errno=code, failures=failures):
+                name = errno.errorcode.get(code, str(code))
+                self.persist_failures.labels(name).inc(max(failures, 0))
             case _:
                 pass
 

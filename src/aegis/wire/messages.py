@@ -138,6 +138,27 @@ class CheckpointDeclinedData(
     reason: str
 
 
+class CheckpointStoreData(
+    msgspec.Struct,
+    tag="checkpoint_store",
+    tag_field="kind",
+    forbid_unknown_fields=True,
+    frozen=True,
+):
+    """The pod's saver daemon could not persist to its durable directory (``failures``
+    attempts since the last report, the newest one's errno; ``opened``: the first began an
+    outage), or, ``ok``, it can again (after ``down_s`` seconds)."""
+
+    directory: str
+    step: int
+    ok: bool = False
+    errno: int = 0
+    strerror: str = ""
+    failures: int = 0
+    opened: bool = False
+    down_s: float = 0.0
+
+
 Payload = (
     AckData
     | OrderData
@@ -148,6 +169,7 @@ Payload = (
     | HeartbeatData
     | CheckpointData
     | CheckpointDeclinedData
+    | CheckpointStoreData
 )
 
 # Which payload kinds each message type may carry.
@@ -158,7 +180,7 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
     MessageType.ERROR: (ErrorData,),
     MessageType.HANG: (HangData,),
     MessageType.HEARTBEAT: (HeartbeatData,),
-    MessageType.CHECKPOINT: (CheckpointData, CheckpointDeclinedData),
+    MessageType.CHECKPOINT: (CheckpointData, CheckpointDeclinedData, CheckpointStoreData),
 }
 
 

@@ -36,6 +36,8 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             return ev.CheckpointCommitted(step)
         case m.HeartbeatData() | m.OrderData() | m.CheckpointDeclinedData():
             return None
+        case m.CheckpointStoreData():  # the master's shell logs and counts it
+            return None
 
 
 _HOSTNAME = re.compile(
