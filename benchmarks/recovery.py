@@ -186,7 +186,7 @@ def start_savers(ranks: int, logs: Path) -> list[subprocess.Popen[bytes]]:
     return savers
 
 
-def run_aegis(
+def run_aegis(  # noqa: PLR0913 (one keyword per benchmark option)
     ranks: int,
     work: Path,
     crash_at: int,

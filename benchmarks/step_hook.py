@@ -7,7 +7,10 @@ worst case for a per-step cost) under an agent's progress file, with and without
 rounds interleaved (with, without, without, with, ...) so that drift hits both alike; the median
 and the best round of each and their ratios (on a loaded machine the best rounds are the steadier
 figure); Adam on a 1M-parameter layer for a step of realistic size. Also the hook alone (called
-directly) and ``aegis.progress`` for scale.
+directly) and ``aegis.progress`` for scale. And a whole training step of the tiny model (forward,
+backward, ``optimizer.step()``), where each step also arms the one-shot forward pre-hook that
+measures the input time (the straggler scores): its cost per step, registration, one call in
+the first forward and removal included.
 """
 
 from __future__ import annotations
@@ -35,6 +38,18 @@ def loop(optimizer: torch.optim.Optimizer, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
+def train_loop(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, steps: int
+) -> float:
+    """Seconds per step of ``steps`` whole training steps (forward, backward, step)."""
+    started = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(data).sum().backward()
+        optimizer.step()
+    return (time.perf_counter() - started) / steps
+
+
 def per_call(call: Callable[[], object], calls: int) -> float:
     started = time.perf_counter()
     for _ in range(calls):
@@ -49,14 +64,20 @@ def hook_on(on: bool) -> None:
         autoprogress._remove()
 
 
-def compare(optimizer: torch.optim.Optimizer, steps: int, rounds: int) -> dict[bool, list[float]]:
+def compare(
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    rounds: int,
+    run: Callable[[int], float] | None = None,
+) -> dict[bool, list[float]]:
     """Per-step seconds of each round, with the hook (True) and without, interleaved."""
-    loop(optimizer, max(1, steps // 10))  # warm up
+    measure = run or (lambda n: loop(optimizer, n))
+    measure(max(1, steps // 10))  # warm up
     times: dict[bool, list[float]] = {True: [], False: []}
     for index in range(rounds):
         for on in (True, False) if index % 2 == 0 else (False, True):
             hook_on(on)
-            times[on].append(loop(optimizer, steps))
+            times[on].append(measure(steps))
     hook_on(True)
     return times
 
@@ -97,15 +118,35 @@ def main() -> None:
         )
         seen = shared.read()
         assert seen is not None and seen[0] > 0, "the hook reported nothing"
+        data = torch.randn(8, 32)
+        whole = max(1, args.steps // 4)
+        report(
+            f"SGD training step (forward, backward, step) with the input-time hook, {whole} "
+            "steps a round",
+            compare(sgd, whole, args.rounds, lambda n: train_loop(tiny, sgd, data, n)),
+        )
+        assert shared.input_s() is not None, "the input time was not measured"
         big = torch.nn.Linear(1024, 1024)
         steps = max(1, args.steps // 100)
         adam = optimizer_of(big, torch.optim.Adam)
         report(f"Adam, 1.05M parameters, {steps} steps a round", compare(adam, steps, args.rounds))
+        armed = min(  # arm, the first forward (torch's hook path for one module), removal
+            per_call(lambda: (autoprogress._arm_input(), tiny(data)), args.steps)
+            for _ in range(args.rounds)
+        )
+        bare = min(per_call(lambda: tiny(data), args.steps) for _ in range(args.rounds))
+        input_hook = per_call(
+            lambda: (autoprogress._arm_input(), autoprogress._before_forward(None, ())),
+            args.steps,
+        )
         alone = per_call(lambda: autoprogress._after_step(sgd, (), {}), args.steps)
         explicit = per_call(lambda: progress.report(1), args.steps)
     finally:
         shared.close()
     print(f"the hook alone: {alone * 1e9:.0f} ns a call; aegis.progress: {explicit * 1e9:.0f} ns")
+    print(f"the input-time hook alone (arm, call, remove): {input_hook * 1e9:.0f} ns; the tiny "
+          f"model's forward {bare * 1e6:.2f} us bare, {armed * 1e6:.2f} us armed (best of "
+          f"{args.rounds}): {(armed - bare) * 1e9:.0f} ns a step")  # fmt: skip
 
 
 if __name__ == "__main__":

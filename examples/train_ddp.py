@@ -57,7 +57,7 @@ def log(rank: int, message: str) -> None:
     print(f"{now} rank={rank} {message}", flush=True)
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 (a training script, read top to bottom)
     args = parse()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import time
 
+from aegis.agent.link import own_score
+from aegis.core import events as ev
 from aegis.core import stragglers
 from aegis.core.model import PodName
+from aegis.core.phases import Order
 from aegis.master import metrics
 from aegis.wire import messages as m
 from tests.agent_waits import async_wait_until, async_wait_until_async
@@ -95,3 +98,41 @@ def _records(h: Harness) -> list[dict[str, object]]:
 
 def _events(h: Harness) -> list[object]:
     return [r["type"] for r in _records(h)]
+
+
+async def test_a_troubleshooting_order_carries_every_pods_straggler_score(
+    harness: Harness,  # noqa: F811
+) -> None:
+    """allreduce_perf's tie-breaker: the round's order names each pod's score of the training
+    (the agent keeps the key: it is in the order environment's allow-list)."""
+    await _to_running(harness)
+    watch = harness.runner.stragglers
+    watch.settings = stragglers.StragglerSettings(window_s=0.05, min_samples=1)
+    step, base = 0, time.monotonic()
+
+    async def beats() -> bool:
+        nonlocal step
+        step += 1
+        for pod in CLOCKS:
+            ended = base + 0.1 * step + (0.05 if pod == "job-1" else 0.0)
+            await harness.send(
+                pod, m.MessageType.HEARTBEAT, m.HeartbeatData(step, "", ended, time.monotonic())
+            )
+        return len(watch.history) >= 3
+
+    await async_wait_until_async(beats, 15.0, "three straggler windows")
+    harness.runner.platform_event(ev.SlowdownReported("a test's slowdown"))
+
+    def troubleshoot() -> m.OrderData | None:
+        for msg in harness.orders:
+            if isinstance(msg.data, m.OrderData) and msg.data.order is Order.TROUBLESHOOT:
+                return msg.data
+        return None
+
+    await async_wait_until(lambda: troubleshoot() is not None, 15.0, "the troubleshooting order")
+    order = troubleshoot()
+    assert order is not None and m.STRAGGLER_SCORES_ENV in m.ORDER_ENV_KEYS
+    named = dict(e.split("=") for e in order.env[m.STRAGGLER_SCORES_ENV].split(","))
+    assert set(named) == set(CLOCKS)
+    assert float(named["job-1"]) > float(named["job-0"])
+    assert own_score(order.env, "job-1") == float(named["job-1"])

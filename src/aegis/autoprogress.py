@@ -23,12 +23,22 @@ adds nothing). Only a higher number than the last one is written. An explicit
 ``aegis.progress(step)`` takes precedence: from the script's first call on the hook writes
 nothing and removes itself. Keep this module free of heavy imports (it loads in every process
 of the job).
+
+The input time (the master's straggler scores, :mod:`aegis.core.stragglers`): each reported
+step also arms torch's global module forward pre-hook
+(``torch.nn.modules.module.register_module_forward_pre_hook``) for one call: the first module
+forward after the step (in DDP the wrapper's own) writes the seconds since the step was reported
+(data loading and whatever else the rank does before its forward) into the progress file and
+removes the hook again, so every other module call of the step takes torch's hook-free path.
+A rank that is slow before the collective shows there (its peers' steps end with its own: they
+wait for it inside the collective).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -41,6 +51,8 @@ RESUME_STEP_VAR = "AEGIS_RESUME_STEP"  # = aegis.wire.messages.RESUME_STEP_ENV
 OFF_VAR = "AEGIS_AUTO_PROGRESS"  # 0: the agent leaves PYTHONPATH alone
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 REGISTER = "register_optimizer_step_post_hook"
+FORWARD_MODULE = "torch.nn.modules.module"
+FORWARD_REGISTER = "register_module_forward_pre_hook"
 _COUNT = "_aegis_steps"  # the per-optimizer count, kept on the optimizer itself
 _OFF = frozenset({"0", "off", "no", "false"})
 
@@ -68,6 +80,21 @@ class _Steps:
 
 
 _steps = _Steps()
+
+
+class _Input:
+    """The forward pre-hook's state: armed at each reported step, for one call."""
+
+    __slots__ = ("handle", "register", "since")
+
+    def __init__(self) -> None:
+        self.since = 0.0  # time.monotonic() when the last step was reported
+        self.handle: Any = None  # torch's RemovableHandle while armed
+        self.register: Callable[..., Any] | None = None
+
+
+_input = _Input()
+_monotonic = time.monotonic
 
 
 def install(first_step: Callable[[], None] | None = None) -> bool:
@@ -143,11 +170,44 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             first()
         if not training.report_step(_steps.base + count):
             _remove()  # the script reports itself, or there is no agent after all
+            return
+        _arm_input()
     except Exception:
         pass  # never break a training step
+
+
+def _arm_input() -> None:
+    """Time the input of the next step: the forward pre-hook, for its next call."""
+    state = _input
+    state.since = _monotonic()
+    if state.handle is not None:
+        return  # no forward since the last step (still armed)
+    register = state.register
+    if register is None:
+        register = getattr(sys.modules.get(FORWARD_MODULE), FORWARD_REGISTER, None)
+        if register is None:
+            return  # torch.nn not loaded: no forward to time
+        state.register = register
+    state.handle = register(_before_forward)
+
+
+def _before_forward(module: Any, args: Any) -> None:
+    """torch's global forward pre-hook, armed for one call: the input time, then off (torch
+    iterates over a copy of its hooks, so removing this one here is safe)."""
+    state = _input
+    try:
+        training.report_input(_monotonic() - state.since)
+        handle, state.handle = state.handle, None
+        if handle is not None:
+            handle.remove()
+    except Exception:
+        pass  # never break a forward
 
 
 def _remove() -> None:
     handle, _steps.handle = _steps.handle, None
     if handle is not None:
         handle.remove()
+    armed, _input.handle = _input.handle, None
+    if armed is not None:
+        armed.remove()

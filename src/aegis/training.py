@@ -19,7 +19,8 @@ takes requests at all, so the agent can tell a script that never will.
 
 Layout (64 bytes): step q @0, time d @8 (training); request id q @16, target step q @24,
 hold-until d @32 (agent, ``time.monotonic()`` clock); answered id q @40, opted-in q @48
-(training).
+(training); input time d @56 (training: the seconds from the end of the last reported step to
+the first forward after it, :mod:`aegis.autoprogress`; 0.0: not measured).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ ANSWERED = struct.Struct("<q")
 ANSWERED_AT = 40
 OPTED_IN = struct.Struct("<q")
 OPTED_IN_AT = 48
+INPUT = struct.Struct("<d")
+INPUT_AT = 56
 SIZE = 64
 
 
@@ -159,6 +162,17 @@ def _write_step(step: int) -> mmap.mmap | None:
             return None
     _pack_into(buffer, 0, step, _monotonic())
     return buffer
+
+
+def report_input(seconds: float) -> None:
+    """The input time of the step in progress (from the end of the last reported step to its
+    first forward) into the progress file, when it is mapped; else nothing."""
+    buffer = _writer.buffer
+    if buffer is not None:
+        _pack_input(buffer, INPUT_AT, seconds)
+
+
+_pack_input = INPUT.pack_into
 
 
 @dataclass(frozen=True, slots=True)

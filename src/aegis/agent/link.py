@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import re
 import secrets
@@ -40,7 +41,7 @@ from aegis.checkpoint import outage
 from aegis.checks import config as checks_config
 from aegis.checks import host as check_host
 from aegis.checks import suites
-from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo
+from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo, PerfSettings
 from aegis.core.errors import AegisError
 from aegis.core.phases import Order, Phase
 from aegis.wire import codec
@@ -327,7 +328,8 @@ class MasterLink:
             # when the step ended and when this beat left, on this host's clock: the master's
             # straggler scores (core/stragglers.py)
             sent = time.monotonic() if seen is not None else None
-            data = m.HeartbeatData(step, watchdog if again else "", step_ts, sent)
+            input_s = self.sup.last_input_s if self.sup is not None else None
+            data = m.HeartbeatData(step, watchdog if again else "", step_ts, sent, input_s)
             said, beats = watchdog, beats + 1
             await self._send(m.MessageType.HEARTBEAT, phase, seq, data)
             try:
@@ -496,6 +498,8 @@ class MasterLink:
             group=group,
             hung=self.hung and _held_hung(order.env, self.settings.pod),
             host=self.check_host,
+            ckpt_dir=self.settings.ckpt_dir / self.settings.pod if self.settings.ckpt_dir else None,
+            perf=PerfSettings(straggler_score=own_score(order.env, self.settings.pod)),
         )
         if order.order is Order.BOOTCHECK:
             return await suites.bootcheck(settings)
@@ -547,6 +551,19 @@ def _held_hung(env: dict[str, str], pod: str) -> bool:
     (a rank that waited in a collective for the stuck one is not); no name list: it does."""
     named = env.get(m.HUNG_PODS_ENV)
     return named is None or pod in named.split(",")
+
+
+def own_score(env: Mapping[str, str], pod: str) -> float:
+    """This pod's straggler score in a troubleshooting order (0.0: none, or not a number)."""
+    for entry in env.get(m.STRAGGLER_SCORES_ENV, "").split(","):
+        name, _, value = entry.partition("=")
+        if name == pod:
+            try:
+                score = float(value)
+            except ValueError:
+                return 0.0
+            return score if math.isfinite(score) and score > 0 else 0.0
+    return 0.0
 
 
 def _exception_line(evidence: ports.Evidence, name: str) -> str:

@@ -189,6 +189,12 @@ class Supervisor:
         """(step, ``time.monotonic()`` when it ended) of the last report, None if none yet."""
         return self._progress.read() if self._progress is not None else None
 
+    @property
+    def last_input_s(self) -> float | None:
+        """The last input time the command measured (seconds from a step's end to the next
+        forward: the straggler scores), None if none yet."""
+        return self._progress.input_s() if self._progress is not None else None
+
     def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
         """Ask the running command for a checkpoint at ``target_step`` (``aegis.checkpoint.
         save_if_requested``), held for up to ``hold_s`` after saving."""

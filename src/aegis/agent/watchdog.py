@@ -68,6 +68,12 @@ class ProgressFile:
         step, ts = progress.LAYOUT.unpack_from(self._map, 0)
         return None if ts == 0.0 else (int(step), float(ts))
 
+    def input_s(self) -> float | None:
+        """The training's last input time (seconds from a step's end to the next forward,
+        :mod:`aegis.autoprogress`), None when it measured none since reset."""
+        (seconds,) = progress.INPUT.unpack_from(self._map, progress.INPUT_AT)
+        return float(seconds) if seconds > 0.0 else None
+
     def close(self) -> None:
         self._map.close()
         with contextlib.suppress(FileNotFoundError):
@@ -146,7 +152,7 @@ class Calibration:
         return seen[1]
 
 
-async def watch(
+async def watch(  # noqa: PLR0913 (the watch loop's inputs and its four hooks)
     settings: WatchSettings,
     history: hang_policy.StepHistory,
     progress_file: ProgressFile,

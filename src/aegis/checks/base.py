@@ -56,6 +56,7 @@ class PerfSettings:
     allreduce_mb: float = 1.0
     slow_factor: float = 0.6  # compute below this fraction of the peers' median: slow
     pair_slow_factor: float = 0.25  # best-pair bandwidth below this fraction: slow (noisier)
+    straggler_score: float = 0.0  # this pod's, from the training before the round (tie-breaker)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--allreduce-mb", type=float, default=1.0)
     parser.add_argument("--slow-factor", type=float, default=0.6)
     parser.add_argument("--pair-slow-factor", type=float, default=0.25)
+    parser.add_argument("--straggler-score", type=float, default=0.0)
     return parser.parse_args(argv)
 
 

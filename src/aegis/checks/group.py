@@ -71,6 +71,7 @@ def collective_args(checks: Sequence[CheckType], settings: CheckSettings) -> lis
             "--pair-iterations", str(p.pair_iterations), "--pair-repeats", str(p.pair_repeats),
             "--max-pair-rounds", str(p.max_pair_rounds), "--allreduce-mb", str(p.allreduce_mb),
             "--slow-factor", str(p.slow_factor), "--pair-slow-factor", str(p.pair_slow_factor),
+            "--straggler-score", str(p.straggler_score),
         ]  # fmt: skip
     return args
 

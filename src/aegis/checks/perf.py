@@ -13,6 +13,11 @@ its peers from its best 0.1-s window): it is measured in several rounds, every p
 barrier starts each round), and the pod's rating is the second best over rounds of its ratio to
 its peers' median *in that round*. A busy neighbour or a scheduler's hiccup that holds one pod
 up, even in most rounds, does not make it slow; a slow pod is slow in every round.
+
+The straggler score as the tie-breaker (:func:`tie_break`): when the figures name no pod slow
+and the pod with the highest straggler score of the training before the round (the master's,
+``aegis.core.stragglers``: a rank slow before the collective, such as a slow data loader, looks
+like its peers to every figure here) rates within noise of the lowest, that pod is named slow.
 """
 
 from __future__ import annotations
@@ -69,6 +74,57 @@ def rating(ratios: Sequence[float]) -> float:
     return ordered[-2] if len(ordered) >= 2 else ordered[0]
 
 
+TIE_NOISE = 0.2  # ratings this close to the lowest cannot be told apart (a loaded machine)
+TIE_MIN_SCORE = 0.1  # steps behind its peers: a straggler score that can break a tie
+
+
+@dataclass(frozen=True, slots=True)
+class TieBreak:
+    rank: int  # the rank named by its straggler score
+    text: str
+
+
+def ratings(compute: Sequence[float], rounds: Sequence[Sequence[float]] = ()) -> list[float]:
+    """Every rank's compute rating as :func:`judge` rates it (one list: every pod computes the
+    same from the gathered figures)."""
+    if rounds:
+        return [rating(round_ratios(rounds, r)) for r in range(len(compute))]
+    return [
+        _ratio(v, [w for i, w in enumerate(compute) if i != r])[0] if len(compute) > 1 else 1.0
+        for r, v in enumerate(compute)
+    ]
+
+
+def tie_break(
+    rated: Sequence[float],
+    scores: Sequence[float],
+    factor: float,
+    noise: float = TIE_NOISE,
+    min_score: float = TIE_MIN_SCORE,
+) -> TieBreak | None:
+    """The rank the straggler scores name when the ratings cannot: None when some rank rates
+    below ``factor`` (the figures decide), when no score reaches ``min_score`` or two ranks
+    share the highest, or when the highest scorer rates more than ``noise`` above the lowest
+    rating (the figures point elsewhere). ``rated`` and ``scores`` by rank (a score per rank,
+    0.0 where the master has none)."""
+    if len(rated) != len(scores):
+        raise ValueError(f"{len(scores)} straggler scores for {len(rated)} ranks")
+    if len(rated) < 2 or min(rated) < factor:
+        return None
+    top = max(scores)
+    if top < min_score or list(scores).count(top) > 1:
+        return None
+    rank = list(scores).index(top)
+    lowest = min(rated)
+    if rated[rank] - lowest > noise:
+        return None
+    return TieBreak(
+        rank,
+        f"named by its straggler score ({top:.2f} steps behind its peers in training): the "
+        f"ratings {lowest:.2f}-{max(rated):.2f} are within noise ({noise:g})",
+    )
+
+
 def judge(
     compute: Sequence[float],
     pair: Sequence[float],
@@ -76,6 +132,7 @@ def judge(
     factor: float,
     pair_factor: float = 0.25,
     rounds: Sequence[Sequence[float]] = (),
+    scores: Sequence[float] = (),
 ) -> Verdict:
     """This pod's verdict from every pod's figures (GFLOP/s, best pair MB/s), indexed by rank.
 
@@ -85,6 +142,9 @@ def judge(
 
     Pair bandwidth is noisier than the compute figure (a few milliseconds per measurement), so
     it names a pod slow only below ``pair_factor`` of its peers' median (a clearly bad link).
+
+    ``scores``: every rank's straggler score from the training before the round (empty: none);
+    when no figure names any pod slow, :func:`tie_break` may name this one.
     """
     mine_c = compute[rank]
     peers_c = [v for r, v in enumerate(compute) if r != rank]
@@ -108,7 +168,21 @@ def judge(
         )
         slow = slow or ratio_p < pair_factor
     text = "; ".join(parts)
-    return Verdict(slow, f"slow (below {factor:g}x of peers): {text}" if slow else text)
+    if slow:
+        return Verdict(True, f"slow (below {factor:g}x of peers): {text}")
+    tie = tie_break(ratings(compute, rounds), scores, factor) if scores else None
+    if tie is not None and tie.rank == rank and not _pair_slow(pair, pair_factor):
+        return Verdict(True, f"slow ({tie.text}): {text}")
+    return Verdict(False, text)
+
+
+def _pair_slow(pair: Sequence[float], pair_factor: float) -> bool:
+    """Whether any rank's best pair names it slow (then the figures decided)."""
+    for r, mine in enumerate(pair):
+        peers = [v for i, v in enumerate(pair) if i != r]
+        if peers and mine > 0 and _ratio(mine, peers)[0] < pair_factor:
+            return True
+    return False
 
 
 def _ping_pong(dist: Any, buf: Any, rank: int, partner: int, iterations: int) -> float:
@@ -214,16 +288,30 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     mine_rounds = _compute_rounds(torch, dist, args.matrix, count, round_s, device)
     pair = _pair_bandwidth(torch, dist, args, device)
     allreduce = _allreduce_bandwidth(torch, dist, args.allreduce_mb, device)
-    mine = torch.tensor([pair, *mine_rounds], dtype=torch.float64, device=device)
-    everyone = [torch.zeros(count + 1, dtype=torch.float64, device=device)
+    score = getattr(args, "straggler_score", 0.0)
+    mine = torch.tensor([pair, score, *mine_rounds], dtype=torch.float64, device=device)
+    everyone = [torch.zeros(count + 2, dtype=torch.float64, device=device)
                 for _ in range(args.world_size)]  # fmt: skip
     dist.all_gather(everyone, mine)
-    pairs = [float(t[0]) for t in everyone]
-    by_round = [[float(t[1 + r]) for t in everyone] for r in range(count)]
-    computes = [statistics.median(float(v) for v in t[1:].tolist()) for t in everyone]
-    verdict = judge(computes, pairs, args.rank, args.slow_factor, args.pair_slow_factor,
-                    by_round)  # fmt: skip
-    text = f"{verdict.text}; world all_reduce {allreduce:.0f} MB/s"
+    rows = [[float(v) for v in t.tolist()] for t in everyone]
+    out = round_verdict(rows, args.rank, args.slow_factor, args.pair_slow_factor)
+    out["result"] = f"{out['result']}; world all_reduce {allreduce:.0f} MB/s"
+    out["allreduce_mb_s"] = allreduce
+    return out
+
+
+def round_verdict(
+    rows: Sequence[Sequence[float]], rank: int, factor: float, pair_factor: float
+) -> dict[str, Any]:
+    """This rank's verdict from every rank's gathered row: best pair MB/s, straggler score,
+    then GFLOP/s per compute round. The scores break a tie only when some rank has one."""
+    pairs = [row[0] for row in rows]
+    scores = [row[1] for row in rows]
+    by_round = [[row[2 + r] for row in rows] for r in range(len(rows[0]) - 2)]
+    computes = [statistics.median(row[2:]) for row in rows]
+    verdict = judge(computes, pairs, rank, factor, pair_factor, by_round,
+                    scores if any(s > 0 for s in scores) else ())  # fmt: skip
+    text = verdict.text
     return {
         "passed": not verdict.slow,
         "slow": verdict.slow,
@@ -231,5 +319,5 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
         "compute_gflops": computes,
         "compute_rounds_gflops": by_round,
         "pair_mb_s": pairs,
-        "allreduce_mb_s": allreduce,
+        "straggler_scores": scores,
     }

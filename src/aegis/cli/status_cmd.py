@@ -65,14 +65,25 @@ def load_or_exit(job: str, log_dir: Path | None) -> joblog.JobLog:
 def pod_table(summary: status_summary.Summary) -> Table:
     table = Table(title_justify="left", expand=False)
     watched = any(row.watchdog for row in summary.pods)
+    scored = any(row.straggler_score is not None for row in summary.pods)
     columns = ("pod", "node", "inner phase", "retries", "last failure")
-    for column in (*columns, "hang watchdog") if watched else columns:
+    extra = (("hang watchdog",) if watched else ()) + (("straggler score",) if scored else ())
+    for column in (*columns, *extra):
         table.add_column(column)
     for row in summary.pods:
         cells = (row.pod, row.node or "-", row.inner_phase, str(row.retries),
                  row.last_failed_reason or "-")  # fmt: skip
-        table.add_row(*cells, *((row.watchdog or "-",) if watched else ()))
+        table.add_row(*cells, *((row.watchdog or "-",) if watched else ()),
+                      *((straggler_cell(summary, row),) if scored else ()))  # fmt: skip
     return table
+
+
+def straggler_cell(summary: status_summary.Summary, row: status_summary.PodRow) -> str:
+    """The pod's straggler score in steps ("-": none), marked when it is the one named."""
+    if row.straggler_score is None:
+        return "-"
+    named = " (straggler)" if row.pod == summary.straggler_pod else ""
+    return f"{row.straggler_score:.2f}{named}"
 
 
 def _store_target(
@@ -121,7 +132,7 @@ def from_store_or_exit(
         raise typer.Exit(1) from None
 
 
-def status(
+def status(  # noqa: PLR0913 (a typer command: one parameter per option)
     job: Annotated[str, typer.Argument(help="Job name.")],
     log_dir: LogDirOption = None,
     nats: NatsOption = None,
@@ -159,6 +170,8 @@ def status(
     out.print(summary.user_line)
     if summary.error_nodes:
         out.print(f"error nodes: {', '.join(summary.error_nodes)}")
+    if summary.straggler:
+        out.print(f"straggler: {summary.straggler}")
     out.print(pod_table(summary))
     out.print(source)
     raise typer.Exit(0)

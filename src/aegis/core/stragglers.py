@@ -28,9 +28,19 @@ The score exported per node is the median of the pod's figures over those window
 
 What this signal sees and what it does not: it sees a rank that ends its steps after its peers,
 that is, one that is slow *between* the collective and the end of the step (the optimizer step,
-work done after it). A rank that is slow *before* the collective (its forward and backward) makes
-the others wait inside the collective, and all ranks then end the step together: that one is
-found by the pace watch and allreduce_perf, not here (see ``benchmarks/RESULTS.md``).
+work done after it). A rank that is slow *before* the collective makes the others wait inside
+the collective, and all ranks then end the step together: step ends cannot see it.
+
+The input time, a second signal for that one. Each rank also reports the seconds from a step's
+end to its next forward (:mod:`aegis.autoprogress`: data loading, preprocessing, whatever it does
+before the forward), a span on one clock (no offsets). A rank slow there begins its forward
+late, and its peers wait for it in the collective: their input times stay short. Per window each
+pod's figure is the median of its input times, in step periods, less the median pod's
+(:func:`input_window`); the same rule (:func:`late_in`, :func:`straggler`) judges those
+windows, and a pod's score is the sum of its two (:func:`combined`): steps late at the step end
+plus steps late into its forward. What neither sees: a rank slow in its own forward or backward
+compute (it enters the collective late, but neither the start nor the end of its step differs
+from its peers'): the pace watch and allreduce_perf find that one.
 
 No I/O, no clock: times are passed in.
 """
@@ -90,11 +100,13 @@ class Straggler:
     score: float  # steps late: the median of its figures over the windows judged
     late_windows: int
     windows: int
+    signal: str = "end"  # which signal named it: "end" (step ends) or "input" (input times)
 
     @property
     def why(self) -> str:
+        behind = "behind its peers" if self.signal == "end" else "later into its forward"
         return (
-            f"{self.score:.2f} steps behind its peers, late in {self.late_windows} of the "
+            f"{self.score:.2f} steps {behind}, late in {self.late_windows} of the "
             f"last {self.windows} windows"
         )
 
@@ -178,6 +190,25 @@ def window(
     return Window({pod: v - typical for pod, v in lateness.items()}, period)
 
 
+def input_window(
+    inputs: Mapping[str, Sequence[float]], period: float, min_samples: int = 1
+) -> Window | None:
+    """Each pod's input time (the median of its samples in seconds, less the median pod's), in
+    step periods of ``period`` s; None with fewer than two pods with ``min_samples`` samples
+    or without a period."""
+    if period <= 0:
+        return None
+    figures = {
+        pod: statistics.median(samples) / period
+        for pod, samples in inputs.items()
+        if len(samples) >= min_samples
+    }
+    if len(figures) < 2:
+        return None
+    typical = statistics.median(figures.values())
+    return Window({pod: v - typical for pod, v in figures.items()}, period)
+
+
 def late_in(w: Window, settings: StragglerSettings) -> str | None:
     """The pod late in window ``w``, if exactly one is: later than its peers' median by more
     than ``min_late`` steps and ``z`` robust deviations of the peers' figures. Nobody with
@@ -203,8 +234,20 @@ def scores(history: Sequence[Window]) -> dict[str, float]:
     return {pod: statistics.median(values) for pod, values in figures.items()}
 
 
-def straggler(history: Sequence[Window], settings: StragglerSettings) -> Straggler | None:
-    """The pod late in at least ``persist`` of the last ``windows`` windows, if there is one."""
+def combined(*histories: Sequence[Window]) -> dict[str, float]:
+    """Each pod's score over several signals' histories: the sum of its scores in each."""
+    total: dict[str, float] = {}
+    for history in histories:
+        for pod, score in scores(history).items():
+            total[pod] = total.get(pod, 0.0) + score
+    return total
+
+
+def straggler(
+    history: Sequence[Window], settings: StragglerSettings, signal: str = "end"
+) -> Straggler | None:
+    """The pod late in at least ``persist`` of the last ``windows`` windows, if there is one
+    (``signal`` names the history's signal in its verdict)."""
     recent = history[-settings.windows :]
     counts: dict[str, int] = {}
     for w in recent:
@@ -215,4 +258,4 @@ def straggler(history: Sequence[Window], settings: StragglerSettings) -> Straggl
     if len(named) != 1:
         return None
     pod = named[0]
-    return Straggler(pod, scores(recent)[pod], counts[pod], len(recent))
+    return Straggler(pod, scores(recent)[pod], counts[pod], len(recent), signal)

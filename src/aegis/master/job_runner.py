@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,7 @@ def _no_fence() -> None:
 
 
 class JobRunner:
-    def __init__(
+    def __init__(  # noqa: PLR0913 (its collaborators, keyword-only after spec and status)
         self,
         spec: JobSpec,
         status: JobStatus,
@@ -161,6 +161,7 @@ class JobRunner:
         self.safe = SafePoints(spec.job, requests)
         self.pace = Pace(settings.pace)
         self.stragglers = StragglerWatch(settings.stragglers)
+        self._persist_due = False  # a status write wanted without an event (the straggler named)
         self.hangs = HangJudge(settings.hang_gather)
         self.observer_failures = 0
         self._observer_log = RateLimitedLog(log, every_s=10.0)
@@ -281,12 +282,27 @@ class JobRunner:
         if seq != self.status.seq or self.status.phase is not Phase.RUN_COMMAND:
             return
         if beat.step_ts is not None and beat.sent_mono is not None:
-            self.stragglers.step_seen(seq, pod, step, beat.step_ts, beat.sent_mono, now)
+            self.stragglers.step_seen(
+                seq, pod, step, beat.step_ts, beat.sent_mono, now, beat.input_s
+            )
+            self._stragglers_to_record()
         slowed = self.pace.step_seen(seq, pod, step, now)
         if slowed is not None:
             slowed += self.stragglers.naming(self.pod_nodes())
             log.warning("job %s: training slowed down: %s", self.spec.job, slowed)
             self.platform_event(ev.SlowdownReported(slowed))
+
+    def _stragglers_to_record(self) -> None:
+        """The straggler scores for ``aegis status``: with the next status write, and one at
+        once when the pod named changes."""
+        summary = self.stragglers.summary
+        if not summary:
+            self.extra.pop("stragglers", None)  # a new round: none yet
+        elif summary is not self.extra.get("stragglers"):
+            self.extra["stragglers"] = summary
+        if self.stragglers.take_named_change():
+            self._persist_due = True
+            self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
 
     def _checkpoint_request(self) -> RoundOrder | None:
         env = self.safe.request(self.status, time.monotonic())
@@ -411,21 +427,11 @@ class JobRunner:
 
     async def _handle_batch(self, batch: list[_Platform | _Message]) -> None:
         """Step every event, persist once, then act: a status is never behind its orders."""
-        changed = False
+        changed, self._persist_due = self._persist_due, False
         done: list[tuple[_Platform | _Message, tuple[act.Action, ...]]] = []
         for item in batch:
-            now = self.clock()
-            if isinstance(item, _Message):
-                self.events.write(msgspec.structs.replace(item.msg, ts=now))
-            else:
-                self.events.write(msgspec.structs.replace(item.record, ts=now))
-            before = self.status
-            self.status, actions = machine.step(self.spec, before, item.event, now)
-            if self.status is not before:
-                changed = True
-                self._log_transition(before, self.status, item.event)
-            self._materialise_orders(actions)
-            self._count_reschedules(actions)
+            actions, stepped = self._step(item)
+            changed |= stepped
             done.append((item, actions))
         request = self._checkpoint_request()
         if request is not None:
@@ -435,17 +441,37 @@ class JobRunner:
             await self._persist()
             self._chaos_after_persist()
         for item, actions in done:
-            if isinstance(item, _Message) and isinstance(item.event, ev.PodAcked):
-                self.watched.add(item.event.pod)
-            for action in actions:
-                await self._execute(action)
-            for msg in (item.msg,) if isinstance(item, _Message) else item.evidence:
-                for on_message in self.message_listeners:
-                    self._observe(on_message, self, msg)
-            for listener in self.listeners:
-                self._observe(listener, self, item.event, actions)
+            await self._act(item, actions)
         if request is not None:  # after the round's own orders (a restart resets the file)
             await self._publish(request)
+
+    def _step(self, item: _Platform | _Message) -> tuple[tuple[act.Action, ...], bool]:
+        """One event logged and fed to the core; its actions, and whether the status changed."""
+        now = self.clock()
+        if isinstance(item, _Message):
+            self.events.write(msgspec.structs.replace(item.msg, ts=now))
+        else:
+            self.events.write(msgspec.structs.replace(item.record, ts=now))
+        before = self.status
+        self.status, actions = machine.step(self.spec, before, item.event, now)
+        stepped = self.status is not before
+        if stepped:
+            self._log_transition(before, self.status, item.event)
+        self._materialise_orders(actions)
+        self._count_reschedules(actions)
+        return actions, stepped
+
+    async def _act(self, item: _Platform | _Message, actions: tuple[act.Action, ...]) -> None:
+        """After the status is stored: the actions carried out, then the observers told."""
+        if isinstance(item, _Message) and isinstance(item.event, ev.PodAcked):
+            self.watched.add(item.event.pod)
+        for action in actions:
+            await self._execute(action)
+        for msg in (item.msg,) if isinstance(item, _Message) else item.evidence:
+            for on_message in self.message_listeners:
+                self._observe(on_message, self, msg)
+        for listener in self.listeners:
+            self._observe(listener, self, item.event, actions)
 
     def _observe(self, listener: Callable[..., None], *args: Any) -> None:
         """An observer (metrics, fault log, live view) never stops the job: one that fails (a
@@ -496,6 +522,8 @@ class JobRunner:
                     env[m.HUNG_PODS_ENV] = ",".join(sorted(
                         pod for pod, info in self.status.pod_infos.items() if info.slow
                     ))  # fmt: skip
+                    if scores := self.stragglers.scores():  # allreduce_perf's tie-breaker
+                        env[m.STRAGGLER_SCORES_ENV] = scores_env(scores)
                 if key == "MASTER_PORT":
                     self.safe.rewound()
                 resume = self.safe.resume_step() if key == "MASTER_PORT" else None
@@ -650,3 +678,8 @@ async def _sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
         await asyncio.wait_for(done.wait(), timeout=delay_s)
     except TimeoutError:
         return
+
+
+def scores_env(scores: Mapping[str, float]) -> str:
+    """``pod=score,...`` for a troubleshooting order (``m.STRAGGLER_SCORES_ENV``)."""
+    return ",".join(f"{pod}={score:.3f}" for pod, score in sorted(scores.items()))

@@ -25,7 +25,9 @@ name it does not start round after round.
 
 :class:`StragglerWatch` is the shell around :mod:`aegis.core.stragglers`: it keeps each pod's
 recent step ends (from the heartbeats: the step, its end on the pod's clock, the beat's send time
-on the pod's clock), the clock offsets, and the last windows' figures; the core decides.
+on the pod's clock) and input times (seconds from a step's end to its next forward), the clock
+offsets, and the last windows' figures of both signals; the core decides. Its ``summary`` is
+what the job record carries for ``aegis status``.
 
 No I/O and no clock: times are ``time.monotonic()`` values passed in by the job runner.
 """
@@ -36,6 +38,7 @@ import collections
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aegis.core import stragglers
 from aegis.core.model import PodName
@@ -152,6 +155,8 @@ class _PodSteps:
     )  # (sent on the pod's clock, arrived on the master's)
     ends: collections.deque[tuple[int, float, float]] = field(default_factory=collections.deque)
     # (step, its end on the pod's clock, when it arrived on the master's)
+    inputs: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+    # (the input time in seconds, when it arrived on the master's): one per new step
 
 
 @dataclass(slots=True)
@@ -163,20 +168,37 @@ class StragglerWatch:
     pods: dict[PodName, _PodSteps] = field(default_factory=dict)
     window_start: float | None = None
     history: collections.deque[stragglers.Window] = field(default_factory=collections.deque)
+    # the input times' windows (a rank slow before the collective)
+    input_history: collections.deque[stragglers.Window] = field(default_factory=collections.deque)
     named: stragglers.Straggler | None = None  # the straggler, as of the last window
+    # for the job record (``aegis status``): {"scores": {pod: score}, "named": pod, "why": ...},
+    # a new dict at each window; ``named_changed`` until the job runner took the change
+    summary: dict[str, Any] = field(default_factory=dict)
+    named_changed: bool = False
 
     def step_seen(
-        self, seq: int, pod: PodName, step: int, step_ts: float, sent: float, now: float
+        self,
+        seq: int,
+        pod: PodName,
+        step: int,
+        step_ts: float,
+        sent: float,
+        now: float,
+        input_s: float | None = None,
     ) -> None:
         """A heartbeat of round ``seq``: ``pod`` ended ``step`` at ``step_ts`` and sent the beat
-        at ``sent`` (both on its own clock); ``now`` on the master's."""
+        at ``sent`` (both on its own clock), its last input time ``input_s`` (None: not
+        measured); ``now`` on the master's."""
         s = self.settings
         if s.window_s <= 0:
             return
         if seq != self.seq:
-            self.seq, self.window_start, self.named = seq, None, None
+            self.seq, self.window_start = seq, None
+            self._name(None)
+            self.summary = {}
             self.pods.clear()
             self.history.clear()
+            self.input_history.clear()
         steps = self.pods.setdefault(pod, _PodSteps())
         steps.beats.append((sent, now))
         ends = steps.ends
@@ -184,8 +206,13 @@ class StragglerWatch:
             ends.clear()  # rewound within a round (not expected): start this pod afresh
         if not ends or step > ends[-1][0]:
             ends.append((step, step_ts, now))
+            if input_s is not None:
+                steps.inputs.append((input_s, now))
         while ends and ends[0][2] < now - KEPT_WINDOWS * s.window_s:
             ends.popleft()
+        inputs = steps.inputs
+        while inputs and inputs[0][1] < now - KEPT_WINDOWS * s.window_s:
+            inputs.popleft()
         if self.window_start is None:
             self.window_start = now
         elif now - self.window_start >= s.window_s:
@@ -200,15 +227,47 @@ class StragglerWatch:
             timelines[str(pod)] = [stragglers.StepEnd(k, ts + offset) for k, ts, _ in steps.ends]
         window = stragglers.window(timelines, since, s.min_samples)
         self.window_start = now
-        if window is None:
-            return
-        self.history.append(window)
-        while len(self.history) > s.windows:
-            self.history.popleft()
-        self.named = stragglers.straggler(tuple(self.history), s)
+        period = window.period_s if window is not None else stragglers.period_s(timelines)
+        inputs = {
+            str(pod): [v for v, arrived in steps.inputs if arrived >= since]
+            for pod, steps in self.pods.items()
+        }
+        inputs_window = (
+            None if period is None else stragglers.input_window(inputs, period, s.min_samples)
+        )
+        for history, new in ((self.history, window), (self.input_history, inputs_window)):
+            if new is not None:
+                history.append(new)
+            while len(history) > s.windows:
+                history.popleft()
+        self._name(
+            stragglers.straggler(tuple(self.history), s)
+            or stragglers.straggler(tuple(self.input_history), s, "input")
+        )
+        named = self.named
+        self.summary = {
+            "scores": {pod: round(v, 3) for pod, v in sorted(self.scores().items())},
+            "named": "" if named is None else named.pod,
+            "why": "" if named is None else named.why,
+        }
+
+    def _name(self, named: stragglers.Straggler | None) -> None:
+        before = None if self.named is None else self.named.pod
+        self.named_changed |= before != (None if named is None else named.pod)
+        self.named = named
+
+    def take_named_change(self) -> bool:
+        """Whether the pod named (or nobody) changed since the last call."""
+        changed, self.named_changed = self.named_changed, False
+        return changed
 
     def scores(self) -> Mapping[str, float]:
-        """Each pod's score (steps behind its peers) over the windows kept."""
+        """Each pod's score over the windows kept: steps behind its peers at the step end plus
+        steps later than they into its forward."""
+        return stragglers.combined(tuple(self.history), tuple(self.input_history))
+
+    def end_scores(self) -> Mapping[str, float]:
+        """The step ends' part of :meth:`scores` alone."""
         return stragglers.scores(tuple(self.history))
 
     def naming(self, nodes: Mapping[PodName, str]) -> str:

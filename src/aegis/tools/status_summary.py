@@ -10,6 +10,10 @@ actions) and a master's store record (``from_record``: the job's record in the s
 as a running ``aegis master`` persists it). A record carries K as ``hardware_rescheduled`` when
 the master counts it; an older record does not, and K is then the number of ErrorNodes (every
 node left by a level-3 eviction is one, but so is a node left by a slow-node eviction).
+
+A running master's record also carries the straggler scores (``stragglers``: each pod's score
+in steps behind its peers, the pod named a straggler and why; :class:`aegis.master.pace.
+StragglerWatch`), shown per pod.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aegis.core.model import JobSpec, JobStatus, pods_by_rank
+from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
 from aegis.tools import incidents, joblog
 from aegis.wire import status_json
@@ -31,6 +35,7 @@ class PodRow:
     retries: int
     last_failed_reason: str
     watchdog: str = ""  # the pod's hang watchdog: its timeout and how it was chosen
+    straggler_score: float | None = None  # steps behind its peers (None: no score)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,8 @@ class Summary:
     error_nodes: tuple[str, ...]
     pods: tuple[PodRow, ...]
     status: dict[str, Any]
+    straggler: str = ""  # "<node> (pod P, why)" when the master names one
+    straggler_pod: str = ""
 
     @property
     def user_line(self) -> str:
@@ -63,13 +70,15 @@ class Summary:
             "should_quit": self.should_quit,
             "error_nodes": list(self.error_nodes),
             "pods": [_row(p) for p in self.pods],
+            "straggler": self.straggler,
             **self.status,
         }
 
 
 def _row(p: PodRow) -> dict[str, Any]:
     return {"pod": p.pod, "node": p.node, "inner_phase": p.inner_phase, "retries": p.retries,
-            "last_failed_reason": p.last_failed_reason, "watchdog": p.watchdog}  # fmt: skip
+            "last_failed_reason": p.last_failed_reason, "watchdog": p.watchdog,
+            "straggler_score": p.straggler_score}  # fmt: skip
 
 
 def summarize(
@@ -77,9 +86,12 @@ def summarize(
     status: JobStatus,
     hardware_rescheduled: int,
     watchdogs: dict[str, str] | None = None,
+    stragglers: StragglerScores | None = None,
 ) -> Summary:
-    """``watchdogs``: each pod's hang watchdog as its agent last said (a running master's)."""
+    """``watchdogs``: each pod's hang watchdog as its agent last said; ``stragglers``: the
+    straggler scores (both a running master's)."""
     said = watchdogs or {}
+    scored = stragglers or StragglerScores({}, "", "")
     rows = tuple(
         PodRow(
             pod,
@@ -88,9 +100,15 @@ def summarize(
             info.retries,
             info.last_failed_reason,
             str(said.get(pod, "")),
+            scored.scores.get(pod),
         )
         for pod, info in pods_by_rank(status)
     )
+    named = ""
+    if scored.named:
+        info = status.pod_infos.get(PodName(scored.named))
+        node = str(info.node) if info is not None and info.node else "?"
+        named = f"{node} (pod {scored.named}, {scored.why})"
     return Summary(
         job=spec.job,
         phase=status.phase,
@@ -101,6 +119,8 @@ def summarize(
         error_nodes=tuple(str(e.node) for e in status.error_nodes),
         pods=rows,
         status=status_json.to_dict(spec, status),
+        straggler=named,
+        straggler_pod=scored.named,
     )
 
 
@@ -118,4 +138,30 @@ def from_record(record: dict[str, Any]) -> Summary:
     counted = record.get(HARDWARE_RESCHEDULED)
     rescheduled = int(counted) if counted is not None else len(status.error_nodes)
     watchdogs = record.get("watchdogs")
-    return summarize(spec, status, rescheduled, watchdogs if isinstance(watchdogs, dict) else None)
+    return summarize(
+        spec,
+        status,
+        rescheduled,
+        watchdogs if isinstance(watchdogs, dict) else None,
+        straggler_scores(record.get("stragglers")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerScores:
+    scores: dict[str, float]  # pod -> steps behind its peers
+    named: str  # the pod named a straggler ("": none)
+    why: str
+
+
+def straggler_scores(stored: object) -> StragglerScores | None:
+    """The record's ``stragglers`` entry; None when absent; ``ValueError`` when malformed."""
+    if stored is None:
+        return None
+    if not isinstance(stored, dict) or not isinstance(stored.get("scores", {}), dict):
+        raise ValueError(f"stragglers: expected {{'scores': {{pod: score}}, ...}}, got {stored!r}")
+    try:
+        scores = {str(pod): float(v) for pod, v in stored.get("scores", {}).items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"stragglers: a score is not a number: {exc}") from None
+    return StragglerScores(scores, str(stored.get("named", "")), str(stored.get("why", "")))

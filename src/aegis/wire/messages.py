@@ -35,9 +35,12 @@ RESUME_STEP_ENV = "AEGIS_RESUME_STEP"  # the step every rank resumes from (run r
 # A troubleshooting order names the pods the master holds hung (marked slow): only their hang
 # check fails. Every pod's watchdog fires when one rank stalls a collective; the others waited.
 HUNG_PODS_ENV = "AEGIS_HUNG_PODS"
+# ... and every pod's straggler score from the training before it (``pod=score,...``): the
+# allreduce_perf check's tie-breaker when its own figures are within noise.
+STRAGGLER_SCORES_ENV = "AEGIS_STRAGGLER_SCORES"
 ORDER_ENV_KEYS = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "CHECK_MASTER_PORT", RESUME_STEP_ENV,
-     CKPT_REQUEST_ENV, CKPT_STEP_ENV, CKPT_HOLD_ENV, HUNG_PODS_ENV}
+     CKPT_REQUEST_ENV, CKPT_STEP_ENV, CKPT_HOLD_ENV, HUNG_PODS_ENV, STRAGGLER_SCORES_ENV}
 )  # fmt: skip
 
 
@@ -117,6 +120,9 @@ class HeartbeatData(
     # both ``time.monotonic()`` of the pod's host (the master estimates the offset)
     step_ts: float | None = None
     sent_mono: float | None = None
+    # the training's last input time: seconds from a step's end to its next forward (a rank
+    # slow before the collective; aegis.autoprogress)
+    input_s: float | None = None
 
 
 class CheckpointData(
