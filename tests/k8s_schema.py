@@ -31,6 +31,9 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "V1CustomResourceDefinition",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): (
+        "V1MutatingWebhookConfiguration"
+    ),
 }
 _SCALARS: dict[str, tuple[type, ...]] = {
     "str": (str,), "int": (int,), "bool": (bool,), "float": (int, float), "datetime": (str,),

@@ -288,3 +288,61 @@ async def test_the_deployed_nats_refuses_anonymous_clients(tmp_path: Path) -> No
                                       connect_timeout_s=5)  # fmt: skip
     finally:
         server.stop()
+
+
+# -- the admission webhook (issue 19) ------------------------------------------------------------
+
+
+def test_the_webhook_is_deployed_with_its_certificate_step_and_an_opt_in_selector() -> None:
+    docs = _deployed()
+    config = docs[("MutatingWebhookConfiguration", "aegis-webhook")]
+    assert k8s_schema.check_builtin(config) == []
+    [hook] = config["webhooks"]
+    assert hook["objectSelector"] == {"matchLabels": {"aegis.dev/inject": "true"}}
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "NoneOnDryRun"
+    [rule] = hook["rules"]
+    assert (rule["resources"], rule["operations"]) == (["pods"], ["CREATE"])
+    service = hook["clientConfig"]["service"]
+    assert "caBundle" not in hook["clientConfig"]  # --make-cert sets it; kubectl apply keeps it
+    svc = docs[("Service", service["name"])]
+    assert svc["metadata"]["namespace"] == service["namespace"]
+    assert svc["spec"]["ports"][0]["port"] == service["port"]
+    pod = docs[("Deployment", "aegis-webhook")]["spec"]["template"]["spec"]
+    [init], [main] = pod["initContainers"], pod["containers"]
+    assert init["command"][:3] == ["aegis", "webhook", "--make-cert"]
+    assert main["command"][:2] == ["aegis", "webhook"]
+    init_args, main_args = init["command"], main["command"]
+    cert_dir = init_args[init_args.index("--cert-dir") + 1]
+    assert main_args[main_args.index("--cert-dir") + 1] == cert_dir
+    assert init_args[init_args.index("--webhook-config") + 1] == config["metadata"]["name"]
+    assert init_args[init_args.index("--service") + 1] == service["name"]
+    assert svc["spec"]["ports"][0]["targetPort"] == main["ports"][0]["name"]
+    rules = docs[("ClusterRole", "aegis-webhook")]["rules"]
+    allowed = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
+    assert allowed == {("secrets", "get"), ("secrets", "create"), ("pytorchjobs", "get"),
+                       ("mutatingwebhookconfigurations", "get"),
+                       ("mutatingwebhookconfigurations", "patch")}  # fmt: skip
+    [subject] = docs[("ClusterRoleBinding", "aegis-webhook")]["subjects"]
+    assert subject["name"] == pod["serviceAccountName"]
+
+
+def test_the_example_pytorchjob_opts_every_replica_in_and_its_pods_wrap() -> None:
+    from aegis.platforms.kubernetes import webhook_patch
+    from tests.webhook_pods import apply_patch, pytorchjob_pod
+
+    doc = yaml.safe_load((DEPLOY / "examples" / "pytorchjob.yaml").read_text())
+    assert doc["kind"] == "PyTorchJob"
+    doc["metadata"]["uid"] = "uid-ptj"  # as the API server would give it
+    ranks = []
+    for kind, spec in doc["spec"]["pytorchReplicaSpecs"].items():
+        template = spec["template"]
+        assert template["metadata"]["labels"][webhook_patch.INJECT] == "true"
+        assert k8s_schema.check_model(template, "V1PodTemplateSpec") == []
+        for index in range(spec["replicas"]):
+            pod = pytorchjob_pod(kind.lower(), index)  # the controller's labels and env ...
+            pod["spec"]["containers"] = copy.deepcopy(template["spec"]["containers"])  # the user's
+            result = webhook_patch.mutate(pod, "ml", webhook_patch.WebhookSettings(), job=doc)
+            assert result.allowed and result.patch and result.identity, result.message
+            assert k8s_schema.check_builtin(apply_patch(pod, result.patch)) == []
+            ranks.append(result.identity.rank)
+    assert sorted(ranks) == [0, 1, 2, 3]  # the master's pods train-0 .. train-3

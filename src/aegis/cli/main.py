@@ -21,6 +21,7 @@ from aegis.cli import (
     slurm_cmd,
     status_cmd,
     verify_cmd,
+    webhook_cmd,
 )
 
 app = typer.Typer(
@@ -46,6 +47,7 @@ for module in (
     incidents_cmd,
     ctl_cmd,
     master_cmd,
+    webhook_cmd,
 ):
     module.register(app)
 

@@ -1,7 +1,9 @@
 """``aegis master``: one master replica (leader election among replicas on the NATS KV).
 
 ``--kubernetes``: jobs come from AegisJob resources and their status goes back to them
-(``platforms.kubernetes.master_side``), next to the replica and only while it leads.
+(``platforms.kubernetes.master_side``), next to the replica and only while it leads; so do
+the PyTorchJobs and JobSets whose pods the admission webhook wraps, their status going into the
+annotation ``aegis.dev/status`` (``platforms.kubernetes.wrapped_source``).
 
 Authentication is not optional: without ``--auth-file`` (the keys ``aegis auth init`` writes) the
 master refuses to start, before connecting, unless told ``--insecure`` (a NATS server without
@@ -43,7 +45,7 @@ def register(app: typer.Typer) -> None:
     app.command("master")(master)
 
 
-def master(
+def master(  # noqa: PLR0913 (a typer command: one parameter per option)
     nats: Annotated[
         str, typer.Option(help="The NATS server URL (a cluster: every server, comma-separated).")
     ],
@@ -87,7 +89,11 @@ def master(
         str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
     ] = "127.0.0.1",
     kubernetes: Annotated[
-        bool, typer.Option(help="Learn jobs from AegisJobs; write their status back.")
+        bool,
+        typer.Option(
+            help="Learn jobs from AegisJobs, and from the PyTorchJobs/JobSets whose pods the "
+            "admission webhook wraps; write their status back."
+        ),
     ] = False,
     rendezvous_port_base: Annotated[
         int,
@@ -232,7 +238,7 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
     if kubernetes is None:
         await replica.run()
         return
-    from aegis.platforms.kubernetes import cluster, master_side
+    from aegis.platforms.kubernetes import cluster, master_side, wrapped_source
 
     assert isinstance(kubernetes, master_side.KubernetesSettings)
     creds = replica.authority.master_creds() if replica.authority else None
@@ -245,8 +251,13 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
         api = cluster.KubernetesCluster(cluster.load_config())
         side = master_side.KubernetesSide(api, bus, store, kubernetes, drained=record,
                                           leading=replica.leading.is_set)  # fmt: skip
+        # The PyTorchJobs/JobSets whose pods the webhook wraps (none where not installed).
+        wrapped = wrapped_source.WrappedSide(wrapped_source.WrappedJobs(api), bus, store,
+                                             kubernetes, drained=record,
+                                             leading=replica.leading.is_set)  # fmt: skip
         async with asyncio.TaskGroup() as group:
             group.create_task(replica.run(), name="replica")
             group.create_task(side.run(), name="kubernetes")
+            group.create_task(wrapped.run(), name="kubernetes-wrapped")
     finally:
         await bus.close()
