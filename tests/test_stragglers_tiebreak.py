@@ -9,7 +9,7 @@ import pytest
 from aegis.agent.link import own_score
 from aegis.checks import base, group, perf
 from aegis.core.recovery import CheckType
-from aegis.master.job_runner import scores_env
+from aegis.master.round_orders import scores_env
 from aegis.wire import messages as m
 
 

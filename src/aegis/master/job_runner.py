@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,10 @@ from aegis.core.recovery import RecoveryLevel
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.hang_judge import GatherSettings, HangJudge
+from aegis.master.liveness import Liveness
 from aegis.master.pace import Pace, PaceSettings, StragglerWatch
 from aegis.master.ports import Platform
+from aegis.master.round_orders import TRAINING_ORDERS, RoundOrder, round_env
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
 from aegis.wire import messages as m
@@ -84,18 +86,6 @@ class JobSettings:
     stragglers: stragglers.StragglerSettings = field(default_factory=stragglers.StragglerSettings)
     # A hang is judged from every pod's report of it (master/hang_judge.py).
     hang_gather: GatherSettings = field(default_factory=GatherSettings)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundOrder:
-    """An order as published (env materialised), kept with the status for re-sending."""
-
-    order: Order
-    phase: Phase
-    seq: int
-    pods: tuple[str, ...] = ()
-    exit_code: int = 0
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +143,8 @@ class JobRunner:
         self.seen = SeenIds()
         self.queue: asyncio.Queue[_Platform | _Message | None] = asyncio.Queue()
         self.done = asyncio.Event()
-        self.last_seen: dict[PodName, float] = {}
-        self.watched: set[PodName] = set()
+        self.mono: Clock = time.monotonic  # heartbeats, deadlines, the pace: never wall time
+        self.liveness = Liveness(settings.heartbeat_timeout_s)
         self.round_orders: list[RoundOrder] = []
         requests = RequestSettings(settings.checkpoint_on_slow, settings.checkpoint_lead_s,
                                    settings.checkpoint_hold_s)  # fmt: skip
@@ -192,7 +182,7 @@ class JobRunner:
         if subject != worker_subject(self.prefix, pod):
             self.drops.add("wrong_pod", f"pod {msg.pod} reported on {subject}")
             return
-        self.last_seen[pod] = time.monotonic()
+        self.liveness.seen(pod, self.mono())
         if isinstance(msg.data, m.CheckpointData):
             self._checkpoint_reported(pod, msg.data.step)
             return
@@ -272,11 +262,11 @@ class JobRunner:
     def drain(self, pods: tuple[PodName, ...], reason: str, deadline_s: float) -> None:
         """``aegis ctl drain``: these pods leave at the next committed checkpoint (requested
         now), or after ``deadline_s`` without one; no fault is counted."""
-        self.safe.drain(pods, deadline_s, time.monotonic())
+        self.safe.drain(pods, deadline_s, self.mono())
         self.platform_event(ev.DrainRequested(pods, reason))
 
     def _step_seen(self, pod: PodName, seq: int, beat: m.HeartbeatData) -> None:
-        now, step = time.monotonic(), beat.step
+        now, step = self.mono(), beat.step
         assert step is not None
         self.safe.step_seen(self.status, pod, seq, step, now)
         if seq != self.status.seq or self.status.phase is not Phase.RUN_COMMAND:
@@ -305,7 +295,7 @@ class JobRunner:
             self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
 
     def _checkpoint_request(self) -> RoundOrder | None:
-        env = self.safe.request(self.status, time.monotonic())
+        env = self.safe.request(self.status, self.mono())
         if env is None:
             return None
         return RoundOrder(Order.CHECKPOINT, self.status.phase, self.status.seq, (), 0, env)
@@ -325,8 +315,8 @@ class JobRunner:
         match event:
             case ev.PodRestarted(pod=pod, node=node, pod_ip=ip):
                 record = eventlog.PodRestartedRecord(pod=pod, ts=now, node=node, pod_ip=ip)
-                self.last_seen[pod] = time.monotonic()
-                self.watched.discard(pod)
+                self.liveness.seen(pod, self.mono())
+                self.liveness.forget(pod)
             case ev.HeartbeatLost(pod=pod):
                 record = eventlog.HeartbeatLostRecord(pod=pod, ts=now)
             case ev.QuitRequested(reason=reason):
@@ -374,11 +364,12 @@ class JobRunner:
     async def takeover(self) -> None:
         """A job loaded from the store by a new leader: continue where the old one stopped."""
         self._subscription = await self.bus.subscribe(self.worker_subject, self.on_worker_message)
-        now = time.monotonic()
-        for pod, info in self.status.pod_infos.items():
-            if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
-                self.last_seen[pod] = now  # grace: a full timeout from the takeover
-                self.watched.add(pod)
+        now = self.mono()
+        self.liveness.watch_from(  # grace: a full timeout from the takeover
+            (pod for pod, info in self.status.pod_infos.items()
+             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished),
+            now,
+        )  # fmt: skip
         requested = any(
             o.order is Order.CHECKPOINT and o.seq == self.status.seq for o in self.round_orders
         )
@@ -464,7 +455,7 @@ class JobRunner:
     async def _act(self, item: _Platform | _Message, actions: tuple[act.Action, ...]) -> None:
         """After the status is stored: the actions carried out, then the observers told."""
         if isinstance(item, _Message) and isinstance(item.event, ev.PodAcked):
-            self.watched.add(item.event.pod)
+            self.liveness.watch(item.event.pod)
         for action in actions:
             await self._execute(action)
         for msg in (item.msg,) if isinstance(item, _Message) else item.evidence:
@@ -505,32 +496,13 @@ class JobRunner:
         for action in actions:
             if not isinstance(action, act.SendOrder):
                 continue
-            env: dict[str, str] = {}
-            if action.order in (Order.RUN, Order.RESTART, Order.BOOTCHECK, Order.TROUBLESHOOT):
-                # Where rank 0's pod is now, on a fresh port for every round: an incarnation
-                # (or a check group) never reuses the TCPStore/gloo addresses of an earlier one.
-                key = (
-                    "MASTER_PORT"
-                    if action.order in (Order.RUN, Order.RESTART)
-                    else ("CHECK_MASTER_PORT")
-                )
-                meet = rendezvous.endpoint(
-                    self.settings.rendezvous, self.spec, self.status, action.seq, free_port
-                )
-                env = {"MASTER_ADDR": meet.host, key: str(meet.port)}
-                if action.order is Order.TROUBLESHOOT:  # only these pods' hang checks fail
-                    env[m.HUNG_PODS_ENV] = ",".join(sorted(
-                        pod for pod, info in self.status.pod_infos.items() if info.slow
-                    ))  # fmt: skip
-                    if scores := self.stragglers.scores():  # allreduce_perf's tie-breaker
-                        env[m.STRAGGLER_SCORES_ENV] = scores_env(scores)
-                if key == "MASTER_PORT":
-                    self.safe.rewound()
-                resume = self.safe.resume_step() if key == "MASTER_PORT" else None
-                if resume is not None:
-                    # every rank resumes from the step all pods committed, never a newer one
-                    # only some of them have
-                    env[m.RESUME_STEP_ENV] = str(resume)
+            resume = None
+            if action.order in TRAINING_ORDERS:
+                self.safe.rewound()
+                resume = self.safe.resume_step()
+            scores = self.stragglers.scores() if action.order is Order.TROUBLESHOOT else {}
+            env = round_env(action, self.spec, self.status, self.settings.rendezvous, free_port,
+                            scores=scores, resume=resume)  # fmt: skip
             order = RoundOrder(
                 action.order, action.phase, action.seq, action.pods, action.exit_code, env
             )
@@ -540,17 +512,7 @@ class JobRunner:
 
     def record(self) -> dict[str, Any]:
         record = status_json.to_dict(self.spec, self.status)
-        record["orders"] = [
-            {
-                "order": o.order.value,
-                "phase": o.phase.value,
-                "seq": o.seq,
-                "pods": list(o.pods),
-                "exit_code": o.exit_code,
-                "env": o.env,
-            }
-            for o in self.round_orders
-        ]
+        record["orders"] = [o.to_dict() for o in self.round_orders]
         record["epoch"] = self.epoch
         record.update(self.extra)
         return record
@@ -584,7 +546,7 @@ class JobRunner:
                         await self._publish(order)
                         break
             case act.EvictPod(pod=pod, level=level, exit_code=code, reason=reason):
-                self.watched.discard(pod)
+                self.liveness.forget(pod)
                 exit_order = RoundOrder(
                     Order.EXIT, self.status.phase, self.status.seq, (pod,), code
                 )
@@ -592,7 +554,7 @@ class JobRunner:
                 self.fence()
                 await self.platform.evict_pod(job, pod, level, reason)
             case act.ReplacePod(pod=pod, reason=reason):
-                self.watched.discard(pod)
+                self.liveness.forget(pod)
                 self.fence()
                 await self.platform.replace_pod(job, pod, reason)
             case act.BlacklistNode(node=node, reason=reason):
@@ -630,13 +592,11 @@ class JobRunner:
         timeout = self.settings.heartbeat_timeout_s
         while not self.done.is_set():
             await _sleep_or_done(self.done, min(0.25, timeout / 4))
-            now = time.monotonic()
+            now = self.mono()
             self._drain_deadlines_passed(now)
-            for pod in list(self.watched):
-                if now - self.last_seen.get(pod, now) > timeout:
-                    self.watched.discard(pod)
-                    log.warning("job %s: %s silent for %.1f s", self.spec.job, pod, timeout)
-                    self.platform_event(ev.HeartbeatLost(pod))
+            for pod in self.liveness.lost(now):
+                log.warning("job %s: %s silent for %.1f s", self.spec.job, pod, timeout)
+                self.platform_event(ev.HeartbeatLost(pod))
 
     async def _resend_orders(self) -> None:
         """Orders travel at most once on NATS core: re-send the current round's orders while
@@ -656,17 +616,7 @@ def runner_from_record(record: dict[str, Any], revision: int, **kwargs: Any) -> 
     """A runner for a job read back from the store (a takeover)."""
     spec, status = status_json.from_dict(record)
     runner = JobRunner(spec, status, revision=revision, **kwargs)
-    runner.round_orders = [
-        RoundOrder(
-            Order(o["order"]),
-            Phase(o["phase"]),
-            o["seq"],
-            tuple(o["pods"]),
-            o["exit_code"],
-            dict(o["env"]),
-        )
-        for o in record.get("orders", [])
-    ]
+    runner.round_orders = [RoundOrder.from_dict(o) for o in record.get("orders", [])]
     kept = ("token", "nodes", "hardware_rescheduled", "committed_step", "watchdogs")
     runner.extra = {k: record[k] for k in kept if k in record}
     runner.safe.committed_step = int(record.get("committed_step", -1))
@@ -678,8 +628,3 @@ async def _sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
         await asyncio.wait_for(done.wait(), timeout=delay_s)
     except TimeoutError:
         return
-
-
-def scores_env(scores: Mapping[str, float]) -> str:
-    """``pod=score,...`` for a troubleshooting order (``m.STRAGGLER_SCORES_ENV``)."""
-    return ",".join(f"{pod}={score:.3f}" for pod, score in sorted(scores.items()))

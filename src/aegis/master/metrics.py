@@ -256,7 +256,7 @@ class MasterMetrics:
     def _detection(job: _Job, event: ev.Event, pod: PodName) -> tuple[str, float | None]:
         match event:
             case ev.HeartbeatLost():
-                seen = job.runner.last_seen.get(pod)
+                seen = job.runner.liveness.last_seen.get(pod)
                 return "heartbeat", (time.monotonic() - seen) if seen is not None else None
             case ev.PodRestarted():
                 return "platform", None

@@ -1,0 +1,77 @@
+"""A round's orders as the master publishes them: the core's ``SendOrder`` with its
+environment fixed (where the round meets, the pods held hung, the straggler scores, the step to
+resume from), kept in the job's record so a new leader can send them again (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aegis.core import actions as act
+from aegis.core import rendezvous
+from aegis.core.model import JobSpec, JobStatus
+from aegis.core.phases import Order, Phase
+from aegis.wire import messages as m
+
+ROUND_ORDERS = (Order.RUN, Order.RESTART, Order.BOOTCHECK, Order.TROUBLESHOOT)
+TRAINING_ORDERS = (Order.RUN, Order.RESTART)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundOrder:
+    """An order as published (env materialised), kept with the status for re-sending."""
+
+    order: Order
+    phase: Phase
+    seq: int
+    pods: tuple[str, ...] = ()
+    exit_code: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "order": self.order.value, "phase": self.phase.value, "seq": self.seq,
+            "pods": list(self.pods), "exit_code": self.exit_code, "env": self.env,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, o: Mapping[str, Any]) -> RoundOrder:
+        return cls(Order(o["order"]), Phase(o["phase"]), o["seq"], tuple(o["pods"]),
+                   o["exit_code"], dict(o["env"]))  # fmt: skip
+
+
+def round_env(
+    order: act.SendOrder,
+    spec: JobSpec,
+    status: JobStatus,
+    rule: rendezvous.RendezvousRule,
+    free_port: Callable[[], int],
+    *,
+    scores: Mapping[str, float],
+    resume: int | None,
+) -> dict[str, str]:
+    """The environment of ``order``: a round of training or checks meets where rank 0's pod is
+    now, on a fresh port every round (an incarnation, or a check group, never reuses the
+    TCPStore/gloo addresses of an earlier one); a troubleshooting round names the pods held
+    hung (only their hang check fails) and every pod's straggler score (allreduce_perf's
+    tie-breaker); a training round resumes from ``resume``, the step every pod committed."""
+    if order.order not in ROUND_ORDERS:
+        return {}
+    key = "MASTER_PORT" if order.order in TRAINING_ORDERS else "CHECK_MASTER_PORT"
+    meet = rendezvous.endpoint(rule, spec, status, order.seq, free_port)
+    env = {"MASTER_ADDR": meet.host, key: str(meet.port)}
+    if order.order is Order.TROUBLESHOOT:
+        env[m.HUNG_PODS_ENV] = ",".join(
+            sorted(pod for pod, info in status.pod_infos.items() if info.slow)
+        )
+        if scores:
+            env[m.STRAGGLER_SCORES_ENV] = scores_env(scores)
+    if key == "MASTER_PORT" and resume is not None:
+        env[m.RESUME_STEP_ENV] = str(resume)
+    return env
+
+
+def scores_env(scores: Mapping[str, float]) -> str:
+    """``pod=score,...`` for a troubleshooting order (``m.STRAGGLER_SCORES_ENV``)."""
+    return ",".join(f"{pod}={score:.3f}" for pod, score in sorted(scores.items()))
