@@ -320,6 +320,7 @@ def test_the_webhook_is_deployed_with_its_certificate_step_and_an_opt_in_selecto
     rules = docs[("ClusterRole", "aegis-webhook")]["rules"]
     allowed = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
     assert allowed == {("secrets", "get"), ("secrets", "create"), ("pytorchjobs", "get"),
+                       ("jobsets", "get"),
                        ("mutatingwebhookconfigurations", "get"),
                        ("mutatingwebhookconfigurations", "patch")}  # fmt: skip
     [subject] = docs[("ClusterRoleBinding", "aegis-webhook")]["subjects"]

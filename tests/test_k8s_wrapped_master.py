@@ -341,6 +341,36 @@ async def test_a_wrapped_jobset_is_followed_by_rank_and_ended_when_deleted(world
     await until(ended, "the master's job ended with its JobSet")
 
 
+async def test_a_jobsets_new_pod_keeps_off_the_nodes_its_status_annotation_names(
+    world: World,
+) -> None:
+    """The webhook reads the JobSet of a pod it wraps: a replacement is admitted with a node
+    affinity off the ErrorNodes the master wrote into the JobSet's annotation."""
+    world.emulator.resources["jobset.x-k8s.io/v1alpha2/jobsets"] = {  # type: ignore[assignment]
+        "kind": "JobSet", "singular": "jobset", "namespaced": True,
+        "verbs": {"get", "list", "watch", "create", "patch", "delete"},
+    }  # fmt: skip
+    body = _jobset()
+    world.emulator.objects["jobset.x-k8s.io/v1alpha2/jobsets", "ml", "llm"] = body
+
+    async def patch_of(index: int) -> list[dict[str, Any]]:
+        pod = review(jobset_pod(index, nodes=2))
+        answer = await webhook_server.answer(pod, webhook_patch.WebhookSettings(), world.hooks)
+        assert answer["response"]["allowed"], answer
+        ops: list[dict[str, Any]] = json.loads(base64.b64decode(answer["response"]["patch"]))
+        return ops
+
+    assert not [op for op in await patch_of(0) if op["path"] == "/spec/affinity"]
+    status = {"error_nodes": [{"node": "node-y", "reason": "gpu", "ts": 1.0}]}
+    annotated = {
+        **body,
+        "metadata": {**body["metadata"], "annotations": {wrapped_jobs.STATUS: json.dumps(status)}},
+    }
+    world.emulator.objects["jobset.x-k8s.io/v1alpha2/jobsets", "ml", "llm"] = annotated
+    [affinity] = [op for op in await patch_of(1) if op["path"] == "/spec/affinity"]
+    assert affinity["value"] == manifests.avoid_nodes(["node-y"])
+
+
 def _jobset() -> dict[str, Any]:
     template = {
         "metadata": {"labels": {webhook_patch.INJECT: "true"}},

@@ -21,7 +21,15 @@ class WebhookCluster(cluster.KubernetesCluster):
         self.admission = client.AdmissionregistrationV1Api(api_client)
 
     async def get_pytorchjob(self, namespace: str, name: str) -> cluster.Body | None:
-        group, version, plural = webhook_identity.PYTORCHJOB_API
+        return await self._get_job(webhook_identity.PYTORCHJOB_API, namespace, name)
+
+    async def get_jobset(self, namespace: str, name: str) -> cluster.Body | None:
+        return await self._get_job(webhook_identity.JOBSET_API, namespace, name)
+
+    async def _get_job(
+        self, api: tuple[str, str, str], namespace: str, name: str
+    ) -> cluster.Body | None:
+        group, version, plural = api
         try:
             found: Any = await asyncio.to_thread(
                 self.custom.get_namespaced_custom_object, group, version, namespace, plural, name

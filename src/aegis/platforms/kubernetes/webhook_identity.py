@@ -40,6 +40,7 @@ JS_UID = "jobset.sigs.k8s.io/jobset-uid"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TRAINING_RJOB = "node"  # the Trainer's torch runtime's replicated job
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs")
+JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,14 @@ class IdentityError(AegisError, ValueError):
 
 class NotTrainingError(AegisError):
     """A pod of the job that is no training rank (a JobSet's initializer): left as it is."""
+
+
+def jobset_of(pod: Mapping[str, Any]) -> str | None:
+    """The JobSet this pod belongs to (its label), or None: the webhook reads it for the nodes
+    its replacements keep off (the master's status annotation on it)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    found = labels.get(JS_NAME) if isinstance(labels, Mapping) else None
+    return found if isinstance(found, str) and found else None
 
 
 def pytorchjob_of(pod: Mapping[str, Any]) -> str | None:

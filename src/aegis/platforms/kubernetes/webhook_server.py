@@ -10,8 +10,8 @@ Secret: a pod never starts without its secret, and holds no other pod's. When th
 cannot be made the pod is refused (the controller retries the creation). A dry run (``kubectl
 apply --dry-run=server``) gets the same answer and makes nothing.
 
-A PyTorchJob's pod is also kept off the nodes the master's status annotation on the PyTorchJob
-names (its ErrorNodes and drained nodes, ``wrapped_jobs.avoided``): a ``NotIn`` node affinity
+A PyTorchJob's or a JobSet's pod is also kept off the nodes the master's status annotation on
+the job names (its ErrorNodes and drained nodes, ``wrapped_jobs.avoided``): a ``NotIn`` node affinity
 added to the pod's own (``wrapped_jobs.with_avoided``), so the replacement the controller
 creates for a pod the master deleted lands elsewhere.
 """
@@ -59,6 +59,10 @@ class WebhookApi(SecretsApi, Protocol):
         """The PyTorchJob, None when there is none of that name."""
         ...
 
+    async def get_jobset(self, namespace: str, name: str) -> Body | None:
+        """The JobSet, None when there is none of that name."""
+        ...
+
 
 def _secret(who: webhook_identity.Identity, name: str, token: str) -> Body:
     meta: Body = {"name": name, "namespace": who.namespace,
@@ -86,17 +90,22 @@ async def answer(
 ) -> dict[str, Any]:
     """The AdmissionReview answering ``review``; raises ``ReviewError`` on a malformed one."""
     req = webhook_review.request(review)
-    job = None
-    name = webhook_identity.pytorchjob_of(req.pod) if webhook_patch.opted_in(req.pod) else None
-    if name is not None:  # its ranks depend on whether the job has a Master replica
-        try:
+    job = jobset = None
+    opted = webhook_patch.opted_in(req.pod)
+    name = webhook_identity.pytorchjob_of(req.pod) if opted else None
+    set_name = webhook_identity.jobset_of(req.pod) if opted and name is None else None
+    try:
+        if name is not None:  # its ranks depend on whether the job has a Master replica
             job = await api.get_pytorchjob(req.namespace, name)
-        except Exception as exc:  # the API server's error: refuse, the controller retries
-            message = f"aegis: the PyTorchJob {name} could not be read ({exc})"
-            refused = webhook_patch.MutationResult(allowed=False, message=message)
-            return webhook_review.response(req.uid, refused)
+        elif set_name is not None:  # only for the nodes its replacements keep off
+            jobset = await api.get_jobset(req.namespace, set_name)
+    except Exception as exc:  # the API server's error: refuse, the controller retries
+        what = f"PyTorchJob {name}" if name is not None else f"JobSet {set_name}"
+        message = f"aegis: the {what} could not be read ({exc})"
+        refused = webhook_patch.MutationResult(allowed=False, message=message)
+        return webhook_review.response(req.uid, refused)
     result = webhook_patch.mutate(req.pod, req.namespace, settings, job=job)
-    avoid = wrapped_jobs.avoided(job)
+    avoid = wrapped_jobs.avoided(job if job is not None else jobset)
     if result.identity is not None and avoid:  # a replacement: off the job's ErrorNodes
         affinity = wrapped_jobs.with_avoided((req.pod.get("spec") or {}).get("affinity"), avoid)
         op = {"op": "add", "path": "/spec/affinity", "value": affinity}

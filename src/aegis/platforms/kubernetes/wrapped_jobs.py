@@ -31,7 +31,7 @@ from aegis.platforms.kubernetes import manifests, webhook_identity, webhook_patc
 Body = dict[str, Any]
 
 PYTORCHJOB = webhook_identity.PYTORCHJOB_API  # (group, version, plural)
-JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+JOBSET = webhook_identity.JOBSET_API
 STATUS = "aegis.dev/status"
 MAX_RETRY = "aegis.dev/max-retry"
 SOURCE_NAME = "aegis.dev/source-name"
