@@ -23,6 +23,8 @@ from aegis.master import metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
+from aegis.tools import incidents as incidents_tool
+from aegis.tools import joblog
 from aegis.wire import messages as m
 from tests.agent_waits import async_wait_until
 
@@ -153,6 +155,12 @@ def _assert_told_once_and_every_commit_loads(
     assert len(down) == 2 and all("[Errno 28] No space left on device" in line for line in down)
     assert sum("checkpoint store" in line and " back after " in line for line in master_lines) == 2
     assert faults.count("checkpoint store back") == 2
+    outages = incidents_tool.store_outages(
+        (result.log_dir / joblog.EVENTS).read_text().splitlines()
+    )  # what ``aegis incidents`` lists: one per pod, down for ENOSPC, back
+    assert sorted(o.pod for o in outages) == sorted(PODS)
+    assert all(o.errno == 28 and o.down_s is not None and o.failures >= 1 for o in outages)
+    assert joblog.load(result.log_dir).status.phase is Phase.SUCCEED  # the reports replay fine
     for pod in PODS:  # every committed step loads, with its own values
         ckpt = disk / pod
         steps = [s for s in lay.disk_steps(ckpt) if (lay.step_dir(ckpt, s) / lay.COMMIT).exists()]

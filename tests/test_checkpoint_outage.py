@@ -13,8 +13,11 @@ import pytest
 
 from aegis.checkpoint import outage
 from aegis.checks import base, local
+from aegis.cli import incidents_cmd
+from aegis.core.phases import Phase
 from aegis.master import faultlog
-from aegis.wire import codec
+from aegis.tools import incidents as incidents_tool
+from aegis.wire import codec, eventlog
 from aegis.wire import messages as m
 
 
@@ -154,3 +157,38 @@ async def test_io_check_fails_naming_the_checkpoint_directory_when_it_is_read_on
     assert not outcome.passed
     expected = f"checkpoint directory {ckpt}: read-only file system ([Errno 30] EROFS)"
     assert outcome.result == expected
+
+
+def _store_line(pod: str, ts: float, data: m.CheckpointStoreData) -> str:
+    msg = m.Message(job="j", namespace="default", pod=pod, type=m.MessageType.CHECKPOINT,
+                    phase=Phase.RUN_COMMAND, seq=3, ts=ts, data=data)  # fmt: skip
+    return eventlog.encode(msg).decode()
+
+
+def test_aegis_incidents_lists_each_store_outage_from_the_event_log() -> None:
+    """The master records every store report in events.jsonl; ``aegis incidents`` shows an
+    outage per pod: when it went down, why, where, and when it came back (or still down)."""
+    full = m.CheckpointStoreData("/ckpt/j-0", 30, errno=28, strerror="No space left on device",
+                                 failures=1, opened=True)  # fmt: skip
+    lines = [
+        "not json at all",
+        _store_line("j-0", 100.0, full),
+        _store_line(
+            "j-0", 101.0, m.CheckpointStoreData("/ckpt/j-0", 30, errno=28, strerror="x", failures=3)
+        ),
+        _store_line(
+            "j-1",
+            102.0,
+            m.CheckpointStoreData(
+                "/ckpt/j-1", 35, errno=30, strerror="Read-only file system", failures=1, opened=True
+            ),
+        ),
+        _store_line("j-0", 110.0, m.CheckpointStoreData("/ckpt/j-0", 60, ok=True, down_s=10.0)),
+    ]
+    first, second = incidents_tool.store_outages(lines)
+    assert (first.pod, first.errno, first.directory, first.step) == ("j-0", 28, "/ckpt/j-0", 30)
+    assert (first.failures, first.ended_ts, first.down_s) == (4, 110.0, 10.0)
+    assert (second.pod, second.errno, second.ended_ts) == ("j-1", 30, None)
+    text = incidents_cmd.describe_outage(first)
+    assert "[Errno 28] No space left on device: /ckpt/j-0" in text and "back after 10.0 s" in text
+    assert "still down" in incidents_cmd.describe_outage(second)

@@ -11,6 +11,7 @@ import typer
 
 from aegis.cli import render, status_cmd
 from aegis.tools import incidents as incidents_tool
+from aegis.tools import joblog
 
 MAX_LINES = 12  # evidence lines shown per report (all of them in --json)
 
@@ -60,6 +61,21 @@ def describe(incident: incidents_tool.Incident) -> list[str]:
     return lines
 
 
+def describe_outage(outage: incidents_tool.StoreOutage) -> str:
+    """One line of a checkpoint store outage."""
+    where = f"{outage.pod}: [Errno {outage.errno}] {outage.strerror}: {outage.directory}"
+    tried = f", {outage.failures} failed attempts" if outage.failures else ""
+    if outage.down_s is None:
+        return (
+            f"checkpoint store down {clock(outage.began_ts)} {where}; still down "
+            f"(step {outage.step} kept in memory{tried})"
+        )
+    return (
+        f"checkpoint store down {clock(outage.began_ts)} {where}; back after "
+        f"{outage.down_s:.1f} s (training went on from memory{tried})"
+    )
+
+
 def incidents(
     job: Annotated[str, typer.Argument(help="Job name.")],
     log_dir: status_cmd.LogDirOption = None,
@@ -68,12 +84,17 @@ def incidents(
     """Show every fault of the job: detection, evidence, classification, decision, recovery."""
     log = status_cmd.load_or_exit(job, log_dir)
     found = incidents_tool.incidents(log.spec.job, log.initial, log.steps)
+    with (log.log_dir / joblog.EVENTS).open() as lines:
+        outages = incidents_tool.store_outages(lines)
     if as_json:
-        print(json.dumps([incident.to_dict() for incident in found], indent=2))
+        records = [i.to_dict() for i in found] + [o.to_dict() for o in outages]
+        print(json.dumps(records, indent=2))
         raise typer.Exit(0)
     out = render.make_console()
-    if not found:
+    if not found and not outages:
         out.print(f"job {job}: no incidents")
     for incident in found:
         out.print("\n".join(describe(incident)), markup=False)
+    for outage in outages:
+        out.print(describe_outage(outage), markup=False)
     raise typer.Exit(0)

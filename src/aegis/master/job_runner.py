@@ -249,6 +249,7 @@ class JobRunner:
         the observers (fault log, metrics) see every report."""
         data = msg.data
         assert isinstance(data, m.CheckpointStoreData)
+        self.events.write(msgspec.structs.replace(msg, ts=self.clock()))  # aegis incidents
         if data.opened:
             log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "
                       "memory, training goes on", self.spec.job, pod, data.directory, data.errno,

@@ -270,3 +270,55 @@ def hardware_reschedules(steps: Iterable[replay.Replayed]) -> int:
         for action in done.actions
         if isinstance(action, act.EvictPod) and action.level is RecoveryLevel.NODE
     )
+
+
+@dataclass(slots=True)
+class StoreOutage:
+    """A pod's durable checkpoint directory down (full, read-only, gone) and, once it came
+    back, for how long: training went on from the checkpoints in shared memory meanwhile."""
+
+    pod: str
+    directory: str
+    errno: int
+    strerror: str
+    step: int  # the newest step kept in memory when it went down
+    began_ts: float
+    failures: int = 0  # failed attempts to persist, as the pod reported them
+    ended_ts: float | None = None
+    down_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "checkpoint_store_outage", "pod": self.pod, "directory": self.directory,
+                "errno": self.errno, "strerror": self.strerror, "step": self.step,
+                "began_ts": self.began_ts, "failures": self.failures,
+                "ended_ts": self.ended_ts, "down_s": self.down_s}  # fmt: skip
+
+
+def store_outages(lines: Iterable[str]) -> list[StoreOutage]:
+    """Every checkpoint store outage the pods reported, in an ``events.jsonl`` (the master
+    records each report there; a line that is no such report is skipped)."""
+    found: list[StoreOutage] = []
+    open_by_pod: dict[str, StoreOutage] = {}
+    for text in lines:
+        if '"checkpoint_store"' not in text:
+            continue
+        try:
+            msg = _message.decode(text.encode())
+        except msgspec.DecodeError:
+            continue
+        data = msg.data
+        if not isinstance(data, m.CheckpointStoreData):
+            continue
+        current = open_by_pod.get(msg.pod)
+        if data.opened or (current is None and not data.ok):
+            current = StoreOutage(msg.pod, data.directory, data.errno, data.strerror, data.step,
+                                  msg.ts)  # fmt: skip
+            open_by_pod[msg.pod] = current
+            found.append(current)
+        if current is None:
+            continue
+        current.failures += max(data.failures, 0)
+        if data.ok:
+            current.ended_ts, current.down_s = msg.ts, data.down_s
+            del open_by_pod[msg.pod]
+    return found

@@ -11,9 +11,9 @@ cannot be made the pod is refused (the controller retries the creation). A dry r
 apply --dry-run=server``) gets the same answer and makes nothing.
 
 A PyTorchJob's or a JobSet's pod is also kept off the nodes the master's status annotation on
-the job names (its ErrorNodes and drained nodes, ``wrapped_jobs.avoided``): a ``NotIn`` node affinity
-added to the pod's own (``wrapped_jobs.with_avoided``), so the replacement the controller
-creates for a pod the master deleted lands elsewhere.
+the job names (its ErrorNodes and drained nodes, ``wrapped_jobs.avoided``): a ``NotIn`` node
+affinity added to the pod's own (``wrapped_jobs.with_avoided``), so the replacement the
+controller creates for a pod the master deleted lands elsewhere.
 """
 
 from __future__ import annotations
