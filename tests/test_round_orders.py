@@ -8,7 +8,8 @@ from aegis.core import actions as act
 from aegis.core.model import JobSpec, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.rendezvous import RendezvousRule
-from aegis.master.round_orders import RoundOrder, round_env
+from aegis.core.stragglers import Straggler
+from aegis.master.round_orders import RoundOrder, round_env, tie_scores
 from aegis.wire import messages as m
 
 SPEC = JobSpec("j", "default", 2, 1)
@@ -42,3 +43,12 @@ def test_a_troubleshooting_round_names_the_hung_pods_and_the_scores() -> None:
 def test_an_order_survives_the_record() -> None:
     order = RoundOrder(Order.EXIT, Phase.RESTARTING, 9, ("j-1",), 75, {"A": "b"})
     assert RoundOrder.from_dict(order.to_dict()) == order
+
+
+def test_only_a_named_straggler_of_the_training_just_stopped_breaks_a_tie() -> None:
+    named = Straggler("j-2", 0.5, 4, 4)
+    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, named) == {"j-2": 0.5}
+    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, None) == {}  # nobody named
+    assert tie_scores(Order.TROUBLESHOOT, Phase.RESTARTING, named) == {}  # after an eviction
+    assert tie_scores(Order.BOOTCHECK, Phase.RUN_COMMAND, named) == {}
+    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, Straggler("j-2", -0.1, 4, 4)) == {}

@@ -45,7 +45,7 @@ from aegis.master.hang_judge import GatherSettings, HangJudge
 from aegis.master.liveness import Liveness
 from aegis.master.pace import Pace, PaceSettings, StragglerWatch
 from aegis.master.ports import Platform
-from aegis.master.round_orders import TRAINING_ORDERS, RoundOrder, round_env
+from aegis.master.round_orders import TRAINING_ORDERS, RoundOrder, round_env, tie_scores
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import codec, eventlog, status_json
 from aegis.wire import messages as m
@@ -449,7 +449,7 @@ class JobRunner:
         stepped = self.status is not before
         if stepped:
             self._log_transition(before, self.status, item.event)
-        self._materialise_orders(actions)
+        self._materialise_orders(actions, before.phase)
         self._count_reschedules(actions)
         return actions, stepped
 
@@ -492,7 +492,7 @@ class JobRunner:
             log.error("chaos: exiting after persisting %s, before its orders", chaos)
             os._exit(137)
 
-    def _materialise_orders(self, actions: tuple[act.Action, ...]) -> None:
+    def _materialise_orders(self, actions: tuple[act.Action, ...], before: Phase) -> None:
         """The round's orders with their environment, fixed before the status is written."""
         for action in actions:
             if not isinstance(action, act.SendOrder):
@@ -501,7 +501,7 @@ class JobRunner:
             if action.order in TRAINING_ORDERS:
                 self.safe.rewound()
                 resume = self.safe.resume_step()
-            scores = self.stragglers.scores() if action.order is Order.TROUBLESHOOT else {}
+            scores = tie_scores(action.order, before, self.stragglers.named)
             env = round_env(action, self.spec, self.status, self.settings.rendezvous, free_port,
                             scores=scores, resume=resume)  # fmt: skip
             order = RoundOrder(

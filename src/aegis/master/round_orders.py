@@ -12,6 +12,7 @@ from aegis.core import actions as act
 from aegis.core import rendezvous
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Order, Phase
+from aegis.core.stragglers import Straggler
 from aegis.wire import messages as m
 
 ROUND_ORDERS = (Order.RUN, Order.RESTART, Order.BOOTCHECK, Order.TROUBLESHOOT)
@@ -54,8 +55,9 @@ def round_env(
     """The environment of ``order``: a round of training or checks meets where rank 0's pod is
     now, on a fresh port every round (an incarnation, or a check group, never reuses the
     TCPStore/gloo addresses of an earlier one); a troubleshooting round names the pods held
-    hung (only their hang check fails) and every pod's straggler score (allreduce_perf's
-    tie-breaker); a training round resumes from ``resume``, the step every pod committed."""
+    hung (only their hang check fails) and the straggler the training named, with its score
+    (allreduce_perf's tie-breaker, :func:`tie_scores`); a training round resumes from
+    ``resume``, the step every pod committed."""
     if order.order not in ROUND_ORDERS:
         return {}
     key = "MASTER_PORT" if order.order in TRAINING_ORDERS else "CHECK_MASTER_PORT"
@@ -70,6 +72,17 @@ def round_env(
     if key == "MASTER_PORT" and resume is not None:
         env[m.RESUME_STEP_ENV] = str(resume)
     return env
+
+
+def tie_scores(order: Order, before: Phase, named: Straggler | None) -> dict[str, float]:
+    """The straggler scores a round's order carries for allreduce_perf's tie-breaker: only in
+    a troubleshooting round that stops training (``before`` RunCommand: the scores describe
+    the training just before; after an eviction or a restart they describe a round that was
+    already disturbed), and only the pod the robust rule named (late in most windows, and
+    alone), never a raw score."""
+    if order is not Order.TROUBLESHOOT or before is not Phase.RUN_COMMAND or named is None:
+        return {}
+    return {named.pod: named.score} if named.score > 0 else {}
 
 
 def scores_env(scores: Mapping[str, float]) -> str:
