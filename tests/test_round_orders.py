@@ -45,10 +45,12 @@ def test_an_order_survives_the_record() -> None:
     assert RoundOrder.from_dict(order.to_dict()) == order
 
 
-def test_only_a_named_straggler_of_the_training_just_stopped_breaks_a_tie() -> None:
+def test_only_a_named_straggler_of_a_slowdown_round_breaks_a_tie() -> None:
     named = Straggler("j-2", 0.5, 4, 4)
-    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, named) == {"j-2": 0.5}
-    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, None) == {}  # nobody named
-    assert tie_scores(Order.TROUBLESHOOT, Phase.RESTARTING, named) == {}  # after an eviction
-    assert tie_scores(Order.BOOTCHECK, Phase.RUN_COMMAND, named) == {}
-    assert tie_scores(Order.TROUBLESHOOT, Phase.RUN_COMMAND, Straggler("j-2", -0.1, 4, 4)) == {}
+    run, slow = Phase.RUN_COMMAND, True
+    assert tie_scores(Order.TROUBLESHOOT, run, slow, named) == {"j-2": 0.5}
+    assert tie_scores(Order.TROUBLESHOOT, run, slow, None) == {}  # nobody named
+    assert tie_scores(Order.TROUBLESHOOT, run, False, named) == {}  # a fault's round
+    assert tie_scores(Order.TROUBLESHOOT, Phase.RESTARTING, slow, named) == {}  # after eviction
+    assert tie_scores(Order.BOOTCHECK, run, slow, named) == {}
+    assert tie_scores(Order.TROUBLESHOOT, run, slow, Straggler("j-2", -0.1, 4, 4)) == {}

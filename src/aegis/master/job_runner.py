@@ -449,7 +449,8 @@ class JobRunner:
         stepped = self.status is not before
         if stepped:
             self._log_transition(before, self.status, item.event)
-        self._materialise_orders(actions, before.phase)
+        slowdown = isinstance(item.event, ev.SlowdownReported)
+        self._materialise_orders(actions, before.phase, slowdown)
         self._count_reschedules(actions)
         return actions, stepped
 
@@ -492,7 +493,9 @@ class JobRunner:
             log.error("chaos: exiting after persisting %s, before its orders", chaos)
             os._exit(137)
 
-    def _materialise_orders(self, actions: tuple[act.Action, ...], before: Phase) -> None:
+    def _materialise_orders(
+        self, actions: tuple[act.Action, ...], before: Phase, slowdown: bool
+    ) -> None:
         """The round's orders with their environment, fixed before the status is written."""
         for action in actions:
             if not isinstance(action, act.SendOrder):
@@ -501,7 +504,7 @@ class JobRunner:
             if action.order in TRAINING_ORDERS:
                 self.safe.rewound()
                 resume = self.safe.resume_step()
-            scores = tie_scores(action.order, before, self.stragglers.named)
+            scores = tie_scores(action.order, before, slowdown, self.stragglers.named)
             env = round_env(action, self.spec, self.status, self.settings.rendezvous, free_port,
                             scores=scores, resume=resume)  # fmt: skip
             order = RoundOrder(

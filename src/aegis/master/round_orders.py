@@ -74,13 +74,17 @@ def round_env(
     return env
 
 
-def tie_scores(order: Order, before: Phase, named: Straggler | None) -> dict[str, float]:
+def tie_scores(
+    order: Order, before: Phase, slowdown: bool, named: Straggler | None
+) -> dict[str, float]:
     """The straggler scores a round's order carries for allreduce_perf's tie-breaker: only in
-    a troubleshooting round that stops training (``before`` RunCommand: the scores describe
-    the training just before; after an eviction or a restart they describe a round that was
-    already disturbed), and only the pod the robust rule named (late in most windows, and
-    alone), never a raw score."""
-    if order is not Order.TROUBLESHOOT or before is not Phase.RUN_COMMAND or named is None:
+    the troubleshooting round a slowdown starts (``slowdown``: the pace watch's report stopped
+    training, ``before`` RunCommand; a fault's round looks for the fault, and after an eviction
+    or a restart the scores describe a round that was already disturbed), and only the pod the
+    robust rule named (late in most windows, and alone), never a raw score."""
+    if order is not Order.TROUBLESHOOT or before is not Phase.RUN_COMMAND or not slowdown:
+        return {}
+    if named is None:
         return {}
     return {named.pod: named.score} if named.score > 0 else {}
 
