@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -210,3 +211,43 @@ def test_perf_compute_runs_on_the_gpu_with_a_gpu_sized_product_when_the_group_is
     perf._compute(FakeTorch, 128, seconds=0.02, window_s=0.01, device=None)  # the CPU
     assert calls[0] == ("randn", ((128, 128), None))
     assert not any(c[0] == "sync" for c in calls)
+
+
+async def test_a_suspect_whose_node_fails_answers_without_joining_its_peers() -> None:
+    """The suspect's node is checked first: its gpu fails, so it answers at once with the
+    collective checks skipped (its peer never comes: it would have waited for the budget)."""
+    s = dataclasses.replace(
+        settings(0, 2, group.free_port(), budget_s=120.0), suspect=True, inject=frozenset({"gpu"})
+    )
+    results = await asyncio.wait_for(suites.troubleshoot(s), timeout=60.0)
+    by_type = {r.check_type: r for r in results}
+    assert not by_type[CheckType.GPU].passed
+    for check in (CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF):
+        assert by_type[check].not_applicable, by_type[check]
+        assert "own checks failed first (hardware)" in by_type[check].result
+    assert [r.check_type for r in results][-2:] == [
+        CheckType.ALLREDUCE_CONNECT,
+        CheckType.ALLREDUCE_PERF,
+    ]
+    assert collective_children() == []
+
+
+async def test_a_suspect_whose_node_passes_joins_the_collectives_after_its_own_checks() -> None:
+    s = dataclasses.replace(settings(0, 1, group.free_port()), suspect=True)
+    results = await suites.troubleshoot(s)
+    order = [r.check_type for r in results]
+    assert order[-2:] == [CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF]
+    assert set(order) == set(suites.TROUBLESHOOT)
+    assert all(
+        r.passed and not r.not_applicable for r in results if r.check_type in suites.COLLECTIVE
+    )
+
+
+async def test_a_suspect_only_slow_still_joins_the_collectives() -> None:
+    """A held-hung suspect fails only its hang check (slow: it leaves at a checkpoint, not now):
+    the round waits for its peers, so it must meet them."""
+    s = dataclasses.replace(settings(0, 1, group.free_port()), suspect=True, hung=True)
+    by_type = {r.check_type: r for r in await suites.troubleshoot(s)}
+    assert not by_type[CheckType.HANG].passed
+    assert by_type[CheckType.ALLREDUCE_CONNECT].passed
+    assert not by_type[CheckType.ALLREDUCE_CONNECT].not_applicable

@@ -10,7 +10,7 @@ import pytest
 
 from aegis.cli import main as cli
 from aegis.core import events as ev
-from aegis.core import machine, rounds, updates
+from aegis.core import machine, resolution, rounds, updates
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Order, Phase
 from aegis.tools.verify import checker
@@ -39,6 +39,7 @@ def test_verify_holds_exhaustively_for_3_workers_max_retry_2() -> None:
         "NoDeadlock",
         "FaultFreeTermination",
         "TerminalReachable",
+        "SuspectFirst",
     }
 
 
@@ -116,7 +117,14 @@ MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
         "evict",
         lambda status, leaving, now, phase: (status, ()),
         # (a software fault during a drain evicts too: retries left unaligned)
-        {"NoDeadlock", "CountersConsistent", "FaultFreeTermination", "CountMatchesMax"},
+        # (a suspect that must leave then stays too)
+        {
+            "NoDeadlock",
+            "CountersConsistent",
+            "FaultFreeTermination",
+            "CountMatchesMax",
+            "SuspectFirst",
+        },
     ),
     "terminal Failed not absorbing": (
         machine,
@@ -134,6 +142,12 @@ MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
             now,
         ),
         {"SpentBudgetStopsTraining"},
+    ),
+    "wait for every answer although the suspect must leave": (
+        resolution,
+        "concludes_early",
+        lambda status, info, verdict: False,
+        {"SuspectFirst"},
     ),
     "budget exhausted without should_quit": (
         rounds,

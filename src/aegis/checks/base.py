@@ -71,6 +71,9 @@ class CheckSettings:
     io_floor_mb_s: float = 5.0
     group: GroupInfo | None = None
     hung: bool = False  # the progress watchdog's verdict at the time of the round
+    # The round's suspect (the master holds this pod hung or slow): its node's own checks run
+    # first, and when they say it must leave it answers without joining the collective checks.
+    suspect: bool = False
     gpu_count: int | None = None  # GPUs this node must show (None: any number)
     rdma_root: Path = Path("/sys/class/infiniband")
     expect_cuda: bool | None = None  # runtime: CUDA must (True) / must not (False) be usable

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from aegis.checks import gpu, group, local, rdma
 from aegis.checks.base import CheckFn, CheckSettings, Outcome, run_one
+from aegis.core import recovery
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
 
@@ -71,9 +72,37 @@ def collective_round(
 
 
 async def _run_round(round_: tuple[CheckType, ...], settings: CheckSettings) -> list[CheckResult]:
+    if settings.suspect:
+        return await _suspect_first(round_, settings)
+    return await _run_planned(round_, settings, [])
+
+
+async def _suspect_first(
+    round_: tuple[CheckType, ...], settings: CheckSettings
+) -> list[CheckResult]:
+    """The suspect's node is checked first: its own checks (every one but the collectives) run
+    before it joins its peers. When they already say it must leave (``recovery.must_leave``:
+    the master ends the round on that answer, ``core.resolution.concludes_early``), it answers
+    at once and the collective checks are skipped: its peers' group would only wait for it."""
+    own = tuple(t for t in round_ if t not in COLLECTIVE)
+    results = [await run_one(t, fn, settings) for t, fn in plan(own, settings)]
+    verdict = recovery.classify(
+        recovery.CheckOutcome(r.check_type, r.passed, r.timed_out) for r in results
+    )
+    rest = tuple(t for t in round_ if t in COLLECTIVE)
+    if recovery.must_leave(verdict):
+        skipped = [
+            await run_one(t, _skipped_for(verdict), settings) for t, _ in plan(rest, settings)
+        ]
+        return results + skipped
+    return await _run_planned(rest, settings, results)
+
+
+async def _run_planned(
+    round_: tuple[CheckType, ...], settings: CheckSettings, results: list[CheckResult]
+) -> list[CheckResult]:
     collective = collective_round(round_, settings)
     collective.start_if_warm()
-    results: list[CheckResult] = []
     try:
         for check_type, planned in plan(round_, settings):
             fn = planned
@@ -103,3 +132,11 @@ def _verdict_of(collective: group.CollectiveRound, check_type: CheckType) -> Che
 
 async def _skipped(settings: CheckSettings) -> Outcome:
     return Outcome(True, "not_applicable: skipped, allreduce_connect failed", not_applicable=True)
+
+
+def _skipped_for(verdict: recovery.Classification) -> CheckFn:
+    async def skipped(settings: CheckSettings) -> Outcome:
+        why = f"not_applicable: skipped, this node's own checks failed first ({verdict})"
+        return Outcome(True, why, not_applicable=True)
+
+    return skipped

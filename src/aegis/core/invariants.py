@@ -13,6 +13,7 @@ from collections.abc import Callable
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import ALLOWED_UNFINISHED_INNER, TERMINAL_PHASES, Phase
+from aegis.core.recovery import must_leave
 
 StateInvariant = Callable[[JobSpec, JobStatus], str | None]
 TransitionInvariant = Callable[[JobSpec, JobStatus, ev.Event, JobStatus], str | None]
@@ -99,6 +100,18 @@ def failed_means_quit(spec: JobSpec, s: JobStatus) -> str | None:
     return None
 
 
+def suspect_first(spec: JobSpec, s: JobStatus) -> str | None:
+    """Our own (issue 18): the suspect's node is checked first. No troubleshooting round goes on
+    waiting for other pods once a suspect (a pod marked slow or hung) answered that it must
+    leave."""
+    if s.phase is not Phase.TROUBLESHOOTING:
+        return None
+    for pod, info in s.pod_infos.items():
+        if info.slow and info.finished and info.verdict is not None and must_leave(info.verdict):
+            return f"suspect {pod} must leave ({info.verdict}) and the round still waits"
+    return None
+
+
 STATE_INVARIANTS: dict[str, StateInvariant] = {
     "ValidPhase": valid_phase,
     "ValidInnerPhase": valid_inner_phase,
@@ -109,6 +122,7 @@ STATE_INVARIANTS: dict[str, StateInvariant] = {
     "CountMatchesMax": count_matches_max,
     "CountersConsistent": counters_consistent,
     "FailedMeansShouldQuit": failed_means_quit,
+    "SuspectFirst": suspect_first,
 }
 
 

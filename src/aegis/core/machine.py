@@ -136,7 +136,7 @@ def _record_answer(
         pod_infos=status.pod_infos.set(pod, new_info),
         outstanding=status.outstanding - 1,
     )
-    if status.outstanding > 0:
+    if status.outstanding > 0 and not resolution.concludes_early(status, info, verdict):
         return status, ()
     if status.phase is Phase.BOOT_CHECKING:
         return resolution.resolve_bootcheck(spec, status, now)

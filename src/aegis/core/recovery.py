@@ -54,6 +54,13 @@ LEVEL_BY_CLASS: dict[Classification, RecoveryLevel] = {
     Classification.SLOW: RecoveryLevel.EVICT_SLOW,
 }
 
+
+def must_leave(cls: Classification) -> bool:
+    """A class whose pod leaves now (its container restarts, or it moves off its node) whatever
+    the other pods' checks say: the checks of its peers cannot change that decision."""
+    return LEVEL_BY_CLASS[cls] in (RecoveryLevel.CONTAINER, RecoveryLevel.NODE)
+
+
 # Which class a failing check puts its pod in. The worst class wins (order of SEVERITY).
 CLASS_BY_FAILED_CHECK: dict[CheckType, Classification] = {
     CheckType.IO: Classification.HARDWARE,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from aegis.core import rounds, updates
-from aegis.core.model import JobSpec, JobStatus, PodName
+from aegis.core.model import JobSpec, JobStatus, PodInfo, PodName
 from aegis.core.phases import Order, Phase
-from aegis.core.recovery import LEVEL_BY_CLASS, Classification, RecoveryLevel
+from aegis.core.recovery import LEVEL_BY_CLASS, Classification, RecoveryLevel, must_leave
 from aegis.core.rounds import Result
 
 
@@ -35,6 +35,15 @@ def bootcheck_level(verdict: Classification | None) -> RecoveryLevel:
 def drain_level(level: RecoveryLevel) -> RecoveryLevel:
     """A draining pod leaves its node in any case; only a bad node (level 3) says more."""
     return level if level is RecoveryLevel.NODE else RecoveryLevel.DRAIN
+
+
+def concludes_early(status: JobStatus, info: PodInfo, verdict: Classification) -> bool:
+    """The suspect's node is checked first: a troubleshooting round ends as soon as a suspect (a
+    pod marked slow or hung, e.g. the pod a hang's stacks named) answers that it must leave (its
+    node or its container is broken). Its peers' answers cannot change that, and waiting for them
+    would cost their collective checks' budgets (their group waits for the suspect's rank, which
+    does not join once its own node failed): their late answers are stale."""
+    return status.phase is Phase.TROUBLESHOOTING and info.slow and must_leave(verdict)
 
 
 def resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Result:
