@@ -21,13 +21,13 @@ the checkpoint is done twice. Costs one mapped read per call when nothing is req
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aegis import training
+from aegis.checkpoint import api
 from aegis.checkpoint.api import BusyPolicy, Saver, SaverBusyError, SaverSettings
 
 __all__ = [
@@ -44,17 +44,11 @@ log = logging.getLogger(__name__)
 HOLD_POLL_S = 0.05
 
 
-@functools.cache
-def _saver(settings: SaverSettings) -> Saver:
-    """One Saver per settings, so the shared-memory buffers stay mapped between saves."""
-    return Saver(settings)
-
-
 def save(step: int, state_dict: Any) -> None:
     """Copy ``state_dict`` into shared memory for step ``step``; the daemon persists it. In a
     script that takes requests (it calls ``save_if_requested``), a save while the master's
     request is pending answers it (and holds, as below)."""
-    _saver(SaverSettings.from_env()).save(step, state_dict)
+    api.shared_saver(SaverSettings.from_env()).save(step, state_dict)
     if not training.takes_requests():
         return
     request = training.pending_request(None, opt_in=False)
@@ -64,7 +58,7 @@ def save(step: int, state_dict: Any) -> None:
 
 def load_latest(template: Any = None) -> tuple[int, Any] | None:
     """``(step, state)`` of the newest committed checkpoint (shared memory first), or None."""
-    return _saver(SaverSettings.from_env()).load_latest(template)
+    return api.shared_saver(SaverSettings.from_env()).load_latest(template)
 
 
 def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:
@@ -77,7 +71,7 @@ def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:
     if step > request.target_step:
         log.warning("checkpoint request %d for step %d seen at step %d: saved late",
                     request.id, request.target_step, step)  # fmt: skip
-    _saver(SaverSettings.from_env()).save(step, state() if callable(state) else state)
+    api.shared_saver(SaverSettings.from_env()).save(step, state() if callable(state) else state)
     _answer_and_hold(request, step)
     return True
 

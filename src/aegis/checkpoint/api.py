@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aegis.checkpoint import layout as lay
-from aegis.checkpoint import outage, store
+# Siblings by their module path, not through the package: the package re-exports this module.
+import aegis.checkpoint.layout as lay
+import aegis.checkpoint.outage as ckpt_outage
+import aegis.checkpoint.store as ckpt_store
 from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ class Saver:
 
     def store_down(self) -> bool:
         """The saver daemon cannot persist (its durable directory is full, read-only or gone)."""
-        return (self.settings.shm_dir / outage.STORE_DOWN).exists()
+        return (self.settings.shm_dir / ckpt_outage.STORE_DOWN).exists()
 
     def wait_idle(self, step: int) -> None:
         """Wait until the previous save is persisted; not while the store is down: the save
@@ -99,7 +101,9 @@ class Saver:
         warned = False
         while pending := self.pending_steps():
             waited = time.monotonic() - started
-            go = outage.save_may_proceed(self.store_down(), waited, self.settings.wait_timeout_s)
+            go = ckpt_outage.save_may_proceed(
+                self.store_down(), waited, self.settings.wait_timeout_s
+            )
             if go is True:
                 log.warning("checkpoint step %s kept in shared memory only: step(s) %s not "
                             "persisted (the checkpoint store is down)", step, pending)  # fmt: skip
@@ -209,8 +213,8 @@ class Saver:
             return None
         for step in reversed(self._at_most_resume(lay.disk_steps(ckpt))):
             try:
-                copy = store.read_committed(ckpt, step)
-            except store.CorruptCheckpointError as exc:
+                copy = ckpt_store.read_committed(ckpt, step)
+            except ckpt_store.CorruptCheckpointError as exc:
                 log.warning("checkpoint step %s skipped: %s", exc.step, exc.reason)
                 continue
             data = torch.frombuffer(copy.data, dtype=torch.uint8) if copy.data else torch.empty(0)
@@ -370,3 +374,10 @@ def _apply(state: Any, template: Any, torch: Any) -> Any:
         subs += [None] * (len(state) - len(subs))
         return type(state)(_apply(v, t, torch) for v, t in zip(state, subs, strict=False))
     return state
+
+
+@functools.cache
+def shared_saver(settings: SaverSettings) -> Saver:
+    """One Saver per settings in a process (``aegis.checkpoint.save`` and the DCP writer
+    alike), so the shared-memory buffers stay mapped between saves."""
+    return Saver(settings)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aegis.checkpoint import layout as lay
+import aegis.checkpoint.layout as lay  # not through the package: it re-exports api
 from aegis.core.errors import AegisError
 
 CHUNK = 16 * 1024 * 1024

@@ -29,9 +29,9 @@ from torch.distributed.checkpoint import metadata as dmd
 from torch.distributed.checkpoint import planner as dpl
 from torch.futures import Future
 
+import aegis.checkpoint.dcp.slot as sl  # (by path: the dcp package imports this module lazily)
 from aegis.checkpoint import api
 from aegis.checkpoint import layout as lay
-from aegis.checkpoint.dcp import slot as sl
 from aegis.checkpoint.dcp.writer import parse_step
 from aegis.core.errors import AegisError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from aegis.checkpoint.dcp import zipimage
+import aegis.checkpoint.dcp.zipimage as zipimg  # by path: the dcp package imports lazily
 
 ARCHIVE = "archive"
 
@@ -31,7 +31,7 @@ class _Tensor:
 
 
 @functools.lru_cache(maxsize=1024)
-def records(dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[zipimage.Record, ...]:
+def records(dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[zipimg.Record, ...]:
     """What ``torch.load(..., weights_only=True)`` needs to rebuild a ``dtype`` tensor of
     ``sizes`` (contiguous, storage offset 0) from the bytes of ``data/0``."""
     numel = math.prod(sizes)
@@ -48,14 +48,14 @@ def records(dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[zipimage.Record
     pickler.dump(_Tensor(sizes))
     nbytes = numel * dtype.itemsize
     return (
-        zipimage.Record("data.pkl", out.getvalue()),
-        zipimage.Record(".format_version", b"1"),
-        zipimage.Record(".storage_alignment", b"64"),
-        zipimage.Record("byteorder", b"little"),
-        zipimage.Record("data/0", None, nbytes),
-        zipimage.Record("version", b"3\n"),
+        zipimg.Record("data.pkl", out.getvalue()),
+        zipimg.Record(".format_version", b"1"),
+        zipimg.Record(".storage_alignment", b"64"),
+        zipimg.Record("byteorder", b"little"),
+        zipimg.Record("data/0", None, nbytes),
+        zipimg.Record("version", b"3\n"),
     )
 
 
-def image(dtype: torch.dtype, sizes: tuple[int, ...]) -> list[zipimage.Piece]:
-    return zipimage.plan(ARCHIVE, records(dtype, sizes))
+def image(dtype: torch.dtype, sizes: tuple[int, ...]) -> list[zipimg.Piece]:
+    return zipimg.plan(ARCHIVE, records(dtype, sizes))

@@ -25,11 +25,12 @@ from torch.distributed.checkpoint import metadata as dmd
 from torch.distributed.checkpoint import planner as dpl
 from torch.futures import Future
 
-from aegis import checkpoint as ckpt
+# Siblings by path: the dcp package imports this module lazily.
+import aegis.checkpoint.dcp.slot as sl
+import aegis.checkpoint.dcp.torchsave as torch_save
+import aegis.checkpoint.dcp.zipimage as zip_image
 from aegis.checkpoint import api
 from aegis.checkpoint import layout as lay
-from aegis.checkpoint.dcp import slot as sl
-from aegis.checkpoint.dcp import torchsave, zipimage
 
 SUFFIX = ".distcp"
 
@@ -83,7 +84,7 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
         super().__init__()
         env = dict(os.environ if environ is None else environ)
         settings = api.SaverSettings.from_env(env)
-        self._saver = ckpt._saver(settings)  # one per settings: the buffers stay mapped
+        self._saver = api.shared_saver(settings)  # one per settings: the buffers stay mapped
         self._root = Path(root) if root is not None else sl.default_root(env)
         self._explicit: Any = None
         self._save_id = uuid.uuid4().hex
@@ -252,14 +253,14 @@ def _item_pieces(entry: tuple[Any, ...], blob: bytearray) -> list[sl.Piece]:
         return [("lit", entry[1], entry[2])]
     _, at, dtype, shape = entry
     out: list[sl.Piece] = []
-    for piece in torchsave.image(dtype, shape):
+    for piece in torch_save.image(dtype, shape):
         match piece:
-            case zipimage.Literal(data):
+            case zip_image.Literal(data):
                 out.append(("lit", len(blob), len(data)))
                 blob += data
-            case zipimage.Data(nbytes):
+            case zip_image.Data(nbytes):
                 out.append(("buf", at, nbytes))
-            case zipimage.Crc():
+            case zip_image.Crc():
                 out.append(("crc", at, torch.Size(shape).numel() * dtype.itemsize))
     return out
 
