@@ -15,7 +15,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import env_report
+from aegis.master import job_builder
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.ports import Platform
 
@@ -43,6 +43,9 @@ class MasterService:
     ) -> None:
         self.authority, self.nats_url = authority, nats_url
         self.bus, self.store, self.settings = bus, store, settings
+        self.builder = job_builder.JobBuilder(
+            bus, store, settings.job, job_builder.signer_of(authority)
+        )
         self.jobs: dict[tuple[str, str], JobRunner] = {}
         self.tokens: dict[tuple[str, str], str] = {}
         self.grpc_port = 0
@@ -101,18 +104,8 @@ class MasterService:
             raise ValueError(f"job {spec.namespace}/{spec.job} exists")
         token = token or secrets.token_urlsafe(24)
         status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-        runner = JobRunner(
-            spec,
-            status,
-            bus=self.bus,
-            store=self.store,
-            platform=platform,
-            settings=self.settings.job,
-            log_dir=log_dir,
-            signer=self.authority.sign_order if self.authority is not None else None,
-        )
+        runner = self.builder.new(spec, status, platform, log_dir)
         self.jobs[key], self.tokens[key] = runner, token
-        env_report.EnvironmentReport().attach(runner)
         await runner.start(nodes, pod_ips)
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task
