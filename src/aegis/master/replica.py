@@ -50,6 +50,7 @@ from aegis.master import (
     metrics,
     platform_events,
     records,
+    service,
 )
 from aegis.master.job_runner import JobRunner
 from aegis.master.job_settings import AfterPersist, JobSettings, LeadershipLostError, status_key
@@ -133,14 +134,8 @@ class Replica:
         )  # fmt: skip
         self.lease = nats_lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
-        server, self.grpc_port = await grpc_creds.serve(
-            self.authority,
-            self.nats_url,
-            self._lookup,
-            host=self.settings.grpc_host,
-            port=self.settings.grpc_port,
-            ttl_s=self.settings.creds_ttl_s,
-            tls_dir=self.settings.tls_dir,
+        server, self.grpc_port = await service.serve_credentials(
+            self.authority, self.nats_url, self._lookup, self.settings, self.settings.tls_dir
         )
         refresher = asyncio.create_task(self._refresh_records(), name="records")
         try:

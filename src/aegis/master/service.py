@@ -8,11 +8,15 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
+
+from grpc import aio
 
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore
+from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
 from aegis.master import job_builder
@@ -22,6 +26,31 @@ from aegis.master.ports import Platform
 log = logging.getLogger(__name__)
 
 STATUS_BUCKET = "aegis-jobs"
+
+
+class CredsServerSettings(Protocol):
+    """Where a master serves the credentials handshake (``MasterSettings``,
+    ``ReplicaSettings``)."""
+
+    @property
+    def grpc_host(self) -> str: ...
+    @property
+    def grpc_port(self) -> int: ...
+    @property
+    def creds_ttl_s(self) -> float | None: ...
+
+
+async def serve_credentials(
+    authority: Authority | None,
+    nats_url: str,
+    lookup: grpc_creds.Lookup,
+    settings: CredsServerSettings,
+    tls_dir: TlsDir | None = None,
+) -> tuple[aio.Server, int]:
+    """The credentials gRPC server of a master (one, or a replica), and its port."""
+    return await grpc_creds.serve(authority, nats_url, lookup, host=settings.grpc_host,
+                                  port=settings.grpc_port, ttl_s=settings.creds_ttl_s,
+                                  tls_dir=tls_dir)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -66,13 +95,8 @@ class MasterService:
         return service
 
     async def start_grpc(self) -> None:
-        server, port = await grpc_creds.serve(
-            self.authority,
-            self.nats_url,
-            self._lookup,
-            host=self.settings.grpc_host,
-            port=self.settings.grpc_port,
-            ttl_s=self.settings.creds_ttl_s,
+        server, port = await serve_credentials(
+            self.authority, self.nats_url, self._lookup, self.settings
         )
         self._server, self.grpc_port = server, port
         log.info("credentials server on %s:%d", self.settings.grpc_host, port)
