@@ -37,8 +37,9 @@ class Polls:
 
 
 def count_polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
+    """Counts ``KvStore.keys`` calls; ``adopted`` is for the replica's ``adopted`` hook."""
     polls = Polls()
-    keys, adopt = KvStore.keys, Replica._adopt
+    keys = KvStore.keys
 
     async def counted_keys(self: KvStore) -> list[str]:
         task = asyncio.current_task()
@@ -55,13 +56,7 @@ def count_polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
                 polls.first_listed.setdefault(key, index)
         return found
 
-    async def counted_adopt(self: Replica, key: str, epoch: int) -> None:
-        await adopt(self, key, epoch)
-        if key in self.runners:
-            polls.adopted_at.setdefault(key, polls.started["jobs"])
-
     monkeypatch.setattr(KvStore, "keys", counted_keys)
-    monkeypatch.setattr(Replica, "_adopt", counted_adopt)
     return polls
 
 
@@ -99,6 +94,7 @@ async def standalone_master(
     replica = Replica(None, server.url, ReplicaSettings(
         replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=poll_s,
         keep_ended_s=keep_ended_s))  # fmt: skip
+    replica.adopted.append(lambda key: polls.adopted_at.setdefault(key, polls.started["jobs"]))
     task = asyncio.create_task(replica.run(), name="replica")
     bus = await NatsBus.connect(server.url)
     try:

@@ -95,7 +95,7 @@ async def test_a_full_checkpoint_disk_is_reported_training_goes_on_and_persistin
         seen["runner"] = runner
 
     def committed() -> int:
-        return int(seen["runner"].extra.get("committed_step", 0))
+        return int(seen["runner"].notes.committed_step)
 
     job = asyncio.create_task(local_run.run_local(settings, observe=observe))
     try:

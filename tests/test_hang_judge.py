@@ -162,7 +162,7 @@ async def test_a_second_report_of_the_same_pod_and_a_stale_one_are_not_held_twic
 async def test_each_pods_watchdog_choice_reaches_aegis_status(job: Job) -> None:
     said = "30 s (10 x p99 step 0.05 s = 0.5 s, floor 30 s)"
     await job.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(7, said), "job-0/hb")
-    await async_wait_until(lambda: "watchdogs" in job.runner.extra, what="the heartbeat")
+    await async_wait_until(lambda: bool(job.runner.notes.watchdogs), what="the heartbeat")
     job.runner.platform_event(ev.SlowdownReported("a write of the status"))
 
     async def stored() -> bool:

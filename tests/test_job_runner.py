@@ -17,7 +17,7 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
-from aegis.master import metrics
+from aegis.master import inbox, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
@@ -123,22 +123,19 @@ async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
     await runner.start(["node-0", "node-1"])
     task = h.task = asyncio.create_task(runner.run())
     yield h
-    runner.done.set()
-    runner.queue.put_nowait(
-        runner.queue.get_nowait() if not runner.queue.empty() else _noop(runner)
-    )
+    runner.close()
     await asyncio.wait_for(task, 5)
     if server is not None:
         await bus.close()
         await asyncio.to_thread(server.stop)
 
 
-def _noop(runner: JobRunner):  # type: ignore[no-untyped-def]
+def _noop(runner: JobRunner) -> inbox.PlatformInput:
+    """A last event for a job's queue (a test's end)."""
     from aegis.core import events as ev
-    from aegis.master.job_runner import _Platform
     from aegis.wire import eventlog
 
-    return _Platform(ev.QuitRequested("test over"), eventlog.QuitRequestedRecord(ts=0.0))
+    return inbox.PlatformInput(ev.QuitRequested("test over"), eventlog.QuitRequestedRecord(ts=0.0))
 
 
 async def _to_running(h: Harness) -> None:
@@ -266,4 +263,4 @@ async def test_an_observer_that_fails_never_stops_the_job(harness: Harness) -> N
     await harness.settle()
     assert harness.runner.status.phase is Phase.TROUBLESHOOTING  # still deciding
     assert harness.task is not None and not harness.task.done()  # its loop goes on
-    assert harness.runner.observer_failures >= 5
+    assert harness.runner.observers.failures >= 5

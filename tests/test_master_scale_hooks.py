@@ -8,7 +8,7 @@ from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_bus import server_list
 from aegis.core.model import JobSpec, initial_status
 from aegis.core.phases import Phase
-from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.job_runner import Clocks, JobRunner, JobSettings
 from aegis.master.lease import CLUSTER_LEASE_S, SINGLE_SERVER_LEASE_S, LeaseSettings
 from aegis.master.metrics import MasterMetrics
 from aegis.master.ports import NullPlatform
@@ -26,7 +26,7 @@ def _runner(now: float) -> JobRunner:
         platform=NullPlatform(),
         settings=JobSettings(),
         log_dir=None,
-        clock=lambda: now,
+        clocks=Clocks(wall=lambda: now),
     )
 
 

@@ -19,8 +19,8 @@ from aegis.core.incidents import Incident, IncidentTracker
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import control, eventlog_writer, faultlog
-from aegis.master.replica import Replica, ReplicaSettings
+from aegis.master import control, eventlog_writer, faultlog, job_log
+from aegis.master.job_record import JobNotes
 from aegis.tools import joblog
 
 SPEC = JobSpec("demo", "default", 3, 2)
@@ -167,26 +167,25 @@ def test_a_master_keeps_one_replayable_event_log_per_job_it_leads(tmp_path: Path
     begun with its JobCreated line; a log begun for this submission is continued, never begun
     twice; one of an earlier submission of the same name is set aside; a job that ran
     elsewhere before (no beginning here) is not logged at all."""
-    replica = Replica(None, "nats://unused", ReplicaSettings("r", log_dir=tmp_path))
     spec = JobSpec("a", "ns1", 2, 1)
     fresh = initial_status(spec, [NodeName("n0"), NodeName("n1")])
-    record = {"nodes": ["n0", "n1"], "token": "first"}
-    directory = replica._event_log_dir(spec, fresh, record)
+    record = JobNotes(nodes=["n0", "n1"], token="first")
+    directory = job_log.event_log_dir(tmp_path, spec, fresh, record)
     assert directory == tmp_path / "ns1" / "a"
     lines = (directory / "events.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["nodes"] == ["n0", "n1"]
     assert "first" not in (directory / ".submission").read_text()  # a digest, not the token
-    assert replica._event_log_dir(spec, fresh, record) == directory  # a second replica
+    assert job_log.event_log_dir(tmp_path, spec, fresh, record) == directory  # a second replica
     assert len((directory / "events.jsonl").read_text().splitlines()) == 1
     with (directory / "events.jsonl").open("a") as log_file:
         log_file.write('{"more": 1}\n')
-    again = {"nodes": ["n1", "n0"], "token": "second"}  # the same name submitted anew
-    assert replica._event_log_dir(spec, fresh, again) == directory
+    again = JobNotes(nodes=["n1", "n0"], token="second")  # the same name submitted anew
+    assert job_log.event_log_dir(tmp_path, spec, fresh, again) == directory
     assert len((directory / "events.1.jsonl").read_text().splitlines()) == 2  # kept aside
     assert json.loads((directory / "events.jsonl").read_text())["nodes"] == ["n1", "n0"]
     other = JobSpec("b", "ns1", 2, 1)
     midway = dataclasses.replace(initial_status(other, None), seq=3, phase=Phase.RUN_COMMAND)
-    assert replica._event_log_dir(other, midway, {"token": "t"}) is None
+    assert job_log.event_log_dir(tmp_path, other, midway, JobNotes(token="t")) is None
     assert not (tmp_path / "ns1" / "b").exists()
     assert joblog.find_log_dir("a", tmp_path) == directory
     eventlog_writer.start_log(tmp_path / "ns2" / "a", JobSpec("a", "ns2", 1, 0), ["n"], 0.0, "t")

@@ -3,12 +3,13 @@ and what the credentials handshake may hand out for a job."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
-from aegis.master import platform_events, records
+from aegis.master import job_record, platform_events, records
 
 
 @pytest.mark.parametrize(
@@ -28,15 +29,17 @@ def test_a_platforms_event_is_decoded_or_dropped(payload: bytes, event: ev.Event
     assert platform_events.decode(payload) == event
 
 
-RECORD = {"token": "t0k", "status": {"phase": "RunCommand", "pod_infos": {"j-10": {}, "j-2": {}}}}
+RECORD = job_record.JobRecord(
+    spec={}, status={"phase": "RunCommand", "pod_infos": {"j-10": {}, "j-2": {}}}, token="t0k"
+)
 
 
 def test_job_access_comes_from_the_runner_of_a_led_job_and_pods_are_in_rank_order() -> None:
-    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, {"token": "live"})
+    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, "live")
     access = records.job_access("ns", "j", live, RECORD, ended=False)
     assert access is not None
     assert (access.token, access.pods, access.ended) == ("live", ("j-0", "j-1"), False)
-    without = records.Live(["j-0"], Phase.RUN_COMMAND, {})  # the runner has no token: the record's
+    without = records.Live(["j-0"], Phase.RUN_COMMAND, "")  # the runner has no token: the record's
     assert (access := records.job_access("ns", "j", without, RECORD, ended=False)) is not None
     assert access.token == "t0k"
 
@@ -46,7 +49,7 @@ def test_job_access_from_a_record_and_an_ended_job_gets_no_more_credentials() ->
     assert access is not None and access.pods == ("j-2", "j-10") and not access.ended
     assert (gone := records.job_access("ns", "j", None, RECORD, ended=True)) is not None
     assert gone.ended
-    over = {**RECORD, "status": {**RECORD["status"], "phase": "Failed"}}  # type: ignore[dict-item]
+    over = msgspec.structs.replace(RECORD, status={**RECORD.status, "phase": "Failed"})
     assert (failed := records.job_access("ns", "j", None, over, ended=False)) is not None
     assert failed.ended
     assert records.job_access("ns", "j", None, None, ended=False) is None

@@ -9,6 +9,7 @@ from aegis.core.model import JobSpec, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.rendezvous import RendezvousRule
 from aegis.core.stragglers import Straggler
+from aegis.master import job_record
 from aegis.master.round_orders import RoundOrder, round_env, tie_scores
 from aegis.wire import messages as m
 
@@ -42,7 +43,8 @@ def test_a_troubleshooting_round_names_the_hung_pods_and_the_scores() -> None:
 
 def test_an_order_survives_the_record() -> None:
     order = RoundOrder(Order.EXIT, Phase.RESTARTING, 9, ("j-1",), 75, {"A": "b"})
-    assert RoundOrder.from_dict(order.to_dict()) == order
+    record = job_record.build(SPEC, initial_status(SPEC), job_record.JobNotes(), [order])
+    assert job_record.decode(job_record.encode(record)).orders == [order]
 
 
 def test_only_a_named_straggler_of_a_slowdown_round_breaks_a_tie() -> None:

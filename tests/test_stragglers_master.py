@@ -76,7 +76,7 @@ class _Slowed:
 async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) -> None:  # noqa: F811
     await _to_running(harness)
     runner = harness.runner
-    runner.pace = _Slowed()  # type: ignore[assignment]
+    runner.progress.pace = _Slowed()  # type: ignore[assignment]
     runner.stragglers.seq = runner.status.seq
     runner.stragglers.named = stragglers.Straggler("job-1", 0.62, 5, 6)
     await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(7))

@@ -31,7 +31,7 @@ from aegis.adapters.tls import TlsConfigError, TlsDir
 from aegis.cli import pace_options
 from aegis.core import retention
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
-from aegis.master import metrics
+from aegis.master import chaos, metrics
 from aegis.master.drained_nodes import BUCKET as DRAINED_BUCKET
 from aegis.master.drained_nodes import DrainedNodes
 from aegis.master.job_runner import JobSettings
@@ -143,8 +143,6 @@ def master(  # noqa: PLR0913 (a typer command: one parameter per option)
         job=JobSettings(
             heartbeat_timeout_s=heartbeat_timeout_s,
             pace=PaceSettings(pace_window_s, pace_drop),
-            chaos_exit_after_persist=os.environ.get("AEGIS_CHAOS_EXIT_AFTER_PERSIST", ""),
-            chaos_marker=log_dir / ".chaos-done" if log_dir else None,
             rendezvous=_rendezvous_rule(kubernetes, rendezvous_host, rendezvous_port_base),
         ),
         log_dir=log_dir,
@@ -159,7 +157,7 @@ def master(  # noqa: PLR0913 (a typer command: one parameter per option)
         format=f"%(asctime)s {settings.replica_id} %(levelname)s %(name)s: %(message)s",
     )
     lifecycle.die_with_parent(signal.SIGTERM)
-    replica = Replica(authority, nats, settings)
+    replica = Replica(authority, nats, settings, chaos.from_env(os.environ, log_dir))
     if metrics_port:
         replica.metrics = metrics.MasterMetrics()
         replica.metrics.serve(metrics_port, metrics_host)

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -43,6 +43,7 @@ from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master.job_runner import JobRunner
+from aegis.master.remote_platform import RemotePlatform
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,30 @@ async def serve_control(
         await bus.publish(request.reply_to, msgspec.json.encode(reply))
 
     return await bus.subscribe(CONTROL_SUBJECT, on_request)
+
+
+async def serve_leader(
+    bus: Bus, runners: Callable[[], Mapping[str, JobRunner]], drained: NodeBlacklist,
+    log_dir: Path | None,
+) -> Subscription:  # fmt: skip
+    """``aegis ctl`` for a master replica while it leads (a standby would answer "no job"):
+    stop, taint, hang, drain and undrain reach every job it leads (``runners``: by key); the
+    drained nodes' record (``drained``) first, so later jobs learn them, then the job
+    platforms, which carry out node drains. The control file (``control.json`` in
+    ``log_dir``, 0600) holds this replica's credentials."""
+
+    def resolve(namespace: str, job: str) -> JobRunner | None:
+        return runners().get(f"{namespace}.{job}")
+
+    def platforms() -> list[NodeBlacklist]:
+        remote = [r.platform for r in runners().values() if isinstance(r.platform, RemotePlatform)]
+        return [drained, *remote]
+
+    sub = await serve_control(bus, resolve, platforms, lambda: list(runners().values()))
+    target = bus_target(bus, "default", "")
+    if log_dir is not None and target is not None:
+        write_control_file(log_dir / CONTROL_FILE, target)
+    return sub
 
 
 async def request(

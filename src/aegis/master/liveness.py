@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from aegis.core.model import PodName
+from aegis.core.model import JobStatus, PodName
+from aegis.core.phases import Phase
 
 
 @dataclass(slots=True)
@@ -30,6 +31,15 @@ class Liveness:
         for pod in pods:
             self.last_seen[pod] = now
             self.watched.add(pod)
+
+    def taken_over(self, status: JobStatus, now: float) -> None:
+        """A new leader watches every pod that was running (or is done), a full timeout of
+        grace from ``now``; a pod pending or restarting is watched from its ACK."""
+        self.watch_from(
+            (pod for pod, info in status.pod_infos.items()
+             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished),
+            now,
+        )  # fmt: skip
 
     def forget(self, pod: PodName) -> None:
         """Stop watching ``pod`` (it leaves, or is replaced)."""

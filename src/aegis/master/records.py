@@ -3,17 +3,18 @@ JSON, not a job's fields, a name outside the rule): one bad record never breaks 
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from aegis.adapters.grpc.creds import JobAccess
 from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec, JobStatus, check_names
 from aegis.core.phases import TERMINAL_PHASES, Phase
-from aegis.wire import status_json
+from aegis.master import job_record
+from aegis.master.job_settings import LeadershipLostError
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +23,13 @@ class MalformedRecordError(AegisError, ValueError):
     """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
 
 
-def decode_record(raw: bytes) -> tuple[dict[str, Any], JobSpec, JobStatus]:
-    """A stored job record, read; raises ``MalformedRecordError`` for one that is not a job's (a
-    job or namespace name outside the rule included: such a job is never adopted)."""
+def decode_record(raw: bytes) -> tuple[job_record.JobRecord, JobSpec, JobStatus]:
+    """A stored job record, read (``job_record``: records of earlier versions too); raises
+    ``MalformedRecordError`` for one that is not a job's (not JSON, not a job's fields, orders
+    of another shape, a job or namespace name outside the rule: such a job is never adopted)."""
     try:
-        record = json.loads(raw)
-        if not isinstance(record, dict):
-            raise TypeError(f"a JSON {type(record).__name__}, not an object")
-        spec, status = status_json.from_dict(record)
+        record = job_record.decode(raw)
+        spec, status = record.job()
         check_names(spec.namespace, spec.job)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise MalformedRecordError(f"{type(exc).__name__}: {exc}") from None
@@ -73,23 +73,42 @@ class Live:
 
     pods: list[str]
     phase: Phase
-    extra: dict[str, Any]
+    token: str  # "" when the runner has none
 
 
 def job_access(
-    namespace: str, job: str, live: Live | None, record: dict[str, Any] | None, ended: bool
+    namespace: str, job: str, live: Live | None, record: job_record.JobRecord | None, ended: bool
 ) -> JobAccess | None:
     """What the credentials handshake may hand out for the job: from its runner when this
     replica leads it (the token from its record if the runner has none), else from its record;
     None when neither is known. ``ended``: its key is among the ended jobs'."""
     if live is not None:
         pods, phase = live.pods, live.phase.value
-        token = str(live.extra.get("token", record.get("token", "") if record else ""))
+        token = live.token or (record.token if record else "")
     elif record is not None:
-        pods, phase = list(record["status"]["pod_infos"]), str(record["status"]["phase"])
-        token = str(record.get("token", ""))
+        pods, phase = list(record.status["pod_infos"]), str(record.status["phase"])
+        token = record.token
     else:
         return None
     ended = ended or phase in {p.value for p in TERMINAL_PHASES}
     by_rank = tuple(sorted(pods, key=lambda p: int(p.rsplit("-", 1)[-1])))
     return JobAccess(namespace, job, token, by_rank, ended)
+
+
+LoopOutcome = Literal["running", "ended", "deposed", "died"]
+
+
+def loop_outcome(task: asyncio.Task[None] | None) -> LoopOutcome:
+    """How a led job's loop stands: still running (or cancelled: the leader stops it), ended
+    with the job, stopped by a lost lease (the replica goes back to standby), or died of an
+    error (a store timeout through a failover: the job is adopted again from its record)."""
+    if task is None or not task.done() or task.cancelled():
+        return "running"
+    error = task.exception()
+    if error is None:
+        return "ended"
+    if isinstance(error, LeadershipLostError):
+        return "deposed"
+    if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLostError):
+        return "deposed"
+    return "died"

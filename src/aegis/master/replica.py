@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.ports import Subscription
 from aegis.adapters.tls import TlsDir
 from aegis.core import retention
 from aegis.core.model import (
@@ -40,25 +38,25 @@ from aegis.core.model import (
     JobStatus,
     NodeName,
     initial_status,
-    pods_by_rank,
 )
-from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.core.phases import TERMINAL_PHASES
 from aegis.master import (
     control,
     drained_nodes,
-    env_report,
-    eventlog_writer,
     faultlog,
+    job_builder,
+    job_log,
+    job_record,
     metrics,
     platform_events,
     records,
+    service,
 )
-from aegis.master.job_runner import JobRunner, JobSettings, LeadershipLostError, runner_from_record
-from aegis.master.job_runner import status_key as job_key
+from aegis.master.job_runner import JobRunner
+from aegis.master.job_settings import AfterPersist, JobSettings, LeadershipLostError, status_key
 from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.remote_platform import RemotePlatform
 from aegis.master.service import STATUS_BUCKET
-from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +89,24 @@ async def submit_job(
     """Write a new job's first record; the leader picks it up (not one whose name is outside
     the rule, ``core.model.check_names``: that record is skipped and counted as malformed)."""
     status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-    record = status_json.to_dict(spec, status)
-    record.update(orders=[], epoch=0, token=token, nodes=nodes)
-    return await store.put(job_key(spec), json.dumps(record).encode(), expected_revision=None)
+    record = job_record.build(spec, status, job_record.JobNotes(token=token, nodes=list(nodes)))
+    return await store.put(status_key(spec), job_record.encode(record), expected_revision=None)
 
 
 class Replica:
-    def __init__(self, authority: Authority | None, nats_url: str, settings: ReplicaSettings):
+    def __init__(
+        self,
+        authority: Authority | None,
+        nats_url: str,
+        settings: ReplicaSettings,
+        after_persist: AfterPersist | None = None,
+    ) -> None:
+        """``after_persist``: a failover test's hook (``master.chaos``), given to every job."""
         self.authority, self.nats_url, self.settings = authority, nats_url, settings
+        self.after_persist = after_persist
         self.runners: dict[str, JobRunner] = {}
-        self.records: dict[str, dict[str, Any]] = {}
+        self.adopted: list[Callable[[str], None]] = []  # told each key this leader adopts
+        self.records: dict[str, job_record.JobRecord] = {}
         self.finished: dict[str, retention.Ended] = {}  # ended jobs: their keys, no records
         self.removed = 0  # ended jobs' records removed by this replica (leading)
         self.metrics: metrics.MasterMetrics | None = None  # set to serve /metrics
@@ -122,16 +128,14 @@ class Replica:
         )
         self.drained = drained_nodes.DrainedNodes(drained)
         self.platform_events = platform_events.PlatformEvents(self.bus)
+        self.builder = job_builder.JobBuilder(
+            self.bus, self.store, self.settings.job, job_builder.signer_of(self.authority),
+            after_persist=self.after_persist,
+        )  # fmt: skip
         self.lease = nats_lease(self.bus.client, self.settings.replica_id, self.settings.lease)
         await self.lease.open()
-        server, self.grpc_port = await grpc_creds.serve(
-            self.authority,
-            self.nats_url,
-            self._lookup,
-            host=self.settings.grpc_host,
-            port=self.settings.grpc_port,
-            ttl_s=self.settings.creds_ttl_s,
-            tls_dir=self.settings.tls_dir,
+        server, self.grpc_port = await service.serve_credentials(
+            self.authority, self.nats_url, self._lookup, self.settings, self.settings.tls_dir
         )
         refresher = asyncio.create_task(self._refresh_records(), name="records")
         try:
@@ -147,7 +151,9 @@ class Replica:
 
     async def _lead(self, epoch: int) -> None:
         self.leading.set()
-        ctl = await self._serve_control()
+        ctl = await control.serve_leader(
+            self.bus, lambda: self.runners, self.drained, self.settings.log_dir
+        )
         try:
             async with asyncio.TaskGroup() as group:
                 keeper = group.create_task(self.lease.keep(), name="lease")
@@ -160,29 +166,6 @@ class Replica:
             self.leading.clear()
             await ctl.unsubscribe()
             await self._stop_runners()
-
-    async def _serve_control(self) -> Subscription:
-        """``aegis ctl`` for the leader only (a standby would answer "no job"): stop, taint,
-        hang, drain and undrain reach every job it leads; the job platforms carry out node
-        drains. The control file (``control.json`` in ``--log-dir``, 0600) holds this
-        replica's credentials."""
-
-        def resolve(namespace: str, job: str) -> JobRunner | None:
-            return self.runners.get(f"{namespace}.{job}")
-
-        def platforms() -> list[control.NodeBlacklist]:
-            remote = [
-                r.platform for r in self.runners.values() if isinstance(r.platform, RemotePlatform)
-            ]
-            return [self.drained, *remote]  # the record first: later jobs learn it
-
-        sub = await control.serve_control(
-            self.bus, resolve, platforms, lambda: list(self.runners.values())
-        )
-        target = control.bus_target(self.bus, "default", "")
-        if self.settings.log_dir is not None and target is not None:
-            control.write_control_file(self.settings.log_dir / control.CONTROL_FILE, target)
-        return sub
 
     def _fence(self) -> None:
         if not self.lease.held:
@@ -231,46 +214,19 @@ class Replica:
         that returned (the job ended): forget it too, and its subscriptions, so a master that
         serves jobs for days holds only the running ones (the key stays in ``finished``)."""
         for key, runner in list(self.runners.items()):
-            task = runner.task
-            if task is None or not task.done() or task.cancelled():
-                continue
-            error = task.exception()
-            if error is None:
+            outcome = records.loop_outcome(task := runner.task)
+            if outcome == "ended":
                 self._ended(key, runner.revision or 0)
+            elif outcome == "died" and task is not None:
+                log.error("replica %s: job %s loop died (%r): adopting it again",
+                          self.settings.replica_id, key, task.exception())  # fmt: skip
+            if outcome in ("ended", "died"):
                 del self.runners[key]
                 await self._unsubscribe(runner, key)
-                continue
-            if isinstance(error, LeadershipLostError):
-                continue
-            if isinstance(error, BaseExceptionGroup) and error.subgroup(LeadershipLostError):
-                continue
-            log.error("replica %s: job %s loop died (%r): adopting it again",
-                      self.settings.replica_id, key, error)  # fmt: skip
-            del self.runners[key]
-            await self._unsubscribe(runner, key)
 
-    def _event_log_dir(
-        self, spec: JobSpec, status: JobStatus, record: dict[str, Any]
-    ) -> Path | None:
-        """The job's own event log under ``--log-dir``: begun here for a job no one has led
-        yet, continued when it was begun (by the submitter or another replica sharing the
-        directory); none when the job ran elsewhere before (its beginning is not here, and a
-        log that cannot be replayed is worse than none)."""
-        if self.settings.log_dir is None:
-            return None
-        directory = eventlog_writer.job_log_dir(self.settings.log_dir, spec)
-        token = str(record.get("token", ""))
-        if eventlog_writer.belongs_to(directory, token):
-            return directory
-        if status.seq == 0 and status.phase is Phase.PENDING:
-            nodes = record.get("nodes") or [info.node for _, info in pods_by_rank(status)]
-            eventlog_writer.start_log(directory, spec, [str(n) for n in nodes], time.time(), token)
-            return directory
-        log.warning("job %s: led elsewhere before, no event log of it in %s; not logging it",
-                    spec.job, directory)  # fmt: skip
-        return None
-
-    async def _read_job(self, key: str) -> tuple[dict[str, Any], int, JobSpec, JobStatus] | None:
+    async def _read_job(
+        self, key: str
+    ) -> tuple[job_record.JobRecord, int, JobSpec, JobStatus] | None:
         """The job's stored record and revision, read; None when there is none, or when it is
         not a job's (skipped and counted: ``malformed``)."""
         got = await self.store.get(key)
@@ -295,24 +251,9 @@ class Replica:
         self.records[key] = record
         holder: list[JobRunner] = []
         platform = RemotePlatform(self.bus, spec, lambda: holder[0].status.seq, epoch)
-        try:
-            runner = runner_from_record(
-                record,
-                revision,
-                bus=self.bus,
-                store=self.store,
-                platform=platform,
-                settings=self.settings.job,
-                log_dir=self._event_log_dir(spec, status, record),
-                epoch=epoch,
-                fence=self._fence,
-                signer=self.authority.sign_order if self.authority is not None else None,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # e.g. its orders
-            self.malformed.found(
-                key, revision, records.MalformedRecordError(f"{type(exc).__name__}: {exc}")
-            )
-            return
+        log_dir = job_log.event_log_dir(self.settings.log_dir, spec, status, record)
+        runner = self.builder.adopt(record, revision, platform, log_dir, epoch=epoch,
+                                    fence=self._fence)  # fmt: skip
         holder.append(runner)
         self.runners[key] = runner  # from now on a drain reaches it; and one made before:
         drained = await self.drained.load()
@@ -333,10 +274,12 @@ class Replica:
             runner.drain(pods, f"on a drained node ({why})", self.settings.job.drain_deadline_s)
         runner.task = asyncio.create_task(runner.run(), name=f"job:{key}")
         log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
+        for adopted in self.adopted:
+            adopted(key)
 
     def _observe(self, runner: JobRunner) -> None:
-        """The observers of every job it leads: environment report, fault log, metrics."""
-        env_report.EnvironmentReport().attach(runner)
+        """The observers of every job it leads (with the environment report): fault log,
+        metrics."""
         if self.settings.log_dir is not None:  # one faults.jsonl for every job it leads
             path = self.settings.log_dir / "faults.jsonl"
             if self._fault_lines is None:
@@ -429,5 +372,7 @@ class Replica:
                     self.records[key] = record
         live = None
         if runner is not None:
-            live = records.Live(list(runner.status.pod_infos), runner.status.phase, runner.extra)
+            live = records.Live(
+                list(runner.status.pod_infos), runner.status.phase, runner.notes.token
+            )
         return records.job_access(namespace, job, live, record, key in self.finished)

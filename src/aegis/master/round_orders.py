@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from aegis.core import actions as act
 from aegis.core import rendezvous
@@ -21,7 +20,8 @@ TRAINING_ORDERS = (Order.RUN, Order.RESTART)
 
 @dataclass(frozen=True, slots=True)
 class RoundOrder:
-    """An order as published (env materialised), kept with the status for re-sending."""
+    """An order as published (env materialised), kept in the job's record (``job_record``)
+    for re-sending."""
 
     order: Order
     phase: Phase
@@ -29,17 +29,6 @@ class RoundOrder:
     pods: tuple[str, ...] = ()
     exit_code: int = 0
     env: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "order": self.order.value, "phase": self.phase.value, "seq": self.seq,
-            "pods": list(self.pods), "exit_code": self.exit_code, "env": self.env,
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, o: Mapping[str, Any]) -> RoundOrder:
-        return cls(Order(o["order"]), Phase(o["phase"]), o["seq"], tuple(o["pods"]),
-                   o["exit_code"], dict(o["env"]))  # fmt: skip
 
 
 def round_env(

@@ -8,20 +8,49 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
+
+from grpc import aio
 
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore
+from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import env_report
+from aegis.master import job_builder
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.ports import Platform
 
 log = logging.getLogger(__name__)
 
 STATUS_BUCKET = "aegis-jobs"
+
+
+class CredsServerSettings(Protocol):
+    """Where a master serves the credentials handshake (``MasterSettings``,
+    ``ReplicaSettings``)."""
+
+    @property
+    def grpc_host(self) -> str: ...
+    @property
+    def grpc_port(self) -> int: ...
+    @property
+    def creds_ttl_s(self) -> float | None: ...
+
+
+async def serve_credentials(
+    authority: Authority | None,
+    nats_url: str,
+    lookup: grpc_creds.Lookup,
+    settings: CredsServerSettings,
+    tls_dir: TlsDir | None = None,
+) -> tuple[aio.Server, int]:
+    """The credentials gRPC server of a master (one, or a replica), and its port."""
+    return await grpc_creds.serve(authority, nats_url, lookup, host=settings.grpc_host,
+                                  port=settings.grpc_port, ttl_s=settings.creds_ttl_s,
+                                  tls_dir=tls_dir)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -43,6 +72,9 @@ class MasterService:
     ) -> None:
         self.authority, self.nats_url = authority, nats_url
         self.bus, self.store, self.settings = bus, store, settings
+        self.builder = job_builder.JobBuilder(
+            bus, store, settings.job, job_builder.signer_of(authority)
+        )
         self.jobs: dict[tuple[str, str], JobRunner] = {}
         self.tokens: dict[tuple[str, str], str] = {}
         self.grpc_port = 0
@@ -63,13 +95,8 @@ class MasterService:
         return service
 
     async def start_grpc(self) -> None:
-        server, port = await grpc_creds.serve(
-            self.authority,
-            self.nats_url,
-            self._lookup,
-            host=self.settings.grpc_host,
-            port=self.settings.grpc_port,
-            ttl_s=self.settings.creds_ttl_s,
+        server, port = await serve_credentials(
+            self.authority, self.nats_url, self._lookup, self.settings
         )
         self._server, self.grpc_port = server, port
         log.info("credentials server on %s:%d", self.settings.grpc_host, port)
@@ -101,18 +128,8 @@ class MasterService:
             raise ValueError(f"job {spec.namespace}/{spec.job} exists")
         token = token or secrets.token_urlsafe(24)
         status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-        runner = JobRunner(
-            spec,
-            status,
-            bus=self.bus,
-            store=self.store,
-            platform=platform,
-            settings=self.settings.job,
-            log_dir=log_dir,
-            signer=self.authority.sign_order if self.authority is not None else None,
-        )
+        runner = self.builder.new(spec, status, platform, log_dir)
         self.jobs[key], self.tokens[key] = runner, token
-        env_report.EnvironmentReport().attach(runner)
         await runner.start(nodes, pod_ips)
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task

@@ -9,6 +9,7 @@ report in an older log), check results (troubleshooting Finish).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,32 +121,32 @@ def suspect_line(judged: eventlog.HangJudgedRecord, status: JobStatus) -> str:
     return f"{judged.pod} (rank {rank_of(PodName(judged.pod))}, node {node}): {judged.suspect_why}"
 
 
-def detected_by(event: ev.Event) -> str:
-    match event:
-        case ev.PodErrored():
-            return "agent error report"
-        case ev.HangReported():
-            return "hang watchdog (no progress)"
-        case ev.HeartbeatLost():
-            return "heartbeat loss"
-        case ev.PodRestarted():
-            return "platform: pod restarted"
-        case ev.PodFinished(exit_code=code):
-            return f"training exit code {code}"
-        case ev.ChecksReported():
-            return "checks"
-        case ev.CheckpointCommitted():
-            return "slow mark, evicted at a committed checkpoint"
-        case ev.QuitRequested():
-            return "quit requested"
-        case ev.DrainRequested(reason=reason):
-            return f"drain of the node ({reason})"
-        case ev.DrainForced(reason=reason):
-            return f"drain forced: {reason}"
-        case ev.SlowdownReported(reason=reason):
-            return f"pace watch: {reason}"
-        case _:
-            return type(event).__name__
+# What detected an incident, by the event that opened it ({field}: the event's field).
+_DETECTED_BY: dict[type[ev.Event], str] = {
+    ev.PodErrored: "agent error report",
+    ev.HangReported: "hang watchdog (no progress)",
+    ev.HeartbeatLost: "heartbeat loss",
+    ev.PodRestarted: "platform: pod restarted",
+    ev.PodFinished: "training exit code {exit_code}",
+    ev.ChecksReported: "checks",
+    ev.CheckpointCommitted: "slow mark, evicted at a committed checkpoint",
+    ev.QuitRequested: "quit requested",
+    ev.DrainRequested: "drain of the node ({reason})",
+    ev.DrainForced: "drain forced: {reason}",
+    ev.SlowdownReported: "pace watch: {reason}",
+}
+
+
+def detected_by(event: ev.Event, opener: act.Action | None = None) -> str:
+    """``opener``: the action that opened the incident (a commit evicts a pod marked slow, or
+    one whose node is drained)."""
+    drained = isinstance(opener, act.EvictPod) and opener.level is RecoveryLevel.DRAIN
+    if drained and isinstance(event, ev.CheckpointCommitted):
+        return "drain of the node, left at a committed checkpoint"
+    template = _DETECTED_BY.get(type(event))
+    if template is None:
+        return type(event).__name__
+    return template.format(**dataclasses.asdict(event))
 
 
 def decision(action: act.Action) -> Decision | None:
@@ -231,7 +232,7 @@ def _opened(
     info = before.pod_infos.get(PodName(pod)) if pod else None
     reason = getattr(action if action is not None else event, "reason", "")
     return Incident(
-        id=change.opened.id, detected_ts=ts, detected_by=detected_by(event), pod=pod,
+        id=change.opened.id, detected_ts=ts, detected_by=detected_by(event, action), pod=pod,
         node=str(info.node) if info else "", reason=str(reason), phase=phase,
     )  # fmt: skip
 

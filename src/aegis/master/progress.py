@@ -1,0 +1,105 @@
+"""A job's training progress, as the master follows it (no I/O; times are the caller's
+monotonic ``now``): the checkpoints every pod committed and the checkpoint requests
+(``safe_points``), the pace watch (``pace.Pace``) and the straggler scores
+(``pace.StragglerWatch``); and what of it a round's orders carry (the step to resume from, the
+scores of a slowdown's troubleshooting round).
+
+Each method returns what the runner is to do: an event for the core, a status write, an order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from aegis.core import actions as act
+from aegis.core.model import JobSpec, JobStatus, PodName
+from aegis.core.phases import Order, Phase
+from aegis.master import round_orders
+from aegis.master.job_settings import JobSettings
+from aegis.master.pace import Pace, StragglerWatch
+from aegis.master.round_orders import RoundOrder
+from aegis.master.safe_points import RequestSettings, SafePoints
+from aegis.wire import messages as m
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """What a heartbeat's training step told: a slowdown (its reason; None: none), and whether
+    the straggler named changed (the record is written at once)."""
+
+    slowdown: str | None = None
+    named_changed: bool = False
+
+
+class Progress:
+    def __init__(self, job: str, settings: JobSettings, committed_step: int = -1) -> None:
+        requests = RequestSettings(settings.checkpoint_on_slow, settings.checkpoint_lead_s,
+                                   settings.checkpoint_hold_s)  # fmt: skip
+        self.job, self.rule = job, settings.rendezvous
+        self.safe = SafePoints(job, requests, committed_step=committed_step)
+        self.pace = Pace(settings.pace)
+        self.stragglers = StragglerWatch(settings.stragglers)
+
+    def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
+        """``pod`` committed ``step``: the job's new committed step, once per new step every pod
+        committed (None: no new one)."""
+        committed = self.safe.committed(status, pod, step)
+        if committed is not None:
+            self.pace.committed()
+        return committed
+
+    def step_seen(
+        self, status: JobStatus, pod: PodName, seq: int, beat: m.HeartbeatData, now: float
+    ) -> Stepped:
+        """A heartbeat's training step (``beat.step`` set)."""
+        step = beat.step
+        assert step is not None
+        self.safe.step_seen(status, pod, seq, step, now)
+        if seq != status.seq or status.phase is not Phase.RUN_COMMAND:
+            return Stepped()
+        changed = False
+        if beat.step_ts is not None and beat.sent_mono is not None:
+            self.stragglers.step_seen(
+                seq, pod, step, beat.step_ts, beat.sent_mono, now, beat.input_s
+            )
+            changed = self.stragglers.take_named_change()
+        slowed = self.pace.step_seen(seq, pod, step, now)
+        if slowed is not None:
+            nodes = {pod: info.node for pod, info in status.pod_infos.items()}
+            slowed += self.stragglers.naming(nodes)
+            log.warning("job %s: training slowed down: %s", self.job, slowed)
+        return Stepped(slowed, changed)
+
+    def checkpoint_request(self, status: JobStatus, now: float) -> RoundOrder | None:
+        """The checkpoint order of this round, when a pod waits to leave at a checkpoint."""
+        env = self.safe.request(status, now)
+        if env is None:
+            return None
+        return RoundOrder(Order.CHECKPOINT, status.phase, status.seq, (), 0, env)
+
+    def round_order(
+        self,
+        order: act.SendOrder,
+        spec: JobSpec,
+        status: JobStatus,
+        free_port: Callable[[], int],
+        before: Phase,
+        slowdown: bool,
+    ) -> RoundOrder:
+        """``order`` with its environment (``round_orders.round_env``): a training round
+        resumes from the committed step (what was committed beyond it is forgotten), a
+        slowdown's troubleshooting round carries the straggler named."""
+        resume = None
+        if order.order in round_orders.TRAINING_ORDERS:
+            self.safe.rewound()
+            resume = self.safe.resume_step()
+        scores: Mapping[str, float] = round_orders.tie_scores(
+            order.order, before, slowdown, self.stragglers.named
+        )
+        env = round_orders.round_env(order, spec, status, self.rule, free_port,
+                                     scores=scores, resume=resume)  # fmt: skip
+        return RoundOrder(order.order, order.phase, order.seq, order.pods, order.exit_code, env)
