@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -22,7 +22,6 @@ from typing import Protocol
 from aegis.adapters import lifecycle
 from aegis.agent import hang_policy
 from aegis.core import events as ev
-from aegis.core.model import PodName
 from aegis.platforms.process_pods import Pod, ProcessPods
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,6 @@ class LocalPlatform(ProcessPods):
         super().__init__(settings.exit_wait_s, settings.log_dir)
         self.settings = settings
         self.hosts: Hosts = hosts or SharedHost()
-        self.grpc_target = ""
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -117,21 +115,6 @@ class LocalPlatform(ProcessPods):
         if isinstance(event, ev.CheckpointCommitted):
             self.turn_slow()
 
-    def attach(
-        self,
-        sink: Callable[[ev.Event], None],
-        *,
-        namespace: str,
-        job: str,
-        pods: dict[PodName, str],
-        grpc_target: str,
-        token: str,
-    ) -> None:
-        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
-        publisher to the master replicas); ``pods`` is the initial placement."""
-        self._attach(sink, namespace, job, pods, token)
-        self.grpc_target = grpc_target
-
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s", node, reason)
         self.blacklist[node] = reason
@@ -150,7 +133,7 @@ class LocalPlatform(ProcessPods):
         await self.hosts.prepare(state.node)
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
-            "--master", self.grpc_target,
+            "--master", self.master,
             "--namespace", self.namespace, "--job", self.job,
             "--pod", state.name, "--node", state.node,
             "--token-file", str(token_file),

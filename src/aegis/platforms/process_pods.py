@@ -53,6 +53,7 @@ class ProcessPods:
         self.namespace, self.job = "default", ""
         self.initial: dict[PodName, str] = {}
         self.job_token: str | None = None
+        self.master = ""  # the credentials server, as the agents reach it
         self.stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -84,15 +85,21 @@ class ProcessPods:
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def _attach(
+    def attach(
         self,
         sink: Callable[[ev.Event], None],
+        *,
         namespace: str,
         job: str,
         pods: Mapping[PodName, str],
+        master: str,
         token: str,
     ) -> None:
+        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
+        publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
+        HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
+        self.master = master
         self.job_token = token  # each pod gets only its own secret, derived from it
 
     async def launch_all(self) -> None:

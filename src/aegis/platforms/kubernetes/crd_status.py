@@ -22,7 +22,7 @@ from typing import Any
 from aegis.core.model import JobSpec
 from aegis.core.phases import Phase
 from aegis.platforms.kubernetes import manifests
-from aegis.tools import status_summary
+from aegis.wire import job_summary
 
 Body = dict[str, Any]
 
@@ -107,7 +107,7 @@ def cr_status(
     the master waits to see replaced, with the uid of the pod to be replaced; ``drained``: the
     nodes ``aegis ctl drain`` took out of service (the operator keeps pods off them, as off
     the ErrorNodes)."""
-    summary = status_summary.from_record(dict(record))
+    summary = job_summary.from_record(dict(record))
     raw = record["status"]
     pods = {
         name: {k: info[k] for k in _POD_FIELDS if info.get(k) is not None}
@@ -134,7 +134,7 @@ def cr_status(
 
 
 def conditions(
-    summary: status_summary.Summary, previous: Sequence[Mapping[str, Any]], now: str
+    summary: job_summary.Summary, previous: Sequence[Mapping[str, Any]], now: str
 ) -> list[Body]:
     before = {c.get("type"): c for c in previous}
     out = []
@@ -148,7 +148,7 @@ def conditions(
     return out
 
 
-def _wanted(summary: status_summary.Summary) -> list[tuple[str, bool, str]]:
+def _wanted(summary: job_summary.Summary) -> list[tuple[str, bool, str]]:
     phase = summary.phase
     failed_reason = phase.value
     if phase is Phase.FAILED:

@@ -15,11 +15,10 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.platforms.process_pods import Pod, ProcessPods
 from aegis.platforms.slurm import commands
@@ -58,23 +57,6 @@ class SlurmPlatform(ProcessPods):
         self.slurm: commands.SlurmCommands = slurm or commands.SubprocessCommands()
         self.drained: list[tuple[str, str]] = []
         self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
-        self.master = ""
-
-    def attach(
-        self,
-        sink: Callable[[ev.Event], None],
-        *,
-        namespace: str,
-        job: str,
-        pods: Mapping[PodName, str],
-        master: str,
-        token: str,
-    ) -> None:
-        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
-        publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
-        HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
-        self._attach(sink, namespace, job, pods, token)
-        self.master = master
 
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s; draining it in Slurm", node, reason)
