@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -185,3 +186,9 @@ def merge_patch(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> B
         if isinstance(value, dict) and isinstance(old, Mapping):
             patch[name] = {**{k: None for k in old if k not in value}, **value}
     return patch
+
+
+def rfc3339(ts: float) -> str:
+    """A status's time (a condition's ``lastTransitionTime``): RFC 3339, whole seconds, UTC."""
+    moment = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).replace(microsecond=0)
+    return moment.isoformat().replace("+00:00", "Z")
