@@ -16,9 +16,9 @@ from rich.console import Console
 from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
 from aegis.core.model import name_problem
-from aegis.master import control, faultlog, metrics
+from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
-from aegis.platforms import emulated, local_run, replicated_run, run_settings
+from aegis.platforms import emulated, job_files, local_run, replicated_run, run_settings
 from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import LocalPlatform
 
@@ -93,16 +93,7 @@ class RunObservers:
             task.add_done_callback(self._control_done)
 
     async def _control(self, runner: JobRunner, platform: LocalPlatform, log_dir: Path) -> None:
-        spec = runner.spec
-
-        def resolve(namespace: str, job: str) -> JobRunner | None:
-            return runner if (namespace, job) == (spec.namespace, spec.job) else None
-
-        await control.serve_control(runner.bus, resolve, lambda: [platform], lambda: [runner])
-        target = control.bus_target(runner.bus, spec.namespace, spec.job)
-        if target is not None:
-            self.control_file = log_dir / control.CONTROL_FILE
-            control.write_control_file(self.control_file, target)
+        self.control_file = await job_files.serve_control(runner, platform, log_dir)
         assert self.control_ready is not None
         self.control_ready.set()
 

@@ -15,7 +15,7 @@ from aegis.core import events as ev
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.pace import PaceSettings
 from aegis.master.service import MasterService, MasterSettings
-from aegis.platforms import run_settings
+from aegis.platforms import job_files, run_settings
 from aegis.platforms.local import Hosts, LocalPlatform
 from aegis.platforms.master_bootstrap import run_master
 
@@ -72,7 +72,7 @@ async def _run_job(
     runner.listeners.append(lambda r, event, actions: platform.turn_slow_at_commit(event))
     pids_seen = await _until_done(runner, platform, observe)
     if settings.status_file is not None:
-        run_settings.write_status_file(settings.status_file, spec, runner.status)
+        job_files.write_status_file(settings.status_file, spec, runner.status)
     return RunResult(
         spec=spec,
         status=runner.status,

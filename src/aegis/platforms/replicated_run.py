@@ -34,10 +34,10 @@ from aegis.core.rendezvous import RendezvousRule
 from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms import run_settings
+from aegis.platforms import job_files, run_settings
 from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import SLOW, Hosts, LocalPlatform, SharedHost
-from aegis.platforms.run_settings import RunResult, RunSettings, write_status_file
+from aegis.platforms.run_settings import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ class ReplicatedRun:
         finally:
             await self.close()
         if self.settings.status_file is not None:
-            write_status_file(self.settings.status_file, self.spec, status)
+            job_files.write_status_file(self.settings.status_file, self.spec, status)
         return RunResult(
             spec=self.spec,
             status=status,

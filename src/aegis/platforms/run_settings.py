@@ -1,13 +1,12 @@
 """What an ``aegis run`` is asked (``RunSettings``), what it is built of (the job's spec, the
-local platform's settings, the hosts its pods live on) and what it ends with (``RunResult``, the
-status file): shared by the in-process run (``local_run``) and the replicated one
-(``replicated_run``), which import neither each other nor anything but this for it. Which of
-the two runs a job is the command line's choice (``cli.run_cmd``)."""
+local platform's settings, the hosts its pods live on) and what it ends with (``RunResult``):
+shared by the in-process run (``local_run``) and the replicated one (``replicated_run``), which
+import neither each other nor anything but this for it. Which of the two runs a job is the
+command line's choice (``cli.run_cmd``)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,6 @@ from aegis.core.phases import Phase
 from aegis.core.rendezvous import RendezvousRule
 from aegis.platforms import emulated
 from aegis.platforms.local import Hosts, LocalSettings, SharedHost
-from aegis.wire import status_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +120,3 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.status.phase is Phase.SUCCEED else 1
-
-
-def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")
