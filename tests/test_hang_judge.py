@@ -23,8 +23,8 @@ from aegis.master import control, metrics
 from aegis.master.hang_judge import GatherSettings
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.master.ports import NullPlatform
-from aegis.tools import incidents, replay, status_summary
-from aegis.wire import codec
+from aegis.tools import incidents, replay
+from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
 from tests.agent_waits import async_wait_until, async_wait_until_async
 from tests.test_job_runner import healthy
@@ -173,7 +173,7 @@ async def test_each_pods_watchdog_choice_reaches_aegis_status(job: Job) -> None:
     got = await job.runner.store.get(status_key(job.runner.spec))
     assert got is not None
     record = json.loads(got[0])
-    summary = status_summary.from_record(record)
+    summary = job_summary.from_record(record)
     assert [row.watchdog for row in summary.pods] == [said, "", ""]
     table = status_cmd.pod_table(summary)
     assert [c.header for c in table.columns][-1] == "hang watchdog"

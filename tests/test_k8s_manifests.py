@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import stat
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import nats.errors
 import pytest
 import yaml
 
+from aegis.adapters import nats_auth
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
@@ -218,10 +220,15 @@ def _mounted_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> 
     raise AssertionError(f"{path} is on no volume")
 
 
-def test_the_masters_load_the_keys_aegis_auth_init_makes(tmp_path: Path) -> None:
+def test_the_masters_load_the_keys_aegis_auth_init_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from aegis.cli import auth_cmd
     from aegis.cli.main import main
 
+    # The account JWT in the server config carries its issue time, to the second: the config
+    # written and the one made again below must be issued in the same second to compare equal.
+    monkeypatch.setattr(nats_auth, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.0))
     pod = _deployed()[("Deployment", "aegis-master")]["spec"]["template"]["spec"]
     master = pod["containers"][0]
     argv = master["command"]

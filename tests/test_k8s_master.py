@@ -32,7 +32,7 @@ from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms.kubernetes import cluster, crd_status, manifests, master_side
+from aegis.platforms.kubernetes import cluster, manifests, master_side
 from aegis.wire import codec
 from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
@@ -102,10 +102,11 @@ def scheduled(rank: int, node: str, uid: str, created: str) -> dict[str, Any]:
     return pod
 
 
-@pytest.fixture
-async def k8s(
+@contextlib.asynccontextmanager
+async def running(
     kmock: kmock.KubernetesEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Cluster]:
+    """The cluster, a NATS server, a master replica leading and its Kubernetes side."""
     k8s_emulator.use_kubeconfig(kmock, tmp_path, monkeypatch)
     k8s_emulator.declare(kmock)
     server = EmbeddedNats(None)
@@ -136,6 +137,14 @@ async def k8s(
         await asyncio.to_thread(server.stop)
 
 
+@pytest.fixture
+async def k8s(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Cluster]:
+    async with running(kmock, tmp_path, monkeypatch) as found:
+        yield found
+
+
 async def post_job(k8s: Cluster) -> None:
     """What the user and the operator leave: the AegisJob, its token Secret, two pods placed."""
     body = job_body(replicas=2)
@@ -149,9 +158,8 @@ async def post_job(k8s: Cluster) -> None:
         await k8s.emulator.post(k8s_emulator.PODS, json=pod)
 
 
-async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_replacement(
-    k8s: Cluster,
-) -> None:
+async def adopted(k8s: Cluster) -> dict[str, Any]:
+    """The job posted, adopted by the leader and mirrored as Pending; returns its record."""
     await post_job(k8s)
 
     async def led() -> bool:
@@ -178,7 +186,13 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
         ("Running", "Recovering", "Succeeded", "Failed"), "False"
     )
     assert status["pod_infos"]["train-1"]["node"] == "node-b"
+    return record
 
+
+async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_replacement(
+    k8s: Cluster,
+) -> None:
+    record = await adopted(k8s)
     # train-1's agent ACKs, then falls silent: the master wants a replacement.
     ack = m.Message(job="train", namespace="ml", pod="train-1", type=m.MessageType.ACK,
                     phase=Phase.PENDING, seq=record["status"]["seq"], ts=time.time(),
@@ -232,152 +246,6 @@ async def start_job(k8s: Cluster) -> None:
         return k8s.status().get("phase") == "Pending"
 
     await until(mirrored, "the job adopted and its status mirrored")
-
-
-async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_by_undrain(
-    k8s: Cluster,
-) -> None:
-    for node in ("node-a", "node-b", "node-c", "node-z", "node-y"):
-        await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": node}})
-    admin_cordoned = {"metadata": {"name": "node-y"}, "spec": {"unschedulable": True}}
-    await k8s.emulator.patch(f"{k8s_emulator.NODES}/node-y", json=admin_cordoned)
-    await start_job(k8s)
-
-    reply = await k8s.ctl("drain", "node-z")
-    assert reply == control.ControlReply(True, "drained node-z: no pod runs there, nothing to move")
-
-    def drained() -> dict[str, crd_status.DrainedNode]:
-        return crd_status.drained_nodes(k8s.status())
-
-    def recorded(node: str) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            return node in drained()
-
-        return check
-
-    await until(recorded("node-z"), "node-z in the AegisJob's drained_nodes")
-    assert drained()["node-z"].reason == "bios update" and drained()["node-z"].cordoned
-    assert k8s.cordoned("node-z")
-    assert k8s.status()["error_nodes"] == [] and k8s.status()["recover_count"] == 0
-    # What the operator places next avoids the drained node.
-    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
-    assert (
-        replacement["spec"]["affinity"]["nodeAffinity"]
-        == manifests.avoid_nodes(["node-z"])["nodeAffinity"]
-    )
-
-    # A node the administrator had cordoned is recorded, but not Aegis's to uncordon.
-    assert (await k8s.ctl("drain", "node-y")).ok
-    await until(recorded("node-y"), "node-y in the AegisJob's drained_nodes")
-    assert not drained()["node-y"].cordoned and k8s.cordoned("node-y")
-
-    assert k8s.marked("node-z") and not k8s.marked("node-y")
-    # A node the side cannot cordon (here: no such node) is still listed.
-    assert (await k8s.ctl("drain", "node-q")).ok
-    await until(recorded("node-q"), "node-q in the AegisJob's drained_nodes")
-    assert not drained()["node-q"].cordoned
-    assert (await k8s.ctl("undrain", "node-q")).ok
-
-    # A new leader's side applies the same record: node-z is known as Aegis's cordon.
-    record = drained_nodes.DrainedNodes(await KvStore.open(k8s.bus, drained_nodes.BUCKET))
-    settings = master_side.KubernetesSettings(cordon=True)
-    fresh = master_side.KubernetesSide(k8s.api, k8s.bus, k8s.store, settings, drained=record)
-    await fresh.sync_once()
-    assert {n: d.cordoned for n, d in fresh.drained.items()} == {"node-y": False, "node-z": True}
-    await fresh._end_term()
-
-    reply = await k8s.ctl("undrain", "node-z")
-    assert reply.ok, reply.message
-    assert (await k8s.ctl("undrain", "node-y")).ok
-
-    async def released() -> bool:
-        return drained() == {} and not k8s.cordoned("node-z")
-
-    await until(released, "node-z undrained and uncordoned")
-    assert k8s.cordoned("node-y")  # still the administrator's
-    assert not k8s.marked("node-z")
-
-
-async def test_a_drain_and_undrain_with_no_job_running_still_cordon_and_uncordon(
-    k8s: Cluster,
-) -> None:
-    """No AegisJob at all: the control reaches no job platform, the side applies the record."""
-    await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": "node-z"}})
-    assert (await k8s.ctl("drain", "node-z")).ok
-
-    async def cordoned() -> bool:
-        return k8s.cordoned("node-z") and k8s.marked("node-z")
-
-    await until(cordoned, "node-z cordoned by Aegis")
-    assert (await k8s.ctl("undrain", "node-z")).ok
-
-    async def uncordoned() -> bool:
-        return not k8s.cordoned("node-z")
-
-    await until(uncordoned, "node-z uncordoned")
-
-
-async def says(k8s: Cluster, pod: str, kind: m.MessageType, phase: Phase, seq: int,
-               data: Any) -> None:  # fmt: skip
-    """What ``pod``'s agent would publish."""
-    msg = m.Message(job="train", namespace="ml", pod=pod, type=kind, phase=phase, seq=seq,
-                    ts=time.time(), data=data, id=f"{pod}-{time.monotonic()}")  # fmt: skip
-    await k8s.bus.publish(worker_subject(job_subject_prefix("ml", "train"), pod), codec.encode(msg))
-
-
-async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: Cluster) -> None:
-    """The pod of a drained node leaves when the bootcheck round resolves (training is not
-    running: nothing to checkpoint); the operator's replacement avoids the node; no fault."""
-    for node in ("node-a", "node-b", "node-c"):
-        await k8s.emulator.post(k8s_emulator.NODES, json={"metadata": {"name": node}})
-    await start_job(k8s)
-    pods = {"train-0": "node-a", "train-1": "node-b"}
-
-    async def beating() -> None:
-        while True:
-            for pod in pods:
-                await says(k8s, pod, m.MessageType.HEARTBEAT, Phase.PENDING, 0, m.HeartbeatData())
-            await asyncio.sleep(0.2)
-
-    heartbeats = asyncio.create_task(beating())
-    try:
-        reply = await k8s.ctl("drain", "node-b")
-        assert reply.ok and "train-1" in reply.message, reply.message
-        for pod, node in pods.items():
-            await says(k8s, pod, m.MessageType.ACK, Phase.PENDING, 0, m.AckData(node=node))
-
-        async def bootchecking() -> bool:
-            return k8s.status().get("phase") == "BootChecking"
-
-        await until(bootchecking, "the bootcheck round")
-        passed = m.ChecksData(m.CheckResponse([]))
-        for pod in pods:
-            await says(k8s, pod, m.MessageType.FINISH, Phase.BOOT_CHECKING, 1, passed)
-
-        async def replacing() -> bool:
-            return k8s.status().get("replacing") == {"train-1": "u1"}
-
-        await until(replacing, "train-1 listed for replacement")
-    finally:
-        heartbeats.cancel()
-    status = k8s.status()
-    assert status["recover_count"] == 0 and status["error_nodes"] == []
-    assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
-    assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
-    assert k8s.cordoned("node-b")
-    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
-    assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
-
-    await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
-
-    async def moved() -> bool:
-        status = k8s.status()
-        return status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
-
-    await until(moved, "train-1 on node-c")
-    assert k8s.status()["recover_count"] == 0
 
 
 def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:

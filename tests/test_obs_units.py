@@ -212,7 +212,7 @@ def test_status_prints_a_reason_with_brackets_as_it_is_not_as_markup() -> None:
     # A dying reason carries the traceback's last line; gloo's ends in "[/path/pair.cc:537]", which
     # rich read as a closing tag and `aegis status` exited 1 (a CI run on record).
     from aegis.cli import render, status_cmd
-    from aegis.tools.status_summary import PodRow, Summary
+    from aegis.wire.job_summary import PodRow, Summary
 
     reason = "exit 1: RuntimeError: Connection closed by peer [/__w/gloo/tcp/pair.cc:537] [bold]x"
     pods = (PodRow("j-0", "node-0", "Running", 1, reason, watchdog="[red]300 s"),)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from aegis.cli import main as cli
-from aegis.tools import follow, replay
+from aegis.platforms import follow
+from aegis.tools import replay
 from aegis.wire import eventlog
 
 TRACE = Path(__file__).parent.parent / "examples" / "traces" / "seed-worked-example.jsonl"

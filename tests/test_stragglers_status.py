@@ -21,7 +21,7 @@ from aegis.core import stragglers
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
-from aegis.tools import status_summary
+from aegis.wire import job_summary
 from aegis.wire import messages as m
 from tests.agent_waits import async_wait_until_async
 from tests.test_job_runner import Harness, RecordingPlatform, _noop, healthy
@@ -90,7 +90,7 @@ async def test_the_straggler_named_reaches_aegis_status_without_another_event(
 
     await async_wait_until_async(beats, 30.0, "the straggler named in the stored record")
     record = await _record(three)
-    summary = status_summary.from_record(record)
+    summary = job_summary.from_record(record)
     assert summary.straggler.startswith("node-2 (pod job-2, "), summary.straggler
     assert "later into its forward" in summary.straggler
     scores = {row.node: row.straggler_score for row in summary.pods}
@@ -108,13 +108,13 @@ async def test_the_straggler_named_reaches_aegis_status_without_another_event(
 
 
 def test_a_record_without_scores_shows_none_and_a_malformed_one_is_an_error() -> None:
-    assert status_summary.straggler_scores(None) is None
-    parsed = status_summary.straggler_scores({"scores": {"p-0": 0.5}, "named": "p-0", "why": "w"})
-    assert parsed == status_summary.StragglerScores({"p-0": 0.5}, "p-0", "w")
+    assert job_summary.straggler_scores(None) is None
+    parsed = job_summary.straggler_scores({"scores": {"p-0": 0.5}, "named": "p-0", "why": "w"})
+    assert parsed == job_summary.StragglerScores({"p-0": 0.5}, "p-0", "w")
     with pytest.raises(ValueError, match="stragglers: expected"):
-        status_summary.straggler_scores([1, 2])
+        job_summary.straggler_scores([1, 2])
     with pytest.raises(ValueError, match="not a number"):
-        status_summary.straggler_scores({"scores": {"p-0": "fast"}})
-    row = status_summary.PodRow("p-0", "n-0", "Running", 0, "")
-    summary = status_summary.Summary("j", Phase.RUN_COMMAND, 3, 0, 0, False, (), (row,), {})
+        job_summary.straggler_scores({"scores": {"p-0": "fast"}})
+    row = job_summary.PodRow("p-0", "n-0", "Running", 0, "")
+    summary = job_summary.Summary("j", Phase.RUN_COMMAND, 3, 0, 0, False, (), (row,), {})
     assert [c.header for c in status_cmd.pod_table(summary).columns][-1] == "last failure"

@@ -30,97 +30,111 @@ def parse_master(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+# The options of ``aegis agent``, one alias each, so the command's function stays short.
+Cmd = Annotated[list[str], typer.Argument(help="The command; one string runs under 'bash -c'.")]
+Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL on stop.")]
+HangTimeout = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="Report a hang after this long without progress; 0: off; default: "
+        "calibrated from the run (10 x p99 step within 30..600 s; no step signal: "
+        "60 s with no output and no CPU).",
+    ),
+]
+Master = Annotated[str | None, typer.Option(help="The master, HOST:PORT.")]
+Job = Annotated[str | None, typer.Option(help="This pod's job.")]
+Pod = Annotated[str | None, typer.Option(help="This pod's name.")]
+TokenFile = Annotated[str | None, typer.Option(help="The bootstrap token file.")]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(
+        help="Speak TLS to the master and NATS, trusting this CA certificate only "
+        "(ca.crt of the master's --tls-dir)."
+    ),
+]
+Namespace = Annotated[str, typer.Option(help="This pod's job namespace.")]
+Node = Annotated[str, typer.Option(envvar="AEGIS_NODE", help="The node this pod runs on.")]
+Heartbeat = Annotated[
+    float, typer.Option(min=0.05, help="Seconds between heartbeats to the master.")
+]
+ConnectTimeout = Annotated[
+    float, typer.Option(min=0, help="Run independently when the master is silent this long.")
+]
+SignatureFile = Annotated[
+    Path | None, typer.Option("--signatures", help="A TOML file of extra log signatures.")
+]
+KeepLines = Annotated[int, typer.Option(min=1, help="Last output lines kept as evidence.")]
+Prewarm = Annotated[
+    str | None,
+    typer.Option(
+        envvar=warm.ENV_VAR,
+        help="Restart a Python command warm from a zygote that imported these modules "
+        "('torch,numpy'); 'auto' (default): the script's imports and the native packages of "
+        "its first run; '0': cold restarts. Only under --master (restarts come from it).",
+    ),
+]
+NoPrewarm = Annotated[
+    bool, typer.Option("--no-prewarm", help="Cold restarts (same as --prewarm 0).")
+]
+
+
 def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
-    cmd: Annotated[list[str], typer.Argument(help="The command; one string runs under 'bash -c'.")],
-    grace_s: Annotated[
-        float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL on stop.")
-    ] = 10.0,
-    hang_timeout_s: Annotated[
-        float | None,
-        typer.Option(
-            min=0,
-            help="Report a hang after this long without progress; 0: off; default: "
-            "calibrated from the run (10 x p99 step within 30..600 s; no step signal: "
-            "60 s with no output and no CPU).",
-        ),
-    ] = None,
-    master: Annotated[str | None, typer.Option(help="The master, HOST:PORT.")] = None,
-    job: Annotated[str | None, typer.Option(help="This pod's job.")] = None,
-    pod: Annotated[str | None, typer.Option(help="This pod's name.")] = None,
-    token_file: Annotated[str | None, typer.Option(help="The bootstrap token file.")] = None,
-    tls_ca: Annotated[
-        Path | None,
-        typer.Option(
-            help="Speak TLS to the master and NATS, trusting this CA certificate only "
-            "(ca.crt of the master's --tls-dir)."
-        ),
-    ] = None,
-    namespace: Annotated[str, typer.Option(help="This pod's job namespace.")] = "default",
-    node: Annotated[str, typer.Option(envvar="AEGIS_NODE", help="The node this pod runs on.")] = "",
-    heartbeat_s: Annotated[
-        float, typer.Option(min=0.05, help="Seconds between heartbeats to the master.")
-    ] = 1.0,
-    connect_timeout_s: Annotated[
-        float, typer.Option(min=0, help="Run independently when the master is silent this long.")
-    ] = 10.0,
-    signature_file: Annotated[
-        Path | None, typer.Option("--signatures", help="A TOML file of extra log signatures.")
-    ] = None,
-    keep_lines: Annotated[
-        int, typer.Option(min=1, help="Last output lines kept as evidence.")
-    ] = 50,
-    prewarm: Annotated[
-        str | None,
-        typer.Option(
-            envvar=warm.ENV_VAR,
-            help="Restart a Python command warm from a zygote that imported these modules "
-            "('torch,numpy'); 'auto' (default): the script's imports and the native packages of "
-            "its first run; '0': cold restarts. Only under --master (restarts come from it).",
-        ),
-    ] = None,
-    no_prewarm: Annotated[
-        bool, typer.Option("--no-prewarm", help="Cold restarts (same as --prewarm 0).")
-    ] = False,
+    cmd: Cmd,
+    grace_s: Grace = 10.0,
+    hang_timeout_s: HangTimeout = None,
+    master: Master = None,
+    job: Job = None,
+    pod: Pod = None,
+    token_file: TokenFile = None,
+    tls_ca: TlsCa = None,
+    namespace: Namespace = "default",
+    node: Node = "",
+    heartbeat_s: Heartbeat = 1.0,
+    connect_timeout_s: ConnectTimeout = 10.0,
+    signature_file: SignatureFile = None,
+    keep_lines: KeepLines = 50,
+    prewarm: Prewarm = None,
+    no_prewarm: NoPrewarm = False,
 ) -> None:
     """Run CMD like tini (own process group, signals forwarded, zombies reaped, its exit status)."""
     argv = ["bash", "-c", cmd[0]] if len(cmd) == 1 else list(cmd)
-    table = signatures.DEFAULT_SIGNATURES
-    if signature_file is not None:
-        try:
-            table = signatures.load(signature_file)
-        except signatures.SignatureConfigError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--signatures") from exc
-    master_settings = None
+    table = _signatures(signature_file)
     if tls_ca is not None:
         try:
             tls.check_ca(tls_ca)
         except tls.TlsConfigError as exc:
             raise typer.BadParameter(str(exc), param_hint="--tls-ca") from None
+    master_settings = None
     if master is not None:
         host, port = parse_master(master)
         master_settings = runner.MasterAddress(
-            host,
-            port,
-            job,
-            pod,
-            token_file,
-            connect_timeout_s=connect_timeout_s,
-            namespace=namespace,
-            node=node,
-            heartbeat_s=heartbeat_s,
-            tls_ca=tls_ca,
-        )
+            host, port, job, pod, token_file, connect_timeout_s=connect_timeout_s,
+            namespace=namespace, node=node, heartbeat_s=heartbeat_s, tls_ca=tls_ca,
+        )  # fmt: skip
     settings = runner.AgentSettings(
         supervisor=supervisor.SupervisorSettings(
-            grace_s=grace_s,
-            hang_timeout_s=hang_timeout_s,
-            keep_lines=keep_lines,
-            signatures=table,
-            foreground=True,
+            grace_s=grace_s, hang_timeout_s=hang_timeout_s, keep_lines=keep_lines,
+            signatures=table, foreground=True,
             prewarm=None if no_prewarm or master is None else warm.settings_from(prewarm),
         ),
         master=master_settings,
-    )
+    )  # fmt: skip
+    _log_to_stderr()
+    raise typer.Exit(runner.main(settings, argv))
+
+
+def _signatures(signature_file: Path | None) -> tuple[signatures.Signature, ...]:
+    """The log signatures: the defaults, or ``--signatures``'s (a usage error when bad)."""
+    if signature_file is None:
+        return signatures.DEFAULT_SIGNATURES
+    try:
+        return signatures.load(signature_file)
+    except signatures.SignatureConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--signatures") from exc
+
+
+def _log_to_stderr() -> None:
     if not logging.getLogger().handlers:
         level = os.environ.get(LOG_LEVEL_VAR, "")  # e.g. INFO: timestamped, for benchmarks
         logging.basicConfig(
@@ -128,4 +142,3 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
             level=level.upper() or logging.WARNING,
             format=f"aegis agent: {'%(asctime)s ' if level else ''}%(message)s",
         )
-    raise typer.Exit(runner.main(settings, argv))

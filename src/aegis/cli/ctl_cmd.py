@@ -26,6 +26,8 @@ ctl_app = typer.Typer(help="Operator controls of a running master.", no_args_is_
 LogDir = Annotated[Path | None, typer.Option(help="Log directory of an aegis run.")]
 CtlFile = Annotated[Path | None, typer.Option(help="The control file (default $AEGIS_CTL_FILE).")]
 Timeout = Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the master.")]
+Namespace = Annotated[str | None, typer.Option(help="Default: the control file's.")]
+Nodes = Annotated[list[str], typer.Argument(help="One or more nodes.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -129,7 +131,7 @@ def _run(
 def stop(
     job: Annotated[str, typer.Argument(help="Job name.")],
     reason: Annotated[str, typer.Option(help="Recorded as the quit reason.")] = "stopped by user",
-    namespace: Annotated[str | None, typer.Option(help="Default: the control file's.")] = None,
+    namespace: Namespace = None,
     log_dir: LogDir = None,
     ctl_file: CtlFile = None,
     timeout_s: Timeout = 10.0,
@@ -141,7 +143,7 @@ def stop(
 
 @ctl_app.command("taint")
 def taint(
-    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    nodes: Nodes,
     reason: Annotated[str, typer.Option(help="Why (kept with the blacklist entry).")],
     log_dir: LogDir = None,
     ctl_file: CtlFile = None,
@@ -154,7 +156,7 @@ def taint(
 
 @ctl_app.command("untaint")
 def untaint(
-    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    nodes: Nodes,
     log_dir: LogDir = None,
     ctl_file: CtlFile = None,
     timeout_s: Timeout = 10.0,
@@ -167,7 +169,7 @@ def untaint(
 @ctl_app.command("hang")
 def hang(
     pod: Annotated[str, typer.Argument(help="Pod name (<job>-<rank>).")],
-    namespace: Annotated[str | None, typer.Option(help="Default: the control file's.")] = None,
+    namespace: Namespace = None,
     log_dir: LogDir = None,
     ctl_file: CtlFile = None,
     timeout_s: Timeout = 10.0,
@@ -187,7 +189,7 @@ def _check_nodes(nodes: list[str]) -> None:
 
 @ctl_app.command("drain")
 def drain(
-    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    nodes: Nodes,
     reason: Annotated[str, typer.Option(help="Why (kept with the node).")] = "maintenance",
     deadline_s: Annotated[
         float, typer.Option(min=0.0, help="Seconds to wait for the checkpoint's commit.")
@@ -206,7 +208,7 @@ def drain(
 
 @ctl_app.command("undrain")
 def undrain(
-    nodes: Annotated[list[str], typer.Argument(help="One or more nodes.")],
+    nodes: Nodes,
     log_dir: LogDir = None,
     ctl_file: CtlFile = None,
     timeout_s: Timeout = 10.0,

@@ -45,134 +45,162 @@ def register(app: typer.Typer) -> None:
     app.command("master")(master)
 
 
-def master(  # noqa: PLR0913 (a typer command: one parameter per option)
-    nats: Annotated[
-        str, typer.Option(help="The NATS server URL (a cluster: every server, comma-separated).")
-    ],
-    auth_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="The operator/account keys shared by all replicas (0600; `aegis auth init`)."
-        ),
-    ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            help="Run without --auth-file: NATS without authentication (a trusted network only)."
-        ),
-    ] = False,
-    tls_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="tls.crt and tls.key: the credentials server speaks TLS only; ca.crt (if "
-            "there): the CA the NATS server's certificate must be signed by."
-        ),
-    ] = None,
-    grpc_port: Annotated[int, typer.Option(min=0, max=65535, help="Credentials server.")] = 0,
-    grpc_host: Annotated[str, typer.Option(help="Address the credentials server binds.")] = (
-        "127.0.0.1"
+# The options of ``aegis master``, one alias each, so the command's function stays short.
+Nats = Annotated[
+    str, typer.Option(help="The NATS server URL (a cluster: every server, comma-separated).")
+]
+AuthFile = Annotated[
+    Path | None,
+    typer.Option(
+        help="The operator/account keys shared by all replicas (0600; `aegis auth init`)."
     ),
-    replica_id: Annotated[str | None, typer.Option(help="Default: host:pid.")] = None,
-    lease_s: Annotated[
-        float | None,
-        typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
-    ] = None,
-    heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+]
+Insecure = Annotated[
+    bool,
+    typer.Option(
+        help="Run without --auth-file: NATS without authentication (a trusted network only)."
+    ),
+]
+TlsDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="tls.crt and tls.key: the credentials server speaks TLS only; ca.crt (if "
+        "there): the CA the NATS server's certificate must be signed by."
+    ),
+]
+GrpcPort = Annotated[int, typer.Option(min=0, max=65535, help="Credentials server.")]
+GrpcHost = Annotated[str, typer.Option(help="Address the credentials server binds.")]
+ReplicaId = Annotated[str | None, typer.Option(help="Default: host:pid.")]
+LeaseS = Annotated[
+    float | None,
+    typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
+]
+HeartbeatTimeout = Annotated[float, typer.Option(min=0.5)]
+LogDir = Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")]
+Replicas = Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")]
+MetricsPort = Annotated[
+    int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (0: off).")
+]
+MetricsHost = Annotated[
+    str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
+]
+Kubernetes = Annotated[
+    bool,
+    typer.Option(
+        help="Learn jobs from AegisJobs, and from the PyTorchJobs/JobSets whose pods the "
+        "admission webhook wraps; write their status back."
+    ),
+]
+RendezvousPortBase = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=63535,
+        help="Rounds meet on rank 0's pod, port BASE + 2*(round % 1000) of the range each "
+        "pod's host owns (0: a port free on this host, only when every pod shares it).",
+    ),
+]
+RendezvousHost = Annotated[
+    str | None,
+    typer.Option(
+        help="Where rounds meet while rank 0's pod address is unknown ({job} and "
+        "{namespace} filled in). Default: rank 0's headless service with --kubernetes, "
+        "else 127.0.0.1.",
+    ),
+]
+K8sNamespace = Annotated[
+    list[str] | None,
+    typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
+]
+KeepEnded = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="How long an ended job's record stays in the store (for `aegis status "
+        "--nats`) before the leader removes it (0: kept forever; default a week).",
+    ),
+]
+CordonDrained = Annotated[
+    bool,
+    typer.Option(
+        help="With --kubernetes: cordon a node `aegis ctl drain` drains "
+        "(needs the right to patch nodes)."
+    ),
+]
+
+
+def master(  # noqa: PLR0913 (a typer command: one parameter per option)
+    nats: Nats,
+    auth_file: AuthFile = None,
+    insecure: Insecure = False,
+    tls_dir: TlsDirOption = None,
+    grpc_port: GrpcPort = 0,
+    grpc_host: GrpcHost = "127.0.0.1",
+    replica_id: ReplicaId = None,
+    lease_s: LeaseS = None,
+    heartbeat_timeout_s: HeartbeatTimeout = 5.0,
     pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
     pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
-    log_dir: Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")] = None,
-    replicas: Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")] = 1,
-    metrics_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (0: off).")
-    ] = 0,
-    metrics_host: Annotated[
-        str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
-    ] = "127.0.0.1",
-    kubernetes: Annotated[
-        bool,
-        typer.Option(
-            help="Learn jobs from AegisJobs, and from the PyTorchJobs/JobSets whose pods the "
-            "admission webhook wraps; write their status back."
-        ),
-    ] = False,
-    rendezvous_port_base: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=63535,
-            help="Rounds meet on rank 0's pod, port BASE + 2*(round % 1000) of the range each "
-            "pod's host owns (0: a port free on this host, only when every pod shares it).",
-        ),
-    ] = TORCH_PORT,
-    rendezvous_host: Annotated[
-        str | None,
-        typer.Option(
-            help="Where rounds meet while rank 0's pod address is unknown ({job} and "
-            "{namespace} filled in). Default: rank 0's headless service with --kubernetes, "
-            "else 127.0.0.1.",
-        ),
-    ] = None,
-    k8s_namespace: Annotated[
-        list[str] | None,
-        typer.Option(help="With --kubernetes: watch these namespaces (default: all)."),
-    ] = None,
-    keep_ended_s: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="How long an ended job's record stays in the store (for `aegis status "
-            "--nats`) before the leader removes it (0: kept forever; default a week).",
-        ),
-    ] = retention.KEEP_ENDED_S,
-    cordon_drained: Annotated[
-        bool,
-        typer.Option(
-            help="With --kubernetes: cordon a node `aegis ctl drain` drains "
-            "(needs the right to patch nodes)."
-        ),
-    ] = False,
+    log_dir: LogDir = None,
+    replicas: Replicas = 1,
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = "127.0.0.1",
+    kubernetes: Kubernetes = False,
+    rendezvous_port_base: RendezvousPortBase = TORCH_PORT,
+    rendezvous_host: RendezvousHost = None,
+    k8s_namespace: K8sNamespace = None,
+    keep_ended_s: KeepEnded = retention.KEEP_ENDED_S,
+    cordon_drained: CordonDrained = False,
 ) -> None:
     """Run a master replica: standby until it holds the lease, then leader of every job."""
     if cordon_drained and not kubernetes:
         raise typer.BadParameter("needs --kubernetes", param_hint="--cordon-drained")
     authority = _authority(auth_file, insecure)
     tls = _tls(tls_dir)
+    job = JobSettings(
+        heartbeat_timeout_s=heartbeat_timeout_s, pace=PaceSettings(pace_window_s, pace_drop),
+        rendezvous=_rendezvous_rule(kubernetes, rendezvous_host, rendezvous_port_base),
+    )  # fmt: skip
     settings = ReplicaSettings(
         replica_id=replica_id or f"{socket.gethostname()}:{os.getpid()}",
-        lease=LeaseSettings.for_replicas(replicas, lease_s),
-        job=JobSettings(
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            pace=PaceSettings(pace_window_s, pace_drop),
-            rendezvous=_rendezvous_rule(kubernetes, rendezvous_host, rendezvous_port_base),
-        ),
-        log_dir=log_dir,
-        grpc_host=grpc_host,
-        grpc_port=grpc_port,
-        tls_dir=tls,
-        keep_ended_s=keep_ended_s,
-    )
+        lease=LeaseSettings.for_replicas(replicas, lease_s), job=job, log_dir=log_dir,
+        grpc_host=grpc_host, grpc_port=grpc_port, tls_dir=tls, keep_ended_s=keep_ended_s,
+    )  # fmt: skip
+    replica = _replica(authority, nats, settings, metrics_port, metrics_host)
+    side = _kubernetes_side(tuple(k8s_namespace or ()), cordon_drained) if kubernetes else None
+    asyncio.run(_serve(replica, side))
+
+
+def _replica(
+    authority: Authority | None,
+    nats: str,
+    settings: ReplicaSettings,
+    metrics_port: int,
+    metrics_host: str,
+) -> Replica:
+    """The replica, logging to stderr, ending with its parent, serving /metrics if asked."""
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
         format=f"%(asctime)s {settings.replica_id} %(levelname)s %(name)s: %(message)s",
     )
     lifecycle.die_with_parent(signal.SIGTERM)
-    replica = Replica(authority, nats, settings, chaos.from_env(os.environ, log_dir))
+    replica = Replica(authority, nats, settings, chaos.from_env(os.environ, settings.log_dir))
     if metrics_port:
         replica.metrics = metrics.MasterMetrics()
         replica.metrics.serve(metrics_port, metrics_host)
-    side = None
-    if kubernetes:
-        try:
-            from aegis.platforms.kubernetes import master_side
-        except ImportError as exc:
-            print(f"aegis: error: --kubernetes needs the kubernetes client ({exc})",
-                  file=sys.stderr)  # fmt: skip
-            raise typer.Exit(2) from exc
-        side = master_side.KubernetesSettings(
-            namespaces=tuple(k8s_namespace or ()), cordon=cordon_drained
-        )
-    asyncio.run(_serve(replica, side))
+    return replica
+
+
+def _kubernetes_side(namespaces: tuple[str, ...], cordon: bool) -> object:
+    """``--kubernetes``'s settings; exit 2 (one line) without the kubernetes client."""
+    try:
+        from aegis.platforms.kubernetes import master_side
+    except ImportError as exc:
+        print(f"aegis: error: --kubernetes needs the kubernetes client ({exc})",
+              file=sys.stderr)  # fmt: skip
+        raise typer.Exit(2) from exc
+    return master_side.KubernetesSettings(namespaces=namespaces, cordon=cordon)
 
 
 def _authority(auth_file: Path | None, insecure: bool) -> Authority | None:

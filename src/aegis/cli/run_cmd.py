@@ -16,11 +16,11 @@ from rich.console import Console
 from aegis.adapters import netns
 from aegis.cli import live_view, pace_options, run_view
 from aegis.core.model import name_problem
-from aegis.master import control, faultlog, metrics
+from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
-from aegis.platforms import emulated, local_run
+from aegis.platforms import emulated, job_files, local_run, replicated_run, run_settings
+from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import LocalPlatform
-from aegis.tools.follow import FollowedJob
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +93,7 @@ class RunObservers:
             task.add_done_callback(self._control_done)
 
     async def _control(self, runner: JobRunner, platform: LocalPlatform, log_dir: Path) -> None:
-        spec = runner.spec
-
-        def resolve(namespace: str, job: str) -> JobRunner | None:
-            return runner if (namespace, job) == (spec.namespace, spec.job) else None
-
-        await control.serve_control(runner.bus, resolve, lambda: [platform], lambda: [runner])
-        target = control.bus_target(runner.bus, spec.namespace, spec.job)
-        if target is not None:
-            self.control_file = log_dir / control.CONTROL_FILE
-            control.write_control_file(self.control_file, target)
+        self.control_file = await job_files.serve_control(runner, platform, log_dir)
         assert self.control_ready is not None
         self.control_ready.set()
 
@@ -172,110 +163,134 @@ def _job_name(value: str) -> str:
     return value
 
 
+# The options of ``aegis run``, one alias each, so the command's function stays short.
+Cmd = Annotated[list[str], typer.Argument(help="The training command (after --).")]
+Nodes = Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")]
+MaxRetry = Annotated[int, typer.Option(min=0, help="Fault budget.")]
+SpareNodes = Annotated[int, typer.Option(min=0, help="Spare nodes for replacements.")]
+HangTimeout = Annotated[
+    float | None,
+    typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
+]
+HeartbeatTimeout = Annotated[float, typer.Option(min=0.5)]
+RepeatLimit = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Stop the job when the same error comes back at the same step this many "
+        "times in a row (a deterministic bug: no restart fixes it); 0: never.",
+    ),
+]
+ChecksOnEveryFault = Annotated[
+    bool,
+    typer.Option(
+        "--checks-on-every-fault",
+        help="Run the checks after every fault, a plain Python exception too (by default "
+        "that restarts every pod in place at once).",
+    ),
+]
+Grace = Annotated[float, typer.Option(min=0)]
+Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=_job_name)]
+StatusFile = Annotated[Path | None, typer.Option(help="Write the final status here.")]
+LogDir = Annotated[Path | None, typer.Option(help="events.jsonl, pod logs.")]
+Nats = Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")]
+InjectFault = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="NODE:CHECK, e.g. node-1:gpu (repeatable; runtime: a new container heals it; "
+        "slow: the node turns slow at the first committed checkpoint)."
+    ),
+]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v")]
+Masters = Annotated[
+    int, typer.Option(min=1, max=5, help="Master replicas (own processes, leader election).")
+]
+Prewarm = Annotated[
+    str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
+]
+MetricsPort = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=65535,
+        help="Serve Prometheus /metrics here (0: off; --masters N: master i on PORT+i).",
+    ),
+]
+MetricsAddr = Annotated[str, typer.Option(help="Address of /metrics.")]
+View = Annotated[str, typer.Option(help="auto (live table on a terminal), live or plain.")]
+TotalSteps = Annotated[
+    int | None, typer.Option(min=1, help="Training steps, for the live progress bar.")
+]
+IsolateNodes = Annotated[
+    bool,
+    typer.Option(
+        "--isolate-nodes",
+        help="An emulated cluster: each node its own network (an address on a bridge), "
+        "mount (/dev/shm) and UTS namespace, all in a network namespace made for the run "
+        "(needs root, util-linux and iproute2).",
+    ),
+]
+
+
 def run(  # noqa: PLR0913 (a typer command: one parameter per option)
-    cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
-    nodes: Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")] = 3,
-    max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
-    spare_nodes: Annotated[int, typer.Option(min=0, help="Spare nodes for replacements.")] = 2,
-    hang_timeout_s: Annotated[
-        float | None,
-        typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
-    ] = None,
-    heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
-    repeat_limit: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Stop the job when the same error comes back at the same step this many "
-            "times in a row (a deterministic bug: no restart fixes it); 0: never.",
-        ),
-    ] = 3,
-    checks_on_every_fault: Annotated[
-        bool,
-        typer.Option(
-            "--checks-on-every-fault",
-            help="Run the checks after every fault, a plain Python exception too (by default "
-            "that restarts every pod in place at once).",
-        ),
-    ] = False,
+    cmd: Cmd,
+    nodes: Nodes = 3,
+    max_retry: MaxRetry = 3,
+    spare_nodes: SpareNodes = 2,
+    hang_timeout_s: HangTimeout = None,
+    heartbeat_timeout_s: HeartbeatTimeout = 5.0,
+    repeat_limit: RepeatLimit = 3,
+    checks_on_every_fault: ChecksOnEveryFault = False,
     pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
     pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
-    grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
-    job: Annotated[str, typer.Option(help="Job name (a DNS label).", callback=_job_name)] = "job",
-    status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
-    log_dir: Annotated[Path | None, typer.Option(help="events.jsonl, pod logs.")] = None,
-    nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
-    inject_fault: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="NODE:CHECK, e.g. node-1:gpu (repeatable; runtime: a new container heals it; "
-            "slow: the node turns slow at the first committed checkpoint)."
-        ),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
-    masters: Annotated[
-        int, typer.Option(min=1, max=5, help="Master replicas (own processes, leader election).")
-    ] = 1,
-    prewarm: Annotated[
-        str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
-    ] = "auto",
-    metrics_port: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=65535,
-            help="Serve Prometheus /metrics here (0: off; --masters N: master i on PORT+i).",
-        ),
-    ] = 0,
-    metrics_addr: Annotated[str, typer.Option(help="Address of /metrics.")] = "127.0.0.1",
-    view: Annotated[
-        str, typer.Option(help="auto (live table on a terminal), live or plain.")
-    ] = "auto",
-    total_steps: Annotated[
-        int | None, typer.Option(min=1, help="Training steps, for the live progress bar.")
-    ] = None,
-    isolate_nodes: Annotated[
-        bool,
-        typer.Option(
-            "--isolate-nodes",
-            help="An emulated cluster: each node its own network (an address on a bridge), "
-            "mount (/dev/shm) and UTS namespace, all in a network namespace made for the run "
-            "(needs root, util-linux and iproute2).",
-        ),
-    ] = False,
+    grace_s: Grace = 5.0,
+    job: Job = "job",
+    status_file: StatusFile = None,
+    log_dir: LogDir = None,
+    nats: Nats = None,
+    inject_fault: InjectFault = None,
+    verbose: Verbose = False,
+    masters: Masters = 1,
+    prewarm: Prewarm = "auto",
+    metrics_port: MetricsPort = 0,
+    metrics_addr: MetricsAddr = "127.0.0.1",
+    view: View = "auto",
+    total_steps: TotalSteps = None,
+    isolate_nodes: IsolateNodes = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
     _exit_without_torch()
-    if isolate_nodes and not emulated.inside():
+    if isolate_nodes:
+        metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)
+    settings = run_settings.RunSettings(
+        command=tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd),
+        nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, job=job,
+        hang_timeout_s=hang_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        software_restart=not checks_on_every_fault, repeat_limit=repeat_limit,
+        pace_window_s=pace_window_s, pace_drop=pace_drop, grace_s=grace_s,
+        log_dir=log_dir, status_file=status_file, nats_url=nats,
+        inject=parse_injections(inject_fault or []), masters=masters, prewarm=prewarm,
+        metrics_port=metrics_port if masters > 1 else 0, metrics_addr=metrics_addr,
+        isolate_nodes=isolate_nodes,
+    )  # fmt: skip
+    the_view = _view_and_logging(view, total_steps, verbose=verbose)
+    raise typer.Exit(_run_and_report(settings, the_view, metrics_port))
+
+
+def _enter_cluster(nats: str | None, metrics_addr: str, metrics_port: int, masters: int) -> str:
+    """``--isolate-nodes``: on the host, the same run again inside a namespace of its own (this
+    never returns); inside it, the emulated cluster entered. Returns where /metrics binds."""
+    if not emulated.inside():
         _isolated(
             nats, metrics_addr, [metrics_port + i for i in range(masters)] if metrics_port else []
         )
-    if isolate_nodes:
-        emulated.enter_cluster()
-        metrics_addr = "127.0.0.1"  # in the cluster's namespace; the host's side forwards
-    settings = local_run.RunSettings(
-        command=tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd),
-        nodes=nodes,
-        spare_nodes=spare_nodes,
-        max_retry=max_retry,
-        job=job,
-        hang_timeout_s=hang_timeout_s,
-        heartbeat_timeout_s=heartbeat_timeout_s,
-        software_restart=not checks_on_every_fault,
-        repeat_limit=repeat_limit,
-        pace_window_s=pace_window_s,
-        pace_drop=pace_drop,
-        grace_s=grace_s,
-        log_dir=log_dir,
-        status_file=status_file,
-        nats_url=nats,
-        inject=parse_injections(inject_fault or []),
-        masters=masters,
-        prewarm=prewarm,
-        metrics_port=metrics_port if masters > 1 else 0,
-        metrics_addr=metrics_addr,
-        isolate_nodes=isolate_nodes,
-    )
+    emulated.enter_cluster()
+    return "127.0.0.1"  # in the cluster's namespace; the host's side forwards
+
+
+def _view_and_logging(
+    view: str, total_steps: int | None, *, verbose: bool
+) -> run_view.PlainView | live_view.LiveView:
     if view not in ("auto", "live", "plain"):
         raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
     the_view = choose_view(view, Console(markup=False, highlight=False), total_steps)  # type: ignore[arg-type]
@@ -284,6 +299,17 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    return the_view
+
+
+def _run_and_report(
+    settings: run_settings.RunSettings,
+    view: run_view.PlainView | live_view.LiveView,
+    metrics_port: int,
+) -> int:
+    """Run the job, in this process (one master) or under master processes (``--masters``);
+    print its outcome; returns the exit status."""
+    masters, metrics_addr = settings.masters, settings.metrics_addr
     if metrics_port and metrics_port + masters - 1 > 65535:
         raise typer.BadParameter(
             f"master {masters - 1} would serve on {metrics_port + masters - 1}",
@@ -294,10 +320,12 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     if metrics_port and masters > 1:
         where = ", ".join(f"master-{i} :{metrics_port + i}" for i in range(masters))
         print(f"aegis run: /metrics on {metrics_addr} ({where})", file=sys.stderr)
-    observers = RunObservers(the_view, metrics_hub=hub)
+    observers = RunObservers(view, metrics_hub=hub)
     try:
         result = asyncio.run(
-            local_run.run_local(settings, observe=observers.attach, follow=observers.follow)
+            local_run.run_local(settings, observe=observers.attach)
+            if masters == 1
+            else replicated_run.run_replicated(settings, follow=observers.follow)
         )
     finally:
         observers.close()
@@ -312,4 +340,4 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
         f"error nodes: {', '.join(e.node for e in status.error_nodes) or 'none'}; "
         f"logs in {result.log_dir}"
     )
-    raise typer.Exit(result.exit_code)
+    return result.exit_code

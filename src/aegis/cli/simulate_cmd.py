@@ -21,46 +21,60 @@ def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
 
 
+# The options of ``aegis simulate``, one alias each, so the command's function stays short.
+Gpus = Annotated[int, typer.Option(min=1, help="GPUs in the job.")]
+GpusPerNode = Annotated[int, typer.Option(min=1, help="GPUs per node (one pod each).")]
+Days = Annotated[float, typer.Option(min=0.001, help="Wall time simulated, in days.")]
+Trace = Annotated[
+    flt.TraceKind,
+    typer.Option(help="llama3: Llama 3's 419 faults/54 days/2,048 nodes, scaled by nodes."),
+]
+MtbfH = Annotated[
+    float | None, typer.Option(min=0.0001, help="Job MTBF in hours (exponential trace).")
+]
+CkptInterval = Annotated[
+    str,
+    typer.Option(
+        help="Minutes of training between checkpoints, or 'auto': the interval that "
+        "maximises Daly's expected-value model (his higher-order optimum)."
+    ),
+]
+CkptCost = Annotated[
+    float, typer.Option(min=0.0, help="Seconds training pauses for each checkpoint save.")
+]
+PolicyOption = Annotated[rc.Policy, typer.Option(help="Who recovers from faults.")]
+Seed = Annotated[int, typer.Option(help="Seed of the fault trace (same seed, same run).")]
+MaxRetry = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="The job's fault budget in the real core. Large by default: over 54 days at "
+        "16k GPUs hundreds of faults arrive and any small budget would end the job; a "
+        "Failed job is reported, then simulated as resubmitted.",
+    ),
+]
+SettingsFile = Annotated[
+    Path | None,
+    typer.Option("--settings", help="Durations (TOML or JSON); see examples/simulate/."),
+]
+Compare = Annotated[bool, typer.Option(help="Also run the other policy and print both ratios.")]
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON object.")]
+
+
 def simulate(  # noqa: PLR0913 (a typer command: one parameter per option)
-    gpus: Annotated[int, typer.Option(min=1, help="GPUs in the job.")] = 16_384,
-    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs per node (one pod each).")] = 8,
-    days: Annotated[float, typer.Option(min=0.001, help="Wall time simulated, in days.")] = 54.0,
-    trace: Annotated[
-        flt.TraceKind,
-        typer.Option(help="llama3: Llama 3's 419 faults/54 days/2,048 nodes, scaled by nodes."),
-    ] = flt.TraceKind.LLAMA3,
-    mtbf_h: Annotated[
-        float | None, typer.Option(min=0.0001, help="Job MTBF in hours (exponential trace).")
-    ] = None,
-    ckpt_interval: Annotated[
-        str,
-        typer.Option(
-            help="Minutes of training between checkpoints, or 'auto': the interval that "
-            "maximises Daly's expected-value model (his higher-order optimum)."
-        ),
-    ] = "auto",
-    ckpt_cost_s: Annotated[
-        float, typer.Option(min=0.0, help="Seconds training pauses for each checkpoint save.")
-    ] = 10.0,
-    policy: Annotated[rc.Policy, typer.Option(help="Who recovers from faults.")] = rc.Policy.AEGIS,
-    seed: Annotated[int, typer.Option(help="Seed of the fault trace (same seed, same run).")] = 0,
-    max_retry: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="The job's fault budget in the real core. Large by default: over 54 days at "
-            "16k GPUs hundreds of faults arrive and any small budget would end the job; a "
-            "Failed job is reported, then simulated as resubmitted.",
-        ),
-    ] = 10_000,
-    settings_file: Annotated[
-        Path | None,
-        typer.Option("--settings", help="Durations (TOML or JSON); see examples/simulate/."),
-    ] = None,
-    compare: Annotated[
-        bool, typer.Option(help="Also run the other policy and print both ratios.")
-    ] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+    gpus: Gpus = 16_384,
+    gpus_per_node: GpusPerNode = 8,
+    days: Days = 54.0,
+    trace: Trace = flt.TraceKind.LLAMA3,
+    mtbf_h: MtbfH = None,
+    ckpt_interval: CkptInterval = "auto",
+    ckpt_cost_s: CkptCost = 10.0,
+    policy: PolicyOption = rc.Policy.AEGIS,
+    seed: Seed = 0,
+    max_retry: MaxRetry = 10_000,
+    settings_file: SettingsFile = None,
+    compare: Compare = True,
+    as_json: AsJson = False,
 ) -> int:
     """Simulate one synchronous job under faults: effective training time, lost time by cause,
     faults by recovery level, and the best checkpoint interval (--ckpt-interval auto)."""
@@ -69,25 +83,31 @@ def simulate(  # noqa: PLR0913 (a typer command: one parameter per option)
     if trace is flt.TraceKind.LLAMA3 and mtbf_h is not None:
         raise typer.BadParameter("--mtbf-h applies to the exponential trace only")
     requested_s = _parse_interval(ckpt_interval)
-    settings = sim_settings.SimSettings()
-    if settings_file is not None:
-        try:
-            settings = sim_settings.load(settings_file)
-        except sim_settings.SettingsError as exc:
-            print(f"aegis: error: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
     spec = engine.SimSpec(
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        days=days,
-        trace=trace,
-        mtbf_s=None if mtbf_h is None else mtbf_h * 3600.0,
-        ckpt_cost_s=ckpt_cost_s,
-        policy=policy,
-        seed=seed,
-        max_retry=max_retry,
-        settings=settings,
-    )
+        gpus=gpus, gpus_per_node=gpus_per_node, days=days, trace=trace,
+        mtbf_s=None if mtbf_h is None else mtbf_h * 3600.0, ckpt_cost_s=ckpt_cost_s,
+        policy=policy, seed=seed, max_retry=max_retry, settings=_settings(settings_file),
+    )  # fmt: skip
+    print(_report(spec, requested_s, compare=compare, as_json=as_json))
+    raise typer.Exit(0)
+
+
+def _settings(settings_file: Path | None) -> sim_settings.SimSettings:
+    """The durations: the defaults, or ``--settings``'s (exit 2, one line, when bad)."""
+    if settings_file is None:
+        return sim_settings.SimSettings()
+    try:
+        return sim_settings.load(settings_file)
+    except sim_settings.SettingsError as exc:
+        print(f"aegis: error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+def _report(
+    spec: engine.SimSpec, requested_s: float | None, *, compare: bool, as_json: bool
+) -> str:
+    """Run the simulation (and the other policy's with ``compare``) at the interval chosen;
+    the report, as text lines or one JSON object."""
     choice = report.choose_interval(spec, requested_s)
     spec = replace(spec, ckpt_interval_s=choice.interval_s)
     started = time.perf_counter()
@@ -96,21 +116,19 @@ def simulate(  # noqa: PLR0913 (a typer command: one parameter per option)
     other = None
     if compare:
         other_policy = (
-            rc.Policy.RESTART_FROM_CHECKPOINT if policy is rc.Policy.AEGIS else rc.Policy.AEGIS
+            rc.Policy.RESTART_FROM_CHECKPOINT if spec.policy is rc.Policy.AEGIS else rc.Policy.AEGIS
         )
         other = engine.run(replace(spec, policy=other_policy))
-    aegis, baseline = (result, other) if policy is rc.Policy.AEGIS else (other, result)
     if as_json:
         record = report.to_dict(result, choice, runtime_s)
         if other is not None:
             record["compare"] = {other.spec.policy.value: other.ratio}
-        print(json.dumps(record))
-    else:
-        lines = report.text_lines(result, choice, runtime_s)
-        if compare:
-            lines += report.comparison_lines(aegis, baseline)
-        print("\n".join(lines))
-    raise typer.Exit(0)
+        return json.dumps(record)
+    lines = report.text_lines(result, choice, runtime_s)
+    if compare:
+        aegis, baseline = (result, other) if spec.policy is rc.Policy.AEGIS else (other, result)
+        lines += report.comparison_lines(aegis, baseline)
+    return "\n".join(lines)
 
 
 def _parse_interval(text: str) -> float | None:

@@ -23,7 +23,7 @@ from aegis.adapters.nats_auth import Authority
 from aegis.cli import render, status_store
 from aegis.master import control
 from aegis.tools import joblog, status_summary
-from aegis.wire import eventlog
+from aegis.wire import eventlog, job_summary
 
 LogDirOption = Annotated[
     Path | None,
@@ -62,7 +62,7 @@ def load_or_exit(job: str, log_dir: Path | None) -> joblog.JobLog:
         raise typer.Exit(2) from None
 
 
-def pod_table(summary: status_summary.Summary) -> Table:
+def pod_table(summary: job_summary.Summary) -> Table:
     table = Table(title_justify="left", expand=False)
     watched = any(row.watchdog for row in summary.pods)
     scored = any(row.straggler_score is not None for row in summary.pods)
@@ -78,7 +78,7 @@ def pod_table(summary: status_summary.Summary) -> Table:
     return table
 
 
-def straggler_cell(summary: status_summary.Summary, row: status_summary.PodRow) -> str:
+def straggler_cell(summary: job_summary.Summary, row: job_summary.PodRow) -> str:
     """The pod's straggler score in steps ("-": none), marked when it is the one named."""
     if row.straggler_score is None:
         return "-"
@@ -114,7 +114,7 @@ def _store_target(
 
 def from_store_or_exit(
     job: str, target: status_store.StoreTarget, timeout_s: float
-) -> status_summary.Summary:
+) -> job_summary.Summary:
     where = f"{target.nats_url} (namespace {target.namespace})"
     try:
         record = asyncio.run(status_store.read_record(target, job, timeout_s))
@@ -125,7 +125,7 @@ def from_store_or_exit(
         print(f"aegis: error: no job {job!r} in the store at {where}", file=sys.stderr)
         raise typer.Exit(1)
     try:
-        return status_summary.from_record(record)
+        return job_summary.from_record(record)
     except (KeyError, ValueError, TypeError) as exc:
         print(f"aegis: error: the record of {job!r} at {where} is not a job status: {exc!r}",
               file=sys.stderr)  # fmt: skip

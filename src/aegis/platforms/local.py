@@ -14,16 +14,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from aegis.adapters import lifecycle
 from aegis.agent import hang_policy
 from aegis.core import events as ev
-from aegis.core.model import PodName
-from aegis.platforms.process_pods import Pod, ProcessPods
+from aegis.platforms.process_pods import Pod, PodSettings, ProcessPods
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +35,7 @@ CONTAINER_FAULTS = frozenset({"runtime"})
 
 
 @dataclass(frozen=True, slots=True)
-class LocalSettings:
-    nodes: tuple[str, ...]
-    spares: tuple[str, ...]
-    command: tuple[str, ...]
-    log_dir: Path
-    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
-    grace_s: float = 5.0
-    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
-    heartbeat_s: float = 1.0
-    exit_wait_s: float = 30.0
+class LocalSettings(PodSettings):
     ckpt_dir: Path | None = None  # the pods' checkpoint saver persists under <ckpt_dir>/<pod>
     prewarm: str = "auto"  # AEGIS_PREWARM for the agents: auto, 0 (cold restarts) or modules
     slow_stop_s: float = 0.04  # an injected slow node is stopped this long ...
@@ -86,10 +76,9 @@ class LocalPlatform(ProcessPods):
     task_name = "local-platform"
 
     def __init__(self, settings: LocalSettings, hosts: Hosts | None = None) -> None:
-        super().__init__(settings.exit_wait_s, settings.log_dir)
-        self.settings = settings
+        super().__init__(settings)
+        self.settings: LocalSettings = settings
         self.hosts: Hosts = hosts or SharedHost()
-        self.grpc_target = ""
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -117,27 +106,9 @@ class LocalPlatform(ProcessPods):
         if isinstance(event, ev.CheckpointCommitted):
             self.turn_slow()
 
-    def attach(
-        self,
-        sink: Callable[[ev.Event], None],
-        *,
-        namespace: str,
-        job: str,
-        pods: dict[PodName, str],
-        grpc_target: str,
-        token: str,
-    ) -> None:
-        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
-        publisher to the master replicas); ``pods`` is the initial placement."""
-        self._attach(sink, namespace, job, pods, token)
-        self.grpc_target = grpc_target
-
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s", node, reason)
         self.blacklist[node] = reason
-
-    def node_pool(self) -> tuple[str, ...]:
-        return (*self.settings.nodes, *self.settings.spares)
 
     def _address(self, node: str) -> str:
         return self.hosts.address(node)
@@ -150,7 +121,7 @@ class LocalPlatform(ProcessPods):
         await self.hosts.prepare(state.node)
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
-            "--master", self.grpc_target,
+            "--master", self.master,
             "--namespace", self.namespace, "--job", self.job,
             "--pod", state.name, "--node", state.node,
             "--token-file", str(token_file),

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,22 @@ from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PodSettings:
+    """What the pods of every process platform are: where they may go, what they run, and how
+    their agents are started and stopped."""
+
+    nodes: tuple[str, ...]  # the pods' nodes, in rank order
+    spares: tuple[str, ...]  # where pods moved off a node go, in order
+    command: tuple[str, ...]
+    log_dir: Path
+    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
+    grace_s: float = 5.0
+    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
+    heartbeat_s: float = 1.0
+    exit_wait_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -43,8 +59,9 @@ class ProcessPods:
 
     task_name = "platform"
 
-    def __init__(self, exit_wait_s: float, log_dir: Path) -> None:
-        self.exit_wait_s, self.log_dir = exit_wait_s, log_dir
+    def __init__(self, settings: PodSettings) -> None:
+        self.settings = settings
+        self.exit_wait_s, self.log_dir = settings.exit_wait_s, settings.log_dir
         self.pods: dict[PodName, Pod] = {}
         self.blacklist: dict[str, str] = {}
         self.used_nodes: set[str] = set()
@@ -53,6 +70,7 @@ class ProcessPods:
         self.namespace, self.job = "default", ""
         self.initial: dict[PodName, str] = {}
         self.job_token: str | None = None
+        self.master = ""  # the credentials server, as the agents reach it
         self.stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -60,7 +78,7 @@ class ProcessPods:
 
     def node_pool(self) -> tuple[str, ...]:
         """Every node a pod may be placed on, in the order spares are taken."""
-        raise NotImplementedError
+        return (*self.settings.nodes, *self.settings.spares)
 
     async def _start(self, state: Pod, token_file: Path) -> None:
         """Start ``state``'s agent on ``state.node`` (sets ``state.process``)."""
@@ -84,15 +102,21 @@ class ProcessPods:
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def _attach(
+    def attach(
         self,
         sink: Callable[[ev.Event], None],
+        *,
         namespace: str,
         job: str,
         pods: Mapping[PodName, str],
+        master: str,
         token: str,
     ) -> None:
+        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
+        publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
+        HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
         self.sink, self.namespace, self.job, self.initial = sink, namespace, job, dict(pods)
+        self.master = master
         self.job_token = token  # each pod gets only its own secret, derived from it
 
     async def launch_all(self) -> None:

@@ -10,7 +10,7 @@ client (this process, the masters, the agents through their credentials) all thr
 
 The masters keep what an in-process run's observers keep (``faults.jsonl`` and the control file
 in the log directory; ``/metrics`` on ``metrics_port + i`` for master i when a port is given);
-a view follows the job through the leader's ``events.jsonl`` (``aegis.tools.follow``).
+a view follows the job through the leader's ``events.jsonl`` (``platforms.follow``).
 """
 
 from __future__ import annotations
@@ -29,17 +29,38 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
-from aegis.core.model import JobSpec, JobStatus, PodName, pod_names
+from aegis.core.model import JobStatus, PodName, pod_names
 from aegis.core.rendezvous import RendezvousRule
 from aegis.master import eventlog_writer
 from aegis.master.lease import LeaseSettings, default_lease_s
 from aegis.master.service import STATUS_BUCKET
-from aegis.platforms.local import SLOW, Hosts, LocalPlatform, LocalSettings, SharedHost
-from aegis.platforms.run_settings import RunResult, RunSettings, write_status_file
+from aegis.platforms import job_files, run_settings
+from aegis.platforms.follow import FollowedJob
+from aegis.platforms.local import SLOW, Hosts, LocalPlatform, SharedHost
+from aegis.platforms.run_settings import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
-from aegis.tools.follow import FollowedJob
 
 log = logging.getLogger(__name__)
+
+Follower = Callable[[FollowedJob, LocalPlatform], None]
+
+
+async def run_replicated(settings: RunSettings, *, follow: Follower | None = None) -> RunResult:
+    """The job under ``settings.masters`` master processes; ``follow`` is called with the
+    event log's view of the job (``FollowedJob``) and the platform before the pods start."""
+    log_dir = run_settings.log_dir_of(settings)
+    async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
+        replicated = ReplicatedRun(
+            settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
+            metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
+            address=address, rule=rule,
+        )  # fmt: skip
+        try:
+            await replicated.start()
+            return await replicated.wait()
+        except BaseException:
+            await replicated.close()  # nothing it started is left running
+            raise
 
 
 class ReplicatedRun:
@@ -53,13 +74,13 @@ class ReplicatedRun:
         nats_servers: int = 1,
         metrics_port: int = 0,
         metrics_addr: str = "127.0.0.1",
-        follow: Callable[[FollowedJob, LocalPlatform], None] | None = None,
+        follow: Follower | None = None,
         hosts: Hosts | None = None,
         address: str = "127.0.0.1",
         rule: RendezvousRule | None = None,
     ) -> None:
         """``hosts``, ``address``, ``rule``: the pods' hosts (an emulated cluster), the address
-        NATS and the masters listen on, and where rounds meet (see ``local_run.run_hosts``)."""
+        NATS and the masters listen on, and where rounds meet (see ``run_settings.run_hosts``)."""
         self.settings, self.count, self.log_dir = settings, masters, log_dir
         self.hosts: Hosts = hosts or SharedHost()
         self.address, self.rule = address, rule or RendezvousRule()
@@ -67,10 +88,7 @@ class ReplicatedRun:
         self.replicas = min(3, nats_servers)  # the buckets' copies
         self.lease_s = lease_s or default_lease_s(self.replicas)
         self.master_env = {**os.environ, **(master_env or {})}
-        self.spec = JobSpec(
-            settings.job, settings.namespace, settings.nodes, settings.max_retry,
-            settings.software_restart, settings.repeat_limit,
-        )  # fmt: skip
+        self.spec = run_settings.job_spec(settings)
         self.masters: list[subprocess.Popen[bytes]] = []
         self.authority = Authority()
         self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
@@ -96,23 +114,9 @@ class ReplicatedRun:
         self.authority.save(auth_file)
         self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
         self.store = await KvStore.open(self.bus, STATUS_BUCKET, replicas=self.replicas)
-        nodes = [f"node-{i}" for i in range(self.spec.worker_num)]
-        s = self.settings
+        nodes, _ = run_settings.node_names(self.settings)
         self.platform = LocalPlatform(
-            LocalSettings(
-                nodes=tuple(nodes),
-                spares=tuple(f"spare-{i}" for i in range(s.spare_nodes)),
-                command=s.command,
-                log_dir=self.log_dir,
-                inject=s.inject,
-                grace_s=s.grace_s,
-                hang_timeout_s=s.hang_timeout_s,
-                heartbeat_s=s.heartbeat_s,
-                ckpt_dir=s.ckpt_dir or self.log_dir / "checkpoints",
-                prewarm=s.prewarm,
-                slow_from_start=s.slow_from_start,
-            ),
-            self.hosts,
+            run_settings.local_settings(self.settings, self.log_dir), self.hosts
         )
         pod_ips = [self.hosts.address(n) for n in nodes]
         self.served = await ServedJob.submit(
@@ -131,12 +135,12 @@ class ReplicatedRun:
             namespace=self.spec.namespace,
             job=self.spec.job,
             pods=dict(zip(pod_names(self.spec), nodes, strict=True)),
-            grpc_target=",".join(f"{self.address}:{p}" for p in ports),
+            master=",".join(f"{self.address}:{p}" for p in ports),
             token=self.served.token,
         )
         platform = self.platform
         followed.listeners.append(lambda j, event, actions: platform.turn_slow_at_commit(event))
-        if self.observe is not None or any(SLOW in f for f in s.inject.values()):
+        if self.observe is not None or any(SLOW in f for f in self.settings.inject.values()):
             if self.observe is not None:
                 self.observe(followed, self.platform)
             self._following = asyncio.get_running_loop().create_task(
@@ -221,7 +225,7 @@ class ReplicatedRun:
         finally:
             await self.close()
         if self.settings.status_file is not None:
-            write_status_file(self.settings.status_file, self.spec, status)
+            job_files.write_status_file(self.settings.status_file, self.spec, status)
         return RunResult(
             spec=self.spec,
             status=status,

@@ -1,17 +1,22 @@
-"""What an ``aegis run`` is asked (``RunSettings``) and what it ends with (``RunResult``, the
-status file): shared by the in-process run (``local_run``) and the replicated one
-(``replicated_run``), so neither imports the other for them."""
+"""What an ``aegis run`` is asked (``RunSettings``), what it is built of (the job's spec, the
+local platform's settings, the hosts its pods live on) and what it ends with (``RunResult``):
+shared by the in-process run (``local_run``) and the replicated one (``replicated_run``), which
+import neither each other nor anything but this for it. Which of the two runs a job is the
+command line's choice (``cli.run_cmd``)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
-from aegis.wire import status_json
+from aegis.core.rendezvous import RendezvousRule
+from aegis.platforms import emulated
+from aegis.platforms.local import Hosts, LocalSettings, SharedHost
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,56 @@ def node_names(settings: RunSettings) -> tuple[list[str], list[str]]:
     )
 
 
+def job_spec(settings: RunSettings) -> JobSpec:
+    return JobSpec(
+        settings.job, settings.namespace, settings.nodes, settings.max_retry,
+        settings.software_restart, settings.repeat_limit,
+    )  # fmt: skip
+
+
+def local_settings(settings: RunSettings, log_dir: Path) -> LocalSettings:
+    """The local platform's settings for the run's pods, logging under ``log_dir``."""
+    nodes, spares = node_names(settings)
+    return LocalSettings(
+        nodes=tuple(nodes),
+        spares=tuple(spares),
+        command=settings.command,
+        log_dir=log_dir,
+        inject=settings.inject,
+        grace_s=settings.grace_s,
+        hang_timeout_s=settings.hang_timeout_s,
+        heartbeat_s=settings.heartbeat_s,
+        ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
+        prewarm=settings.prewarm,
+        slow_from_start=settings.slow_from_start,
+    )
+
+
+def log_dir_of(settings: RunSettings) -> Path:
+    """The run's log directory (a new temporary one when none is given), made."""
+    log_dir = settings.log_dir or Path(tempfile.mkdtemp(prefix="aegis-run-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return log_dir
+
+
+@contextlib.asynccontextmanager
+async def run_hosts(
+    settings: RunSettings, log_dir: Path
+) -> AsyncIterator[tuple[Hosts, str, RendezvousRule]]:
+    """Where the run's pods live, the address the master's side listens on, and where rounds
+    meet: this host, or (``isolate_nodes``) an emulated cluster, torn down afterwards."""
+    if not settings.isolate_nodes:
+        yield SharedHost(), "127.0.0.1", RendezvousRule()
+        return
+    nodes, spares = node_names(settings)
+    cluster = emulated.EmulatedCluster([*nodes, *spares], log_dir / ".cluster")
+    try:
+        await cluster.start()
+        yield cluster, cluster.bridge_addr, cluster.rule
+    finally:
+        await cluster.close()
+
+
 @dataclass(slots=True)
 class RunResult:
     spec: JobSpec
@@ -65,8 +120,3 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.status.phase is Phase.SUCCEED else 1
-
-
-def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")

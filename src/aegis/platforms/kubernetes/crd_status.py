@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from aegis.core.model import JobSpec
 from aegis.core.phases import Phase
 from aegis.platforms.kubernetes import manifests
-from aegis.tools import status_summary
+from aegis.wire import job_summary
 
 Body = dict[str, Any]
 
@@ -107,7 +108,7 @@ def cr_status(
     the master waits to see replaced, with the uid of the pod to be replaced; ``drained``: the
     nodes ``aegis ctl drain`` took out of service (the operator keeps pods off them, as off
     the ErrorNodes)."""
-    summary = status_summary.from_record(dict(record))
+    summary = job_summary.from_record(dict(record))
     raw = record["status"]
     pods = {
         name: {k: info[k] for k in _POD_FIELDS if info.get(k) is not None}
@@ -134,7 +135,7 @@ def cr_status(
 
 
 def conditions(
-    summary: status_summary.Summary, previous: Sequence[Mapping[str, Any]], now: str
+    summary: job_summary.Summary, previous: Sequence[Mapping[str, Any]], now: str
 ) -> list[Body]:
     before = {c.get("type"): c for c in previous}
     out = []
@@ -148,7 +149,7 @@ def conditions(
     return out
 
 
-def _wanted(summary: status_summary.Summary) -> list[tuple[str, bool, str]]:
+def _wanted(summary: job_summary.Summary) -> list[tuple[str, bool, str]]:
     phase = summary.phase
     failed_reason = phase.value
     if phase is Phase.FAILED:
@@ -185,3 +186,9 @@ def merge_patch(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> B
         if isinstance(value, dict) and isinstance(old, Mapping):
             patch[name] = {**{k: None for k in old if k not in value}, **value}
     return patch
+
+
+def rfc3339(ts: float) -> str:
+    """A status's time (a condition's ``lastTransitionTime``): RFC 3339, whole seconds, UTC."""
+    moment = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).replace(microsecond=0)
+    return moment.isoformat().replace("+00:00", "Z")

@@ -15,24 +15,21 @@ replica and acts only while that replica leads:
 - platform: it serves the ``Platform`` port to the leader over NATS (``RemotePlatform``'s
   requests). Replacing or evicting a pod is the operator's work (the pod exits and is recreated,
   or the operator deletes a pod listed in ``.status.replacing``); this side tells the master
-  when the replacement is scheduled (``PodRestarted`` with its node and IP);
+  when the replacement is scheduled (``PodRestarted`` with its node and IP; which pod is the
+  replacement is decided in ``replacements``);
 - drains: the master records ``aegis ctl drain NODE`` in its store (``master.drained_nodes``);
-  this side applies that record (every poll, and at once on a drain request): the node is
-  listed in every AegisJob's ``.status.drained_nodes`` (the operator keeps replacements off it,
-  as off an ErrorNode, until ``aegis ctl undrain``) and, with ``cordon`` (``aegis master
-  --cordon-drained``, which needs the right to patch nodes), cordoned and marked as Aegis's;
-  undrain lifts only a cordon so marked. With the record in the store and the mark on the
-  node, a new leader (or a master with no job at the time) does the same.
+  this side applies that record (``drains``: every poll, and at once on a drain request): the
+  node is listed in every AegisJob's ``.status.drained_nodes`` (the operator keeps
+  replacements off it, as off an ErrorNode, until ``aegis ctl undrain``) and, with ``cordon``,
+  cordoned and marked as Aegis's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +44,7 @@ from aegis.core.model import name_problem
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master.replica import submit_job
-from aegis.platforms.kubernetes import crd_status, manifests
+from aegis.platforms.kubernetes import crd_status, drains, manifests, replacements
 from aegis.wire import platform_msgs as pm
 
 log = logging.getLogger(__name__)
@@ -78,12 +75,6 @@ class JobsApi(Protocol):
     async def uncordon_node(self, node: str) -> None:
         """Lift Aegis's cordon (a cordon not marked as Aegis's stays)."""
         ...
-
-
-class DrainedRecord(Protocol):
-    """Where ``aegis ctl drain`` records drained nodes (``master.drained_nodes``)."""
-
-    async def load(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +135,17 @@ class KubernetesSide:
         *,
         leading: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
-        drained: DrainedRecord | None = None,
+        drained: drains.DrainedRecord | None = None,
     ) -> None:
         self.api, self.bus, self.store, self.settings = api, bus, store, settings
-        self.leading, self.clock, self.record = leading, clock, drained
+        self.leading, self.clock = leading, clock
         self.jobs: dict[str, _Job] = {}
-        self.drained: dict[str, crd_status.DrainedNode] = {}  # as applied this term
+        self.drains = (
+            None
+            if drained is None
+            else drains.Drains(api, drained, cordon=settings.cordon, clock=clock)
+        )
         self._drain_lock = asyncio.Lock()
-        self._uncordon_failed: set[str] = set()  # said once, tried again every poll
         self._led = False
         self._decoder = msgspec.json.Decoder(pm.PlatformRequest)
         self._encoder = msgspec.json.Encoder()
@@ -254,7 +248,7 @@ class KubernetesSide:
     async def _mirror(self, job: _Job, record: Mapping[str, Any]) -> None:
         previous = (job.body.get("status") or {}).get("conditions") or []
         replacing = {pod: uid for pod, uid in job.awaiting.items() if uid}
-        status = crd_status.cr_status(record, previous, now=_rfc3339(self.clock()),
+        status = crd_status.cr_status(record, previous, now=crd_status.rfc3339(self.clock()),
                                       replacing=replacing, drained=self.drained)  # fmt: skip
         if job.written is not None and crd_status.same_status(job.written, status):
             return
@@ -295,50 +289,19 @@ class KubernetesSide:
         except Exception:
             log.exception("kubernetes: %s of %s failed", request.kind, job.key)
 
+    @property
+    def drained(self) -> dict[str, crd_status.DrainedNode]:
+        """The drained nodes as applied this term (``drains``)."""
+        return self.drains.drained if self.drains is not None else {}
+
     async def reconcile_drains(self) -> None:
-        """Apply the drain record (every poll, and at once on a drain or undrain request): a
-        node drained is listed in every AegisJob's status, and cordoned with ``cordon``; a node
-        undrained is uncordoned (Aegis's cordon only) and unlisted. A cordon that fails (no
-        right to patch nodes, no such node) is logged and the node still listed; an uncordon
-        that fails is tried again at the next poll."""
-        if self.record is None:
+        """Apply the drain record (every poll, and at once on a drain or undrain request; see
+        ``drains``); every AegisJob's status shows the change at once."""
+        if self.drains is None:
             return
         async with self._drain_lock:
-            wanted = await self.record.load()
-            changed = False
-            for node, reason in sorted(wanted.items()):
-                if node in self.drained:
-                    continue
-                self.drained[node] = crd_status.DrainedNode(reason, self.clock())
-                changed = True
-                cordoned = self.settings.cordon and await self._cordon(node)
-                self.drained[node] = crd_status.DrainedNode(reason, self.clock(), cordoned)
-                log.warning("kubernetes: node %s drained (%s)%s", node, reason,
-                            ", cordoned" if cordoned else "")  # fmt: skip
-            for node in [n for n in self.drained if n not in wanted]:
-                if self.settings.cordon or self.drained[node].cordoned:
-                    try:
-                        await self.api.uncordon_node(node)
-                    except Exception as exc:
-                        level = logging.DEBUG if node in self._uncordon_failed else logging.WARNING
-                        self._uncordon_failed.add(node)
-                        log.log(level, "kubernetes: uncordoning %s failed (%s); trying again at "
-                                "the next poll", node, exc)  # fmt: skip
-                        continue
-                self._uncordon_failed.discard(node)
-                del self.drained[node]
-                changed = True
-                log.warning("kubernetes: node %s undrained", node)
-            if changed:
+            if await self.drains.reconcile():
                 await self._mirror_all()
-
-    async def _cordon(self, node: str) -> bool:
-        try:
-            return await self.api.cordon_node(node)
-        except Exception as exc:
-            log.warning("kubernetes: cordoning drained node %s failed (%s); its pods are still "
-                        "kept off it through the AegisJobs", node, exc)  # fmt: skip
-            return False
 
     async def _mirror_all(self) -> None:
         for job in list(self.jobs.values()):
@@ -350,20 +313,13 @@ class KubernetesSide:
         record = await self._record(job)
         if record is None:
             return
-        decided = _decided_ts(record, pod)
-        current = _pod_named(await self.api.list_pods(job.namespace, job.name), pod)
-        uid = ""
-        if current is not None and not _is_replacement(current, "", decided):
-            uid = _uid(current)
-        job.awaiting[pod] = uid
+        pods = await self.api.list_pods(job.namespace, job.name)
+        job.awaiting[pod] = replacements.uid_replaced(record, pods, pod)
         await self._mirror(job, record)
         await self._announce_replacements(job, record)
 
     async def _announce_replacements(self, job: _Job, record: Mapping[str, Any]) -> None:
-        waiting = [
-            name for name, info in record["status"]["pod_infos"].items()
-            if info["inner_phase"] == Phase.RESTARTING.value and not info["finished"]
-        ]  # fmt: skip
+        waiting = replacements.waiting(record)
         for name in list(job.awaiting):
             if name not in waiting:
                 del job.awaiting[name]  # back (it ACKed), or no longer wanted
@@ -372,13 +328,8 @@ class KubernetesSide:
         if not job.awaiting:
             return
         pods = await self.api.list_pods(job.namespace, job.name)
-        for name, old in list(job.awaiting.items()):
-            pod = _pod_named(pods, name)
-            if pod is None or not _is_replacement(pod, old, _decided_ts(record, name)):
-                continue
-            if (name, _uid(pod)) in job.announced:
-                continue
-            job.announced.add((name, _uid(pod)))
+        for name, pod in replacements.back(record, pods, job.awaiting, job.announced):
+            job.announced.add((name, replacements.uid(pod)))
             del job.awaiting[name]
             node = str((pod.get("spec") or {}).get("nodeName"))
             ip = (pod.get("status") or {}).get("podIP")
@@ -392,7 +343,8 @@ class KubernetesSide:
     async def _end_term(self) -> None:
         """Not (or no longer) leading: stop answering requests; forget this term's work."""
         self._led = False
-        self.drained.clear()  # the next term applies the record again
+        if self.drains is not None:
+            self.drains.clear()  # the next term applies the record again
         for job in self.jobs.values():
             await self._forget(job)
             job.handled.clear()
@@ -403,46 +355,3 @@ class KubernetesSide:
             with contextlib.suppress(Exception):
                 await job.requests.unsubscribe()
             job.requests = None
-
-
-def _pod_named(pods: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    for pod in pods:
-        if (pod.get("metadata") or {}).get("name") == name:
-            return pod
-    return None
-
-
-def _uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
-
-
-def _decided_ts(record: Mapping[str, Any], pod: str) -> float:
-    info = record["status"]["pod_infos"].get(pod) or {}
-    return float(info.get("updated_ts") or 0.0)
-
-
-def _is_replacement(pod: Mapping[str, Any], old_uid: str, decided_ts: float) -> bool:
-    """A live, scheduled pod that is not the one being replaced: another uid, or (the uid
-    replaced unknown) created no earlier than the master's decision (creationTimestamp has
-    one-second resolution)."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    if meta.get("deletionTimestamp") or not spec.get("nodeName"):
-        return False
-    if manifests.exit_code(pod) is not None:
-        return False
-    if old_uid:
-        return _uid(pod) != old_uid
-    created = _parse_time(str(meta.get("creationTimestamp") or ""))
-    return created is not None and created >= math.floor(decided_ts)
-
-
-def _parse_time(text: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _rfc3339(ts: float) -> str:
-    moment = datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).replace(microsecond=0)
-    return moment.isoformat().replace("+00:00", "Z")

@@ -37,8 +37,9 @@ from aegis.core.model import JobSpec, JobStatus, pod_names
 from aegis.core.phases import Phase
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import control
-from aegis.master.job_runner import JobRunner, JobSettings, status_key
+from aegis.master.job_runner import JobSettings, status_key
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
+from aegis.platforms import job_files
 from aegis.platforms.master_bootstrap import run_master
 from aegis.platforms.served_job import ServedJob
 from aegis.platforms.slurm import commands
@@ -202,7 +203,8 @@ async def _run_attempt(
         runner.platform_event, namespace=spec.namespace, job=spec.job, pods=runner.pod_nodes(),
         master=f"{settings.advertise}:{master.grpc_port}", token=token,
     )  # fmt: skip
-    control_file = await _serve_control(master, runner, platform, log_dir)
+    # aegis ctl --log-dir <state>/attempt-N (a drain also drains the node in Slurm)
+    control_file = await job_files.serve_control(runner, platform, log_dir)
     loop = asyncio.get_running_loop()
     lost = asyncio.Event()
 
@@ -223,7 +225,7 @@ async def _run_attempt(
         if control_file is not None:
             control_file.unlink(missing_ok=True)
     if settings.status_file is not None and not lost.is_set():
-        _write_status(settings.status_file, spec, runner.status)
+        job_files.write_status_file(settings.status_file, spec, runner.status)
     placements = [(str(p), n) for p, n in platform.placements]
     return CoordinatorResult(spec, runner.status, placements, list(platform.drained))
 
@@ -271,7 +273,7 @@ async def _run_on_master(
             loop.remove_signal_handler(signal.SIGTERM)
             await platform.stop_all()
         if settings.status_file is not None and not lost.is_set():
-            _write_status(settings.status_file, spec, status)
+            job_files.write_status_file(settings.status_file, spec, status)
         placements = [(str(p), n) for p, n in platform.placements]
         return CoordinatorResult(spec, status, placements, list(platform.drained))
     finally:
@@ -327,25 +329,6 @@ def _already_over(
     return None
 
 
-async def _serve_control(
-    master: MasterService, runner: JobRunner, platform: SlurmPlatform, log_dir: Path
-) -> Path | None:
-    """``aegis ctl --log-dir <state>/attempt-N``: stop, taint, hang, drain (also drains the
-    node in Slurm, with the reason) and undrain (resumes it)."""
-    spec = runner.spec
-
-    def resolve(namespace: str, job: str) -> JobRunner | None:
-        return runner if (namespace, job) == (spec.namespace, spec.job) else None
-
-    await control.serve_control(master.bus, resolve, lambda: [platform], lambda: [runner])
-    target = control.bus_target(master.bus, spec.namespace, spec.job)
-    if target is None:
-        return None
-    path = log_dir / control.CONTROL_FILE
-    control.write_control_file(path, target)
-    return path
-
-
 def _platform(
     settings: CoordinatorSettings, nodes: list[str], log_dir: Path, slurm: commands.SlurmCommands
 ) -> SlurmPlatform:
@@ -363,8 +346,3 @@ def _platform(
         ),
         slurm,
     )
-
-
-def _write_status(path: Path, spec: JobSpec, status: JobStatus) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")

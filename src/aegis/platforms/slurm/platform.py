@@ -15,29 +15,20 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from aegis.core import events as ev
 from aegis.core.model import PodName
-from aegis.platforms.process_pods import Pod, ProcessPods
+from aegis.platforms.process_pods import Pod, PodSettings, ProcessPods
 from aegis.platforms.slurm import commands
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class SlurmSettings:
-    nodes: tuple[str, ...]  # the pods' nodes, in rank order
-    spares: tuple[str, ...]  # the rest of the allocation
-    command: tuple[str, ...]
-    log_dir: Path
-    inject: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> checks
-    grace_s: float = 5.0
-    hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
-    heartbeat_s: float = 1.0
-    exit_wait_s: float = 30.0
+class SlurmSettings(PodSettings):
+    """``nodes``: the pods' nodes, in rank order; ``spares``: the rest of the allocation."""
+
     request_nodes: bool = True  # no healthy spare left: ask Slurm for one more node
     node_request_s: float = 300.0  # how long to wait for it before giving up on the job
     node_poll_s: float = 0.5
@@ -53,28 +44,11 @@ class SlurmPlatform(ProcessPods):
         settings: SlurmSettings,
         slurm: commands.SlurmCommands | None = None,
     ) -> None:
-        super().__init__(settings.exit_wait_s, settings.log_dir)
-        self.settings = settings
+        super().__init__(settings)
+        self.settings: SlurmSettings = settings
         self.slurm: commands.SlurmCommands = slurm or commands.SubprocessCommands()
         self.drained: list[tuple[str, str]] = []
         self.requested: dict[str, str] = {}  # a requested node -> the Slurm job holding it
-        self.master = ""
-
-    def attach(
-        self,
-        sink: Callable[[ev.Event], None],
-        *,
-        namespace: str,
-        job: str,
-        pods: Mapping[PodName, str],
-        master: str,
-        token: str,
-    ) -> None:
-        """``sink`` receives the platform's events (a runner's ``platform_event``, or a
-        publisher to the master's replicas); ``pods`` is the initial placement; ``master``:
-        HOST:PORT[,HOST:PORT] of the credentials server as the agents reach it."""
-        self._attach(sink, namespace, job, pods, token)
-        self.master = master
 
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s; draining it in Slurm", node, reason)

@@ -1,0 +1,39 @@
+"""The files a job run by a platform leaves next to its logs: the final status
+(``--status-file``) and the control file that ``aegis ctl --log-dir`` reads. Shared by
+``aegis run`` (``local_run``, ``replicated_run``, the command line's observers) and a Slurm
+job's coordinator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aegis.core.model import JobSpec, JobStatus
+from aegis.master import control
+from aegis.master.job_runner import JobRunner
+from aegis.wire import status_json
+
+
+def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(status_json.to_dict(spec, status), indent=2) + "\n")
+
+
+async def serve_control(
+    runner: JobRunner, platform: control.NodeBlacklist, log_dir: Path
+) -> Path | None:
+    """Answer ``aegis ctl`` for the one job of ``runner`` on its bus (stop, taint, hang, drain
+    and undrain, what ``platform`` can do of them) and write the control file in ``log_dir``;
+    returns its path (None: the bus has no address to write)."""
+    spec = runner.spec
+
+    def resolve(namespace: str, job: str) -> JobRunner | None:
+        return runner if (namespace, job) == (spec.namespace, spec.job) else None
+
+    await control.serve_control(runner.bus, resolve, lambda: [platform], lambda: [runner])
+    target = control.bus_target(runner.bus, spec.namespace, spec.job)
+    if target is None:
+        return None
+    path = log_dir / control.CONTROL_FILE
+    control.write_control_file(path, target)
+    return path
