@@ -19,7 +19,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform, session_members
 from aegis.tools import replay
-from tests.agent_waits import wait_until
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -118,6 +118,7 @@ async def test_injected_gpu_fault_moves_pod_to_spare_and_blacklists_node(tmp_pat
     _assert_nothing_left(result)
 
 
+@pytest.mark.timing
 async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path: Path) -> None:
     killed: list[int] = []
     killed_at: list[float] = []
@@ -206,6 +207,7 @@ async def test_every_pod_gets_the_torchrun_and_kubeflow_environment(tmp_path: Pa
     _assert_nothing_left(result)
 
 
+@pytest.mark.timing
 async def test_agents_fetch_new_credentials_when_theirs_expire_and_training_goes_on(
     tmp_path: Path,
 ) -> None:

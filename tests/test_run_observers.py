@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from aegis.adapters.nats_server import free_port
-from tests.agent_waits import wait_until
 from tests.scrape import parse, scrape, value
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
