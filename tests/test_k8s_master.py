@@ -350,25 +350,27 @@ async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: 
             return k8s.status().get("replacing") == {"train-1": "u1"}
 
         await async_wait_until(replacing, what="train-1 listed for replacement")
-    finally:
-        heartbeats.cancel()
-    status = k8s.status()
-    assert status["recover_count"] == 0 and status["error_nodes"] == []
-    assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
-    assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
-    assert k8s.cordoned("node-b")
-    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
-    assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
-
-    await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
-
-    async def moved() -> bool:
         status = k8s.status()
-        return status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
+        assert status["recover_count"] == 0 and status["error_nodes"] == []
+        assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
+        assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
+        assert k8s.cordoned("node-b")
+        replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
+        assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
 
-    await async_wait_until(moved, what="train-1 on node-c")
+        await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
+
+        async def moved() -> bool:
+            status = k8s.status()
+            return (
+                status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
+            )
+
+        await async_wait_until(moved, what="train-1 on node-c")
+    finally:
+        heartbeats.cancel()  # the agents beat until the pod has moved, as real ones would
     assert k8s.status()["recover_count"] == 0
 
 
