@@ -119,7 +119,7 @@ def _settings(tmp_path: Path) -> RunSettings:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # loaded: three servers, two masters, a restart
 @pytest.mark.timing
 async def test_killing_the_leaders_server_loses_and_double_counts_nothing(
     tmp_path: Path,
