@@ -35,7 +35,7 @@ def _settings(tmp_path: Path, *extra: str, **overrides: object) -> local_run.Run
         "spare_nodes": 1,
         "max_retry": 2,
         "job": "e2e",
-        "heartbeat_timeout_s": 3.0,
+        "heartbeat_timeout_s": 10.0,  # a loaded machine starves an agent for seconds
         "grace_s": 3.0,
         "log_dir": tmp_path / "logs",
         "status_file": tmp_path / "status.json",
@@ -143,8 +143,8 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
     assert events.count('"type":"HeartbeatLost"') == 1
     records = [json.loads(line) for line in events.splitlines()]
     lost = next(r for r in records if r.get("type") == "HeartbeatLost")
-    # After the kill, and within the timeout (3 s) plus the watcher's poll and a loaded machine.
-    assert lost["pod"] == "e2e-2" and 0.0 < lost["ts"] - killed_at[0] <= 3.0 + 3.0
+    # After the kill, and within the timeout (10 s) plus the watcher's poll and a loaded machine.
+    assert lost["pod"] == "e2e-2" and 0.0 < lost["ts"] - killed_at[0] <= 10.0 + 3.0
     # Replaced: a new agent for e2e-2 came back (PodRestarted) and the job went on.
     assert any(r.get("type") == "PodRestarted" and r.get("pod") == "e2e-2" for r in records)
     assert len(result.agent_pids_seen["e2e-2"]) == 2
