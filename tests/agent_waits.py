@@ -1,52 +1,27 @@
-"""Waiting helpers for the agent tests: a condition with a deadline, never a bare sleep."""
+"""Helpers of the agent tests: their scripts, the agent's command, a line read with a deadline,
+what is left of a process. Waiting for a condition is ``tests.waits``."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
 
+from tests import waits
+
 BIN = Path(__file__).parent / "bin"
 AGENT = [sys.executable, "-m", "aegis.cli.main", "agent"]
-POLL_S = 0.01
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
-        time.sleep(POLL_S)
-
-
-async def async_wait_until(
-    condition: Callable[[], bool], timeout_s: float = 15.0, what: str = ""
-) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(POLL_S)
-
-
-async def async_wait_until_async(
-    condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str
-) -> None:
-    """Poll an async condition until it holds, with a deadline (never a bare sleep)."""
-    async with asyncio.timeout(timeout_s):
-        while not await condition():
-            await asyncio.sleep(POLL_S)
 
 
 def read_line_with(
     proc: subprocess.Popen[bytes],
     marker: str | tuple[str, ...],
-    timeout_s: float = 15.0,
+    timeout_s: float = waits.DEFAULT_S,
     *,
     stderr: bool = False,
 ) -> str:

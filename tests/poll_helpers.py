@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -107,16 +107,6 @@ async def standalone_master(
             await task
         await bus.close()
         await asyncio.to_thread(server.stop)
-
-
-async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Until ``condition()`` holds, with a deadline (never a bare sleep)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}") from None
 
 
 def leads(master: Master, key: str) -> bool:

@@ -34,10 +34,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aegis.platforms import emulated
+from tests.waits import wait_until
 
 NODES = ("n1", "n2", "n3")
 ADDRESSES = emulated.addresses(NODES)  # n1 is 198.18.0.10, ...
@@ -239,12 +240,12 @@ class SlurmCluster:
              f"--seed-file={munge}/munged.seed"],
             "munged.out",
         )  # fmt: skip
-        self._wait((munge / "munge.socket").exists, timeout_s, "munged")
+        wait_until((munge / "munge.socket").exists, timeout_s, "munged")
         self._daemon(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out")
         for node in NODES:
             argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
             self._daemon(argv, f"slurmd.{node}.out", node=node)
-        self._wait(self._all_idle, timeout_s, "every node idle in sinfo")
+        wait_until(self._all_idle, timeout_s, "every node idle in sinfo")
 
     def _make_hosts(self, timeout_s: float) -> None:
         """The cluster's namespaces and, in them, the bridge and one set per node."""
@@ -259,7 +260,7 @@ class SlurmCluster:
                 cwd=REPO, start_new_session=True,
             )  # fmt: skip
         pids = state / "pids.json"
-        self._wait(lambda: self._holder_alive() and pids.exists(), timeout_s, "the hosts")
+        wait_until(lambda: self._holder_alive() and pids.exists(), timeout_s, "the hosts")
         self.node_pids = {node: int(pid) for node, pid in json.loads(pids.read_text()).items()}
 
     def _holder_alive(self) -> bool:
@@ -287,14 +288,6 @@ class SlurmCluster:
         for path in sorted((self.root / "log").glob("*")):
             parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
-
-    @staticmethod
-    def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-            time.sleep(0.05)
 
     def stop(self) -> None:
         for daemon in reversed(self.daemons):

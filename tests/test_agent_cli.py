@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import agent_waits as waits
+from tests.waits import wait_until
 
 
 def run_agent(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -129,7 +130,7 @@ def test_agent_logs_hang_with_stack_when_command_stops_progressing() -> None:
         sys.executable, str(waits.BIN / "hang.py"), "progress",
     )  # fmt: skip
     waits.read_line_with(proc, "no progress for", stderr=True)
-    line = waits.read_line_with(proc, ("stuck_in_allreduce", "py-spy"), timeout_s=20, stderr=True)
+    line = waits.read_line_with(proc, ("stuck_in_allreduce", "py-spy"), timeout_s=60, stderr=True)
     assert proc.poll() is None  # reported, not killed
     proc.send_signal(signal.SIGTERM)
     assert finish(proc) == 128 + signal.SIGTERM
@@ -186,7 +187,7 @@ def test_agent_reaps_an_orphan_that_exits_while_the_command_still_runs() -> None
     proc = start_agent("--", sys.executable, "-c", ORPHAN_THAT_EXITS)
     _, orphan, parent = waits.read_line_with(proc, "ORPHAN").split()
     assert int(parent) == proc.pid  # re-parented to the agent (its subreaper)
-    waits.wait_until(lambda: waits.really_gone(int(orphan)), 10, "the agent reaps the orphan")
+    wait_until(lambda: waits.really_gone(int(orphan)), what="the agent reaps the orphan")
     assert proc.poll() is None  # the agent (and the command) still run
     assert proc.stdin is not None
     proc.stdin.close()

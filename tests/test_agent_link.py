@@ -104,6 +104,7 @@ async def _declined_within(
     return sent
 
 
+@pytest.mark.timing
 async def test_a_script_that_never_reported_a_step_is_declined_when_silent() -> None:
     from aegis.agent import link
 
@@ -114,6 +115,7 @@ async def test_a_script_that_never_reported_a_step_is_declined_when_silent() -> 
     assert "does not take checkpoint requests" in declined.reason
 
 
+@pytest.mark.timing
 async def test_a_restarting_script_that_reported_steps_before_is_given_time() -> None:
     """The request comes with a restart; a slow node restarts slowly: no step for longer than
     decline_after_s is no reason to decline a script that reported steps before."""

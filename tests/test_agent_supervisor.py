@@ -12,6 +12,7 @@ import pytest
 
 from aegis.agent import ports, reaper, stacks, supervisor
 from tests import agent_waits as waits
+from tests.waits import async_wait_until
 
 PYTHON = sys.executable
 
@@ -70,13 +71,13 @@ async def test_restart_replaces_group_when_ordered(
     argv = [PYTHON, str(waits.BIN / "report_env.py")]
     async with make(argv, the_reaper, reports, lines, grace_s=5.0) as sup:
         await sup.start()
-        await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 1)
+        await async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 1)
         _, count, port, pid, grandchild, job_var = lines.with_prefix("INCARNATION")[0].split()
         assert (count, port, job_var) == ("0", "-", "kept")
         assert psutil.Process(int(pid)).ppid() == os.getpid()
 
         await sup.restart({"MASTER_PORT": "29501"})
-        await waits.async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 2)
+        await async_wait_until(lambda: len(lines.with_prefix("INCARNATION")) == 2)
         _, count2, port2, pid2, grandchild2, job_var2 = lines.with_prefix("INCARNATION")[1].split()
         assert (count2, port2, job_var2) == ("1", "29501", "kept")
         assert sup.restart_count == 1 and sup.pid == int(pid2) != int(pid)
@@ -88,7 +89,7 @@ async def test_restart_replaces_group_when_ordered(
         stopped = await sup.stop()
     assert stopped is not None and stopped.reason is ports.ExitReason.STOPPED
     assert stopped.exit_status == 128 + 15
-    await waits.async_wait_until(lambda: waits.gone(int(grandchild2)))
+    await async_wait_until(lambda: waits.gone(int(grandchild2)))
 
 
 async def test_wait_skips_restarts_when_command_later_exits(the_reaper: reaper.Reaper) -> None:
@@ -101,7 +102,7 @@ async def test_wait_skips_restarts_when_command_later_exits(the_reaper: reaper.R
     )
     async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
         await sup.start()
-        await waits.async_wait_until(lambda: "RUN 0" in lines.seen)
+        await async_wait_until(lambda: "RUN 0" in lines.seen)
         await sup.restart()
         report = await sup.wait()
     assert (report.reason, report.exit_status, report.restart_count) == (
@@ -246,6 +247,7 @@ HANG_TIMEOUT_S = 1.0
 
 
 @pytest.mark.parametrize("mode", ["progress", "output"])
+@pytest.mark.timing
 async def test_watchdog_reports_hang_with_stack_when_command_stops_progressing(
     the_reaper: reaper.Reaper, mode: str
 ) -> None:
@@ -268,6 +270,7 @@ async def test_watchdog_reports_hang_with_stack_when_command_stops_progressing(
     assert "stuck_in_allreduce" in dump.text
 
 
+@pytest.mark.timing
 async def test_watchdog_stays_quiet_when_command_keeps_progressing(
     the_reaper: reaper.Reaper,
 ) -> None:

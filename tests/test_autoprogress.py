@@ -27,6 +27,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.wire import messages as m
 from tests import agent_waits as waits
+from tests.waits import async_wait_until
 
 PYTHON = sys.executable
 STEPS = str(waits.BIN / "plain_steps.py")
@@ -166,6 +167,7 @@ def make(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.timing
 async def test_zygote_is_made_once_a_plain_script_steps_and_its_warm_child_reports(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
@@ -176,8 +178,8 @@ async def test_zygote_is_made_once_a_plain_script_steps_and_its_warm_child_repor
         await sup.start()  # from the zygote made for it
         zygotes = sup.zygotes
         assert zygotes is not None and zygotes.made == 1
-        await waits.async_wait_until(lambda: sup.last_step == 3, 120, "the first child's steps")
-        await waits.async_wait_until(lambda: zygotes.made == 2, 120, "the next zygote")
+        await async_wait_until(lambda: sup.last_step == 3, 120, "the first child's steps")
+        await async_wait_until(lambda: zygotes.made == 2, 120, "the next zygote")
         zygote = await zygotes.ready()
         assert zygote is not None and "torch" in zygote.info["modules"]
         learned = Path(zygotes.learn_path)  # written at a warm child's first step
@@ -186,8 +188,8 @@ async def test_zygote_is_made_once_a_plain_script_steps_and_its_warm_child_repor
         await sup.restart()
         pid = sup.pid
         assert pid is not None and psutil.Process(pid).ppid() != os.getpid()  # warm
-        await waits.async_wait_until(lambda: sup.last_step == 3, 120, "the warm child's steps")
-        await waits.async_wait_until(learned.exists, 120, "the learned modules")
+        await async_wait_until(lambda: sup.last_step == 3, 120, "the warm child's steps")
+        await async_wait_until(learned.exists, 120, "the learned modules")
 
 
 @pytest.mark.timeout(240)
@@ -227,7 +229,7 @@ async def test_torchrun_workers_in_a_bash_wrapper_report_their_steps(
     async with sup:
         await sup.start()
         # rank 1 alone: 3 steps in step with rank 0, 2 on its own; rank 0 waits for the gate
-        await waits.async_wait_until(lambda: sup.last_step == 5, 180, "rank 1's steps")
+        await async_wait_until(lambda: sup.last_step == 5, 180, "rank 1's steps")
         gate.touch()
         report = await sup.wait()
         assert report.exit_status == 0
@@ -273,7 +275,7 @@ async def test_plain_ddp_script_steps_reach_the_master_and_its_crash_is_reported
     async def crash_once_every_pod_has_its_next_interpreter() -> None:
         # each pod's next zygote is made only once its rank has stepped (or after 60 s); the
         # first start's zygotes are nannies by the time every pod has reported a step
-        await waits.async_wait_until(
+        await async_wait_until(
             lambda: len(steps) == 3 and zygotes_idle() == 3, 240, "3 ready zygotes"
         )
         gate.touch()
@@ -317,7 +319,7 @@ async def test_a_warm_child_has_the_blas_pool_of_a_cold_start(
     async with sup:
         await sup.start()
         assert sup.zygotes is not None and sup.zygotes.made == 1
-        await waits.async_wait_until(out.exists, 120, "the warm child's answer")
+        await async_wait_until(out.exists, 120, "the warm child's answer")
         threads, parent = map(int, out.read_text().split())
         assert parent != os.getpid()  # forked from the zygote: warm
         assert threads == cold_threads

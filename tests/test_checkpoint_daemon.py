@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from aegis.checkpoint import api, process
+from tests.waits import async_wait_until
 
 PY = sys.executable
 
@@ -53,14 +53,6 @@ async def daemons() -> AsyncIterator[list[process.DaemonProcess]]:
         await daemon.stop()
 
 
-async def until(cond: object, deadline_s: float = 30.0) -> None:
-    assert callable(cond)
-    end = time.monotonic() + deadline_s
-    while not cond():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.005)
-
-
 def alive(pid: int | None) -> bool:
     if pid is None:
         return False
@@ -71,6 +63,7 @@ def alive(pid: int | None) -> bool:
     return True
 
 
+@pytest.mark.timing
 async def test_supervise_restarts_killed_daemon_within_3s_and_reports_commits(
     shm: Path, tmp_path: Path
 ) -> None:
@@ -83,14 +76,14 @@ async def test_supervise_restarts_killed_daemon_within_3s_and_reports_commits(
     daemon = process.DaemonProcess(settings, on_commit=on_commit)
     task = asyncio.create_task(daemon.supervise())
     try:
-        await until(lambda: daemon.alive)
+        await async_wait_until(lambda: daemon.alive)
         first = daemon.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        await until(lambda: daemon.alive and daemon.pid != first, deadline_s=3.0)
+        await async_wait_until(lambda: daemon.alive and daemon.pid != first, 3.0)
         assert daemon.restarts == 1
         api.Saver(api.SaverSettings(shm_dir=shm)).save(4, {"w": torch.ones(10)})
-        await until(lambda: seen == [4])
+        await async_wait_until(lambda: seen == [4])
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -107,7 +100,7 @@ async def test_daemon_killed_mid_write_never_leaves_a_loadable_torn_copy(
     await daemon.start()
     saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
     saver.save(1, {"w": torch.full((1024,), 1.0)})
-    await until(lambda: saver.committed_steps() == [1])
+    await async_wait_until(lambda: saver.committed_steps() == [1])
     saver.save(2, {"w": torch.full((16 * 262144,), 2.0)})  # 16 MB at 20 MB/s: ~0.8 s of writing
 
     def partly_written() -> bool:
@@ -116,7 +109,7 @@ async def test_daemon_killed_mid_write_never_leaves_a_loadable_torn_copy(
             for p in ckpt.glob(".tmp-step-2-*")
         )
 
-    await until(partly_written)
+    await async_wait_until(partly_written)
     await daemon.stop()  # SIGKILL in the middle of data.bin
     assert not (ckpt / "step-2" / "COMMIT").exists()
     from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "no-shm", ckpt_dir=ckpt))
@@ -124,7 +117,8 @@ async def test_daemon_killed_mid_write_never_leaves_a_loadable_torn_copy(
     assert loaded is not None and loaded[0] == 1
     assert api.Saver(saver.settings).load_latest() is not None  # shm: still step 1
     await daemon.restart()  # the pending slot is persisted again from the start
-    await until(lambda: saver.committed_steps() == [1, 2])  # 1: whole in the other buffer
+    # 1: whole in the other buffer
+    await async_wait_until(lambda: saver.committed_steps() == [1, 2])
     assert not list(ckpt.glob(".tmp-step-*"))
     loaded = from_disk.load_latest()
     assert loaded is not None and loaded[0] == 2 and float(loaded[1]["w"][-1]) == 2.0
@@ -144,7 +138,9 @@ async def test_restarted_training_process_resumes_from_shm_without_disk_read(
         "for s in (1, 2): c.save(s, {'w': torch.full((100,), float(s))})\n"
     )
     subprocess.run([PY, "-c", save], env=env, check=True, timeout=60)  # the first incarnation
-    await until(lambda: api.Saver(api.SaverSettings(shm_dir=shm)).committed_steps() == [1, 2])
+    await async_wait_until(
+        lambda: api.Saver(api.SaverSettings(shm_dir=shm)).committed_steps() == [1, 2]
+    )
     await daemon.stop()
     out = subprocess.run([PY, "-c", RESUME], env=env, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)

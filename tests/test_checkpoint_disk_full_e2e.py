@@ -26,7 +26,7 @@ from aegis.platforms.local import LocalPlatform
 from aegis.tools import incidents as incidents_tool
 from aegis.tools import joblog
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -18,7 +18,7 @@ import pytest
 from aegis import training
 from aegis.agent import watchdog
 from aegis.checkpoint import api
-from tests.agent_waits import wait_until
+from tests.waits import wait_until
 
 SCRIPT = """
 import sys, torch, aegis, aegis.checkpoint

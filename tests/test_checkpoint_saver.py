@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 import torch
 
 from aegis.checkpoint import api, process
-from tests.agent_waits import async_wait_until_async
+from tests.waits import async_wait_until
 
 PY = sys.executable
 
@@ -38,23 +36,12 @@ async def daemon(shm: Path, tmp_path: Path) -> AsyncIterator[process.DaemonProce
     await proc.stop()
 
 
-async def wait_for(cond: Callable[[], Any], deadline_s: float = 30.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while not (value := cond()):
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-    return value
-
-
 async def committed(daemon: process.DaemonProcess, step: int) -> None:
     async def check() -> bool:
         await daemon.poll_commits()
         return daemon.last_committed is not None and daemon.last_committed >= step
 
-    end = time.monotonic() + 30
-    while not await check():
-        assert time.monotonic() < end, f"step {step} not committed"
-        await asyncio.sleep(0.01)
+    await async_wait_until(check, what=f"step {step} committed", seen=lambda: daemon.last_committed)
 
 
 def training_state(seed: int) -> dict[str, Any]:
@@ -163,7 +150,7 @@ async def test_a_step_saved_again_after_a_rollback_is_persisted_and_reported_ane
         reported.extend(await daemon.poll_commits())
         return bool(reported)
 
-    await async_wait_until_async(recommitted, 30, "the new step 6 reported")
+    await async_wait_until(recommitted, 30, "the new step 6 reported")
     assert reported == [6]
     from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "none", ckpt_dir=ckpt))
     on_disk = from_disk.load_latest()

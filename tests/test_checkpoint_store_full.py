@@ -8,9 +8,8 @@ import asyncio
 import errno
 import shutil
 import subprocess
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 from aegis.checkpoint import api, outage, process, store
 from aegis.checkpoint import layout as lay
+from tests.waits import async_wait_until
 
 N = 16 * 1024  # 64 KiB of float32 per save
 
@@ -74,13 +74,6 @@ async def watched(shm: Path, disk: Path) -> AsyncIterator[Watched]:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def until(cond: Callable[[], object], deadline_s: float = 60.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not cond():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 def fill(where: Path) -> Path:
     filler = where / "filler"
     with filler.open("wb", buffering=0) as out, pytest.raises(OSError) as caught:
@@ -113,17 +106,17 @@ async def test_full_store_is_reported_once_saves_go_on_and_the_newest_persists_w
     ckpt = disk / "pod-0"
     saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt, policy=api.BusyPolicy.WAIT))
     await save(saver, 10)
-    await until(lambda: watched.commits == [10])
+    await async_wait_until(lambda: watched.commits == [10])
     filler = fill(disk)
     await save(saver, 20)
-    await until(lambda: any(r.opened for r in watched.reports))
+    await async_wait_until(lambda: any(r.opened for r in watched.reports))
     opened = watched.reports[0]
     assert (opened.errno, opened.step, opened.directory) == (errno.ENOSPC, 20, str(ckpt))
     assert opened.strerror == "No space left on device"
     assert saver.store_down()
     for step in (30, 40, 50):  # none of them waits on the slot the daemon cannot persist
         await save(saver, step)
-    await until(lambda: watched.failures() >= 3)
+    await async_wait_until(lambda: watched.failures() >= 3)
     assert [r.opened for r in watched.reports if not r.ok].count(True) == 1  # once per outage
     assert saver.committed_steps() == [10]  # the newest committed stays whole for a restart
     assert saver.pending_steps() == [50]  # older unpersisted saves dropped, the newest kept
@@ -131,15 +124,15 @@ async def test_full_store_is_reported_once_saves_go_on_and_the_newest_persists_w
     assert loaded is not None and loaded[0] == 10 and float(loaded[1]["w"][0]) == 10.0
     assert not list(ckpt.glob(".tmp-step-*"))  # a failed attempt leaves no partial copy
     filler.unlink()
-    await until(lambda: 50 in watched.commits)
-    await until(lambda: any(r.ok for r in watched.reports))
+    await async_wait_until(lambda: 50 in watched.commits)
+    await async_wait_until(lambda: any(r.ok for r in watched.reports))
     assert watched.commits == [10, 50]  # 20..40 were never committed: no torn one either
     back = watched.reports[-1]
     assert back.ok and back.step == 50 and back.down_s > 0
     assert not saver.store_down()
     assert every_committed_step_loads(ckpt) == [10, 50]
     await save(saver, 60)  # and the next save is persisted as before
-    await until(lambda: 60 in watched.commits)
+    await async_wait_until(lambda: 60 in watched.commits)
     assert every_committed_step_loads(ckpt) == [50, 60]
     from_disk = api.Saver(api.SaverSettings(shm_dir=shm / "none", ckpt_dir=ckpt))
     result = from_disk.load_from_disk()
@@ -152,14 +145,14 @@ async def test_read_only_store_is_reported_with_erofs_and_persisting_resumes_aft
     ckpt = disk / "pod-0"
     saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
     await save(saver, 1)
-    await until(lambda: watched.commits == [1])
+    await async_wait_until(lambda: watched.commits == [1])
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     await save(saver, 2)
-    await until(lambda: any(r.opened for r in watched.reports))
+    await async_wait_until(lambda: any(r.opened for r in watched.reports))
     assert watched.reports[0].errno == errno.EROFS
     await save(saver, 3)
     subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
-    await until(lambda: 3 in watched.commits)
+    await async_wait_until(lambda: 3 in watched.commits)
     assert watched.commits == [1, 3]
     assert every_committed_step_loads(ckpt) == [1, 3]
 
@@ -170,16 +163,16 @@ async def test_outage_goes_on_across_a_daemon_restart_without_a_second_report(
     ckpt = disk / "pod-0"
     saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
     await save(saver, 1)
-    await until(lambda: watched.commits == [1])
+    await async_wait_until(lambda: watched.commits == [1])
     filler = fill(disk)
     await save(saver, 2)
-    await until(lambda: watched.failures() >= 1)
+    await async_wait_until(lambda: watched.failures() >= 1)
     await watched.daemon.stop()  # supervise starts it again: the outage is the same one
-    await until(lambda: watched.daemon.alive and watched.daemon.restarts == 1)
-    await until(lambda: watched.failures() >= 3)
+    await async_wait_until(lambda: watched.daemon.alive and watched.daemon.restarts == 1)
+    await async_wait_until(lambda: watched.failures() >= 3)
     assert [r.opened for r in watched.reports].count(True) == 1
     filler.unlink()
-    await until(lambda: 2 in watched.commits)
+    await async_wait_until(lambda: 2 in watched.commits)
     assert every_committed_step_loads(ckpt) == [1, 2]
 
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from itertools import combinations
 
 import psutil
@@ -20,6 +19,7 @@ from aegis.checks import base, group, perf, suites
 from aegis.cli import main as cli
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
+from tests.waits import async_wait_until
 
 PY = sys.executable
 
@@ -65,10 +65,9 @@ async def test_allreduce_connect_fails_with_timeout_when_one_pod_is_missing() ->
     results = await asyncio.gather(connect(0, 3, port, 3.0), connect(1, 3, port, 3.0))
     assert [r.passed for r in results] == [False, False]
     assert all(r.result == "timeout after 3 s" for r in results), results
-    end = time.monotonic() + 10
-    while collective_children():  # killed at the budget: nothing left behind
-        assert time.monotonic() < end, collective_children()
-        await asyncio.sleep(0.01)
+    await async_wait_until(  # killed at the budget: nothing left behind
+        lambda: not collective_children(), what="no check child left", seen=collective_children
+    )
 
 
 def duty_cycle(pgid: int, stop: threading.Event, stopped_s: float, period_s: float) -> None:
@@ -83,6 +82,7 @@ def duty_cycle(pgid: int, stop: threading.Event, stopped_s: float, period_s: flo
         stop.wait(period_s - stopped_s)
 
 
+@pytest.mark.timing
 def test_allreduce_perf_names_the_slowed_pod_slow_when_duty_cycled() -> None:
     port = group.free_port()
     pods = [

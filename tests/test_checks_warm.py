@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from aegis.agent import reaper
 from aegis.checks import base, group, host, suites
 from aegis.core.recovery import CheckType
+from tests.waits import async_wait_until
 
 CONNECT, PERF = CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF
 
@@ -46,14 +46,6 @@ def settings(
 async def the_reaper() -> AsyncIterator[reaper.Reaper]:
     async with reaper.Reaper() as r:
         yield r
-
-
-async def wait_for(condition: object, what: str, timeout_s: float = 30.0) -> None:
-    assert callable(condition)
-    end = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < end, what
-        await asyncio.sleep(0.01)
 
 
 def gone(pid: int) -> bool:
@@ -160,7 +152,7 @@ async def test_check_host_replaces_forkserver_when_it_dies_idle(
         first = await h.ready()
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        await wait_for(lambda: h.made == 2, "a second forkserver")
+        await async_wait_until(lambda: h.made == 2, what="a second forkserver")
         second = await h.ready()
         assert second is not None and second != first
         results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))

@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 from aegis.adapters.nats_server import free_port
-from tests.agent_waits import async_wait_until
 from tests.cluster import (
     AEGIS,
     TRAIN,
@@ -31,6 +30,7 @@ from tests.cluster import (
     run_cluster,
 )
 from tests.scrape import scrape
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -143,6 +143,7 @@ async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> 
     assert leftovers(run.log_dir) == []
 
 
+@pytest.mark.timing
 async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_counted(
     tmp_path: Path,
 ) -> None:
@@ -177,6 +178,7 @@ async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_count
     assert leftovers(run.log_dir) == []
 
 
+@pytest.mark.timing
 async def test_the_leader_killed_mid_training_the_standby_leads_and_training_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -233,6 +235,7 @@ def _master_pid(log_dir: Path, index: int) -> int:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.timing
 async def test_a_node_that_turns_slow_is_evicted_to_a_spare_at_the_next_commit(
     tmp_path: Path,
 ) -> None:

@@ -13,7 +13,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_lease import NatsLeaseStore
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import Bus, LeaseStore, LeaseTakenError, StatusStore, StoreConflictError
-from tests.agent_waits import async_wait_until, async_wait_until_async
+from tests.waits import async_wait_until
 
 
 @pytest.fixture(params=["nats", "memory"])
@@ -185,7 +185,7 @@ async def test_lease_store_frees_the_key_when_its_ttl_passes(lease_store: LeaseS
     async def expired() -> bool:
         return await vacant() is not None
 
-    await async_wait_until_async(expired, timeout_s=15, what="the lease's TTL to pass")
+    await async_wait_until(expired, what="the lease's TTL to pass")
     after = await vacant()
     assert after is not None and after > held  # the expiry takes a revision
     with pytest.raises(LeaseTakenError):  # the old holder's renewal is refused

@@ -3,7 +3,7 @@ cannot cover, checking the same invariants as ``aegis verify`` after every event
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -106,11 +106,9 @@ class JobMachine(RuleBasedStateMachine):
             assert message is None, f"{name}: {message}"
 
 
+# On the suite's profile (tests/conftest.py: no deadline, no health check that times anything).
 JobMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    settings.get_profile("aegis"), max_examples=150, stateful_step_count=60
 )
 TestJobMachine = JobMachine.TestCase
 

@@ -15,7 +15,7 @@ from aegis.adapters.nats_auth import Authority, UserCreds, decode_claims
 from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.wire.tokens import pod_token
-from tests.agent_waits import async_wait_until
+from tests.waits import async_wait_until
 
 
 async def _connect(server: EmbeddedNats, creds: UserCreds, errors: list[str]) -> NatsBus:

@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from aegis.checkpoint import process
-from tests.agent_waits import BIN, wait_until
+from tests.agent_waits import BIN
+from tests.waits import wait_until
 
 WORKER = BIN / "dcp_fsdp.py"
 RANK_TIMEOUT_S = 300.0

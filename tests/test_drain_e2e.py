@@ -23,9 +23,9 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 from aegis.platforms.replicated_run import ReplicatedRun
-from tests.agent_waits import async_wait_until, async_wait_until_async
+from tests.waits import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
 HANG = Path(__file__).parent / "bin" / "hang.py"
@@ -113,7 +113,7 @@ async def test_drain_checkpoints_on_request_moves_the_pod_and_resumes_at_that_st
             lambda: runner.safe.target_step(time.monotonic()) > 10, 60, "a few steps"
         )
         replies.append(await ctl("drain", "node-1", "--reason", "kernel upgrade", *where))
-        await async_wait_until(lambda: "node-1" in platform.blacklist, 10, "the blacklist")
+        await async_wait_until(lambda: "node-1" in platform.blacklist, what="the blacklist")
 
     result = await run_with(settings, scenario)
     code, out = replies[0]
@@ -227,7 +227,7 @@ async def test_a_standalone_master_replica_drains_through_its_control_file(
             ready = (tmp_path / "control.json").exists() and await run.leader() is not None
             return ready and (await run.status()).phase is Phase.RUN_COMMAND
 
-        await async_wait_until_async(trains, 120, "training under a leader with a control file")
+        await async_wait_until(trains, 120, "training under a leader with a control file")
         code, out = await ctl("drain", "node-2", "--reason", "psu swap", "--log-dir", str(tmp_path))
         assert code == 0 and "drained node-2: job ha: ha-2 leave(s)" in out, out
         await async_wait_until(lambda: "node-2" in run.platform.blacklist, 30, "the platform")

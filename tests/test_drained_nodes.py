@@ -21,6 +21,7 @@ from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings, submit_job
 from aegis.master.service import STATUS_BUCKET
 from aegis.wire import platform_msgs as pm
+from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,9 +127,7 @@ async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: M
     }
     # Its pod placed on node-7 (the job's platform did not know yet) is drained.
     runner = master.replica.runners["default.later"]
-    async with asyncio.timeout(30):
-        while runner.status.drain_count != 1:
-            await asyncio.sleep(0.05)
+    await async_wait_until(lambda: runner.status.drain_count == 1, what="the pod drained")
     assert runner.status.pod_infos["later-1"].drain
     assert runner.status.pod_infos["later-1"].last_failed_reason.startswith("drain: on a drained")
     # The record is in the store: a new leader reads the same.
@@ -138,9 +137,9 @@ async def test_a_job_adopted_after_a_drain_is_told_of_the_drained_node(master: M
     assert (await master.ctl("undrain", "node-7")).ok
     assert await record.load() == {}
     requests = await master.submit("after-undrain")
-    async with asyncio.timeout(30):
-        while "default.after-undrain" not in master.replica.runners:
-            await asyncio.sleep(0.05)
+    await async_wait_until(
+        lambda: "default.after-undrain" in master.replica.runners, what="the job adopted"
+    )
     assert master.replica.runners["default.after-undrain"].platform.blacklist == {}  # type: ignore[attr-defined]
     # Requests reach a job in the order sent: the first it gets is a later drain's, not node-7's.
     assert (await master.ctl("drain", "node-8")).ok

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from aegis.adapters.nats_server import EmbeddedNats
-from tests.agent_waits import wait_until
+from tests.waits import wait_until
 
 STARTER = """
 import sys

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import agent_waits as waits
+from tests import waits
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,6 +15,8 @@ import pytest
 
 from aegis.agent import ports, reaper, supervisor, warm
 
+pytestmark = pytest.mark.timing
+
 TRAIN = """
 def step(n):
     raise RuntimeError(f"bad batch at step {n}")

@@ -9,7 +9,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from aegis import autoprogress, flight, training
 from aegis.adapters.nats_server import free_port
 from aegis.agent import stacks
 from aegis.core import suspects
+from tests.waits import wait_until
 
 SCRIPT = Path(__file__).parent / "bin" / "plain_allreduce.py"
 
@@ -72,6 +72,7 @@ def test_recording_follows_torchs_variables() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_real_ranks_answer_from_a_thread_while_one_hangs_and_it_is_named(tmp_path: Path) -> None:
     world, port = 3, free_port()
     procs, requests = [], []
@@ -92,12 +93,13 @@ def test_real_ranks_answer_from_a_thread_while_one_hangs_and_it_is_named(tmp_pat
                 "--hang-at-step", "30", "--hang-rank", "1",
                 "--state-dir", str(tmp_path)]  # fmt: skip
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))
+
+    def hung() -> bool:
+        assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+        return (tmp_path / ".hung-rank-1").exists()
+
     try:
-        deadline = time.monotonic() + 90
-        while not (tmp_path / ".hung-rank-1").exists():
-            assert time.monotonic() < deadline, "rank 1 never hung"
-            assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
-            time.sleep(0.05)
+        wait_until(hung, 90, "rank 1 to hang")
         lines: dict[int, str] = {}
         for proc, request in zip(procs, requests, strict=True):
             stacks.ask_flight(request, [proc.pid])

@@ -15,9 +15,9 @@ import pytest
 from aegis.core.phases import Phase
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
-from tests.agent_waits import async_wait_until_async
+from tests.waits import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(180)]
 
 TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
 
@@ -73,7 +73,7 @@ async def _leader_when(run: ReplicatedRun, phase: Phase) -> int:
         state["leader"] = await run.leader()
         return state["phase"] is phase and state["leader"] is not None
 
-    await async_wait_until_async(reached, timeout_s=90, what=f"phase {phase} with a leader")
+    await async_wait_until(reached, timeout_s=90, what=f"phase {phase} with a leader")
     leader = state["leader"]
     assert isinstance(leader, int)
     return leader
@@ -143,7 +143,7 @@ async def test_deposed_leader_that_wakes_up_cannot_write_or_order(
     await run.start()
     old = await _leader_when(run, Phase.RUN_COMMAND)
     os.kill(run.masters[old].pid, signal.SIGSTOP)
-    await async_wait_until_async(
+    await async_wait_until(
         lambda: _is_leader(run, 1 - old), timeout_s=30, what="the standby takes over"
     )
     os.kill(run.masters[old].pid, signal.SIGCONT)

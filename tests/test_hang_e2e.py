@@ -19,7 +19,7 @@ import pytest
 
 from tests.cluster import AEGIS, leftovers, run_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(420)]
 
 BIN = Path(__file__).parent / "bin"
 

@@ -26,9 +26,11 @@ from aegis.master.ports import NullPlatform
 from aegis.tools import incidents, replay
 from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until, async_wait_until_async
 from tests.test_job_runner import healthy
 from tests.test_suspects import ASLEEP, WAITING
+from tests.waits import async_wait_until
+
+pytestmark = pytest.mark.timing
 
 PODS = ("job-0", "job-1", "job-2")
 
@@ -75,7 +77,7 @@ async def job(tmp_path: Path) -> AsyncIterator[Job]:
 
 async def _troubleshooting(job: Job) -> None:
     await async_wait_until(
-        lambda: job.runner.status.phase is Phase.TROUBLESHOOTING, 10, "the hang handled"
+        lambda: job.runner.status.phase is Phase.TROUBLESHOOTING, what="the hang handled"
     )
 
 
@@ -169,7 +171,7 @@ async def test_each_pods_watchdog_choice_reaches_aegis_status(job: Job) -> None:
         got = await job.runner.store.get(status_key(job.runner.spec))
         return got is not None and "watchdogs" in json.loads(got[0])
 
-    await async_wait_until_async(stored, 10, "the status written with it")
+    await async_wait_until(stored, what="the status written with it")
     got = await job.runner.store.get(status_key(job.runner.spec))
     assert got is not None
     record = json.loads(got[0])

@@ -12,7 +12,7 @@ import pytest
 
 from aegis.agent import hang_policy as hp
 from aegis.agent import watchdog
-from tests.agent_waits import wait_until
+from tests.waits import wait_until
 
 POLICY = hp.HangPolicy()
 
@@ -114,6 +114,7 @@ def _looks(proc: subprocess.Popen[bytes], looks: int) -> watchdog.TreeActivity:
     return activity
 
 
+@pytest.mark.timing
 def test_tree_activity_sees_a_busy_process_and_not_a_sleeping_one() -> None:
     procs = {
         kind: subprocess.Popen([sys.executable, "-c", SPIN, kind]) for kind in ("busy", "idle")

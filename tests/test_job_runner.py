@@ -21,8 +21,10 @@ from aegis.master import inbox, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until
 from tests.scrape import parse, value
+from tests.waits import async_wait_until
+
+pytestmark = pytest.mark.timing
 
 
 class RecordingPlatform:
@@ -210,9 +212,7 @@ async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:
         await harness.send("job-1", m.MessageType.HEARTBEAT, m.HeartbeatData())
 
     # job-1 keeps beating, job-0 falls silent: only job-0 is lost, counted once.
-    await async_wait_until(
-        lambda: harness.runner.status.phase is Phase.RESTARTING, timeout_s=5, what="loss"
-    )
+    await async_wait_until(lambda: harness.runner.status.phase is Phase.RESTARTING, what="loss")
     await beat()
     await harness.settle()
     assert ("replace", "job-0") in harness.platform.calls

@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,9 @@ from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
 from tests import k8s_emulator
 from tests.test_k8s_handlers import job_body
+from tests.waits import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(90)]
 
 USER_LINE_0 = "max restarts 2, restarted 0 times; hardware problems rescheduled 0 times"
 
@@ -82,15 +83,6 @@ class Cluster:
                                           deadline_s=0.5)  # fmt: skip
 
         return await control.request(self.bus, build, inbox_prefix="_INBOX")
-
-
-async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await condition():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def scheduled(rank: int, node: str, uid: str, created: str) -> dict[str, Any]:
@@ -166,7 +158,7 @@ async def adopted(k8s: Cluster) -> dict[str, Any]:
         record = await k8s.record()
         return record is not None and record.get("epoch", 0) > 0
 
-    await until(led, "the leader adopts the job")
+    await async_wait_until(led, what="the leader adopts the job")
     record = await k8s.record()
     assert record is not None
     assert record["spec"] == {"job": "train", "namespace": "ml", "worker_num": 2, "max_retry": 2,
@@ -178,7 +170,7 @@ async def adopted(k8s: Cluster) -> dict[str, Any]:
     async def mirrored_pending() -> bool:
         return k8s.status().get("phase") == "Pending"
 
-    await until(mirrored_pending, "Pending in the AegisJob status")
+    await async_wait_until(mirrored_pending, what="Pending in the AegisJob status")
     status = k8s.status()
     assert status["message"] == USER_LINE_0
     assert status["recover_count"] == 0 and status["error_nodes"] == []
@@ -204,7 +196,7 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     async def replacing() -> bool:
         return k8s.status().get("replacing") == {"train-1": "u1"}
 
-    await until(replacing, "train-1 listed for replacement in the status")
+    await async_wait_until(replacing, what="train-1 listed for replacement in the status")
     pod = k8s.status()["pod_infos"]["train-1"]
     assert (pod["inner_phase"], pod["last_failed_reason"]) == ("Restarting", "heartbeat lost")
 
@@ -218,7 +210,7 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
         pod = status.get("pod_infos", {}).get("train-1", {})
         return pod.get("node") == "node-c" and not status.get("replacing")
 
-    await until(moved, "train-1 back on node-c in the status")
+    await async_wait_until(moved, what="train-1 back on node-c in the status")
     pod = k8s.status()["pod_infos"]["train-1"]
     assert (pod["inner_phase"], pod["pod_ip"]) == ("Pending", "10.0.0.11")
 
@@ -229,7 +221,7 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     async def failed() -> bool:
         return k8s.status().get("phase") == "Failed"
 
-    await until(failed, "Failed in the AegisJob status")
+    await async_wait_until(failed, what="Failed in the AegisJob status")
     status = k8s.status()
     assert status["should_quit"] is True
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -245,7 +237,7 @@ async def start_job(k8s: Cluster) -> None:
     async def mirrored() -> bool:
         return k8s.status().get("phase") == "Pending"
 
-    await until(mirrored, "the job adopted and its status mirrored")
+    await async_wait_until(mirrored, what="the job adopted and its status mirrored")
 
 
 def test_cordon_drained_without_kubernetes_is_a_one_line_error() -> None:
@@ -286,7 +278,7 @@ async def test_every_round_meets_at_rank_0s_current_pod_ip(k8s: Cluster) -> None
     async def ordered(count: int) -> bool:
         return len(orders) >= count
 
-    await until(lambda: ordered(1), "the bootcheck order")
+    await async_wait_until(lambda: ordered(1), what="the bootcheck order")
     first = orders[0]
     assert first.order.value == "bootcheck" and first.env["MASTER_ADDR"] == "10.0.0.10"
     port = int(first.env["CHECK_MASTER_PORT"])
@@ -298,7 +290,7 @@ async def test_every_round_meets_at_rank_0s_current_pod_ip(k8s: Cluster) -> None
         async def replacing() -> bool:
             return "train-0" in (k8s.status().get("replacing") or {})
 
-        await until(replacing, "train-0 listed for replacement")
+        await async_wait_until(replacing, what="train-0 listed for replacement")
         await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-0")
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         moved = scheduled(0, "node-c", "u0b", now)
@@ -309,10 +301,10 @@ async def test_every_round_meets_at_rank_0s_current_pod_ip(k8s: Cluster) -> None
             pod = k8s.status().get("pod_infos", {}).get("train-0", {})
             return pod.get("pod_ip") == "10.0.0.20"
 
-        await until(back, "train-0's new pod IP in the status")
+        await async_wait_until(back, what="train-0's new pod IP in the status")
         seen = len(orders)
         await _send(k8s, "train-0", m.MessageType.ACK, m.AckData("node-c", "10.0.0.20"))
-        await until(lambda: ordered(seen + 1), "the next round's order")
+        await async_wait_until(lambda: ordered(seen + 1), what="the next round's order")
     finally:
         beating.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -343,6 +335,6 @@ async def test_an_aegisjob_named_outside_the_rule_is_failed_with_the_reason(k8s:
     async def refused() -> bool:
         return status().get("phase") == "Failed"
 
-    await until(refused, "the AegisJob marked Failed")
+    await async_wait_until(refused, what="the AegisJob marked Failed")
     assert status()["message"].startswith("refused: job name 'train.v2' is not a DNS label")
     assert await k8s.store.keys() == []  # never submitted

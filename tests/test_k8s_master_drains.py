@@ -22,7 +22,8 @@ from aegis.platforms.kubernetes import crd_status, manifests, master_side
 from aegis.wire import codec
 from aegis.wire import messages as m
 from tests import k8s_emulator
-from tests.test_k8s_master import Cluster, running, scheduled, start_job, until
+from tests.test_k8s_master import Cluster, running, scheduled, start_job
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -56,7 +57,7 @@ async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_
 
         return check
 
-    await until(recorded("node-z"), "node-z in the AegisJob's drained_nodes")
+    await async_wait_until(recorded("node-z"), what="node-z in the AegisJob's drained_nodes")
     assert drained()["node-z"].reason == "bios update" and drained()["node-z"].cordoned
     assert k8s.cordoned("node-z")
     assert k8s.status()["error_nodes"] == [] and k8s.status()["recover_count"] == 0
@@ -69,13 +70,13 @@ async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_
 
     # A node the administrator had cordoned is recorded, but not Aegis's to uncordon.
     assert (await k8s.ctl("drain", "node-y")).ok
-    await until(recorded("node-y"), "node-y in the AegisJob's drained_nodes")
+    await async_wait_until(recorded("node-y"), what="node-y in the AegisJob's drained_nodes")
     assert not drained()["node-y"].cordoned and k8s.cordoned("node-y")
 
     assert k8s.marked("node-z") and not k8s.marked("node-y")
     # A node the side cannot cordon (here: no such node) is still listed.
     assert (await k8s.ctl("drain", "node-q")).ok
-    await until(recorded("node-q"), "node-q in the AegisJob's drained_nodes")
+    await async_wait_until(recorded("node-q"), what="node-q in the AegisJob's drained_nodes")
     assert not drained()["node-q"].cordoned
     assert (await k8s.ctl("undrain", "node-q")).ok
 
@@ -89,7 +90,7 @@ async def test_a_drained_node_is_recorded_on_the_aegisjob_cordoned_and_released_
     async def released() -> bool:
         return drained() == {} and not k8s.cordoned("node-z")
 
-    await until(released, "node-z undrained and uncordoned")
+    await async_wait_until(released, what="node-z undrained and uncordoned")
     assert k8s.cordoned("node-y")  # still the administrator's
     assert not k8s.marked("node-z")
 
@@ -104,13 +105,13 @@ async def test_a_drain_and_undrain_with_no_job_running_still_cordon_and_uncordon
     async def cordoned() -> bool:
         return k8s.cordoned("node-z") and k8s.marked("node-z")
 
-    await until(cordoned, "node-z cordoned by Aegis")
+    await async_wait_until(cordoned, what="node-z cordoned by Aegis")
     assert (await k8s.ctl("undrain", "node-z")).ok
 
     async def uncordoned() -> bool:
         return not k8s.cordoned("node-z")
 
-    await until(uncordoned, "node-z uncordoned")
+    await async_wait_until(uncordoned, what="node-z uncordoned")
 
 
 async def says(k8s: Cluster, pod: str, kind: m.MessageType, phase: Phase, seq: int,
@@ -145,7 +146,7 @@ async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: 
         async def bootchecking() -> bool:
             return k8s.status().get("phase") == "BootChecking"
 
-        await until(bootchecking, "the bootcheck round")
+        await async_wait_until(bootchecking, what="the bootcheck round")
         passed = m.ChecksData(m.CheckResponse([]))
         for pod in pods:
             await says(k8s, pod, m.MessageType.FINISH, Phase.BOOT_CHECKING, 1, passed)
@@ -153,26 +154,28 @@ async def test_a_drain_moves_the_pod_off_its_node_without_counting_a_fault(k8s: 
         async def replacing() -> bool:
             return k8s.status().get("replacing") == {"train-1": "u1"}
 
-        await until(replacing, "train-1 listed for replacement")
-    finally:
-        heartbeats.cancel()
-    status = k8s.status()
-    assert status["recover_count"] == 0 and status["error_nodes"] == []
-    assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
-    assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
-    assert k8s.cordoned("node-b")
-    replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
-    assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
-
-    await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
-
-    async def moved() -> bool:
+        await async_wait_until(replacing, what="train-1 listed for replacement")
         status = k8s.status()
-        return status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
+        assert status["recover_count"] == 0 and status["error_nodes"] == []
+        assert status["pod_infos"]["train-1"]["last_failed_reason"].startswith("drain: bios update")
+        assert [d["node"] for d in status["drained_nodes"]] == ["node-b"]
+        assert k8s.cordoned("node-b")
+        replacement = manifests.pod_manifest(manifests.view(k8s.job()), 1)
+        assert replacement["spec"]["affinity"] == manifests.avoid_nodes(["node-b"])
 
-    await until(moved, "train-1 on node-c")
+        await k8s.emulator.delete(f"{k8s_emulator.PODS}/train-1")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await k8s.emulator.post(k8s_emulator.PODS, json=scheduled(1, "node-c", "u1b", now))
+
+        async def moved() -> bool:
+            status = k8s.status()
+            return (
+                status["pod_infos"]["train-1"].get("node") == "node-c" and not status["replacing"]
+            )
+
+        await async_wait_until(moved, what="train-1 on node-c")
+    finally:
+        heartbeats.cancel()  # the agents beat until the pod has moved, as real ones would
     assert k8s.status()["recover_count"] == 0
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from aegis.platforms.kubernetes import controller, manifests
 from tests import k8s_emulator
-from tests.agent_waits import async_wait_until
 from tests.test_k8s_handlers import exited, job_body
+from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,8 +74,10 @@ async def test_operator_runs_an_aegisjob_end_to_end_when_pods_and_job_fail(
     body = job_body()
     body["metadata"]["uid"] = "uid-1"
     await operator.post(JOBS, json=body)
-    await async_wait_until(lambda: _live(operator) == {"train-0", "train-1", "train-2"}, 20)
-    await async_wait_until(lambda: _handled(operator), 20, "kopf done with the creation")
+    await async_wait_until(
+        lambda: _live(operator) == {"train-0", "train-1", "train-2"}, what="three pods"
+    )
+    await async_wait_until(lambda: _handled(operator), what="kopf done with the creation")
     first = _pod(operator, "train-1")
     assert first is not None and "affinity" not in first["spec"]
 

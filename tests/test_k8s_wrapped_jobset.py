@@ -15,8 +15,8 @@ import pytest
 
 from aegis.platforms.kubernetes import manifests, webhook_patch, webhook_server, wrapped_jobs
 from tests import k8s_emulator
-from tests.test_k8s_master import until
 from tests.test_k8s_wrapped_master import World, running
+from tests.waits import async_wait_until
 from tests.webhook_pods import apply_patch, jobset_pod, review
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -51,7 +51,7 @@ async def test_a_wrapped_jobset_is_followed_by_rank_and_ended_when_deleted(world
         got = await world.store.get("ml.llm")
         return got is not None and json.loads(got[0]).get("epoch", 0) > 0
 
-    await until(led, "the leader adopts the JobSet")
+    await async_wait_until(led, what="the leader adopts the JobSet")
     got = await world.store.get("ml.llm")
     assert got is not None
     record = json.loads(got[0])
@@ -64,7 +64,7 @@ async def test_a_wrapped_jobset_is_followed_by_rank_and_ended_when_deleted(world
         got = await world.store.get("ml.llm")
         return got is not None and json.loads(got[0])["status"]["should_quit"] is True
 
-    await until(ended, "the master's job ended with its JobSet")
+    await async_wait_until(ended, what="the master's job ended with its JobSet")
 
 
 async def test_a_jobsets_new_pod_keeps_off_the_nodes_its_status_annotation_names(

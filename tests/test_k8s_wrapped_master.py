@@ -49,10 +49,10 @@ from aegis.platforms.kubernetes import (
 from aegis.wire import codec
 from aegis.wire import messages as m
 from tests import k8s_emulator
-from tests.test_k8s_master import until
+from tests.waits import async_wait_until
 from tests.webhook_pods import apply_patch, pytorchjob, pytorchjob_pod, review
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(90)]
 
 PTJ = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/train"
 # The first pods were made well before the fault (the master tells a replacement made after its
@@ -222,7 +222,7 @@ async def _adopted(world: World) -> list[m.OrderData]:
         record = await world.record()
         return record is not None and record.get("epoch", 0) > 0
 
-    await until(led, "the leader adopts the PyTorchJob")
+    await async_wait_until(led, what="the leader adopts the PyTorchJob")
     record = await world.record()
     assert record is not None
     assert (record["spec"]["worker_num"], record["spec"]["max_retry"]) == (2, 2)
@@ -234,7 +234,7 @@ async def _adopted(world: World) -> list[m.OrderData]:
     async def pending() -> bool:
         return world.status().get("phase") == "Pending"
 
-    await until(pending, "Pending in the PyTorchJob's status annotation")
+    await async_wait_until(pending, what="Pending in the PyTorchJob's status annotation")
     return orders
 
 
@@ -249,7 +249,7 @@ async def test_a_fault_on_a_wrapped_pytorchjob_is_recovered_off_the_bad_node(wor
             async def bootchecking() -> bool:
                 return world.status().get("phase") == "BootChecking" and bool(orders)
 
-            await until(bootchecking, "the bootcheck round")
+            await async_wait_until(bootchecking, what="the bootcheck round")
             # The round meets at rank 0's pod IP (AEGIS_POD_IP in its ACK), not the AegisJob's
             # headless-service name, which a PyTorchJob does not have.
             assert orders[0].env["MASTER_ADDR"] == "10.0.0.10"
@@ -263,7 +263,7 @@ async def test_a_fault_on_a_wrapped_pytorchjob_is_recovered_off_the_bad_node(wor
             async def deleted() -> bool:
                 return world.obj("pods", "train-worker-0") is None
 
-            await until(deleted, "the master's side deletes train-worker-0")
+            await async_wait_until(deleted, what="the master's side deletes train-worker-0")
         status = world.status()
         assert [e["node"] for e in status["error_nodes"]] == ["node-b"]
         assert status["replacing"] == {"train-1": "u1"}
@@ -280,7 +280,7 @@ async def test_a_fault_on_a_wrapped_pytorchjob_is_recovered_off_the_bad_node(wor
             pod = status.get("pod_infos", {}).get("train-1", {})
             return pod.get("node") == "node-c" and not status.get("replacing")
 
-        await until(moved, "train-1 back on node-c in the status annotation")
+        await async_wait_until(moved, what="train-1 back on node-c in the status annotation")
         assert world.obj("pods", "train-master-0") is not None  # the healthy pod stays
 
         # The training operator fails the PyTorchJob: the master's job ends with it.
@@ -291,7 +291,7 @@ async def test_a_fault_on_a_wrapped_pytorchjob_is_recovered_off_the_bad_node(wor
         async def ended() -> bool:
             return world.status().get("phase") == "Failed"
 
-        await until(ended, "Failed in the status annotation")
+        await async_wait_until(ended, what="Failed in the status annotation")
         assert world.status()["should_quit"] is True
 
 
@@ -308,7 +308,7 @@ async def test_a_pytorchjob_named_as_an_aegisjob_is_refused_and_never_submitted(
     async def refused() -> bool:
         return world.status().get("phase") == "Failed"
 
-    await until(refused, "the PyTorchJob's annotation says it is refused")
+    await async_wait_until(refused, what="the PyTorchJob's annotation says it is refused")
     assert world.status()["message"] == ("refused: an AegisJob of that name runs in the namespace")
     assert await world.store.keys() == []
 
@@ -341,7 +341,7 @@ async def test_aegis_master_kubernetes_follows_a_wrapped_pytorchjob(
             assert proc.poll() is None, log_path.read_text()
             return world.status().get("phase") == "Pending"
 
-        await until(pending, "Pending in the PyTorchJob's status annotation", timeout_s=120)
+        await async_wait_until(pending, 120, "Pending in the PyTorchJob's status annotation")
         assert world.status()["pod_infos"]["train-1"]["node"] == "node-b"
     finally:
         proc.terminate()

@@ -19,6 +19,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform, session_members
 from tests import agent_waits as waits
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -64,14 +65,14 @@ def _received(out: Path) -> list[str]:
 
 async def _signals_then_sigterm(platform: LocalPlatform, out: Path) -> None:
     ready = out / "ready"
-    await waits.async_wait_until(ready.exists, 120, "the training script to start")
+    await async_wait_until(ready.exists, 120, "the training script to start")
     script, member = (int(pid) for pid in ready.read_text().split())
     proc = platform.pods[POD].process
     assert proc is not None and proc.returncode is None
     for count, sig in enumerate(SENT, 1):
         proc.send_signal(sig)
         expected = [s.name for s in SENT[:count]]
-        await waits.async_wait_until(lambda e=expected: _received(out) == e, 30, sig.name)
+        await async_wait_until(lambda e=expected: _received(out) == e, 30, sig.name)
     assert proc.returncode is None  # none of them stopped the agent
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 60) == 128 + signal.SIGTERM
@@ -101,7 +102,7 @@ async def test_linked_agent_forwards_signals_to_its_group_and_stops_on_sigterm(
 
     job = asyncio.create_task(local_run.run_local(settings, observe=observe))
     try:
-        await waits.async_wait_until(lambda: "runner" in seen or job.done(), 60, "the job")
+        await async_wait_until(lambda: "runner" in seen or job.done(), 60, "the job")
         assert not job.done(), job.result()
         try:
             await _signals_then_sigterm(seen["platform"], out)

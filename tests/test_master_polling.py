@@ -25,7 +25,8 @@ from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.records import MalformedRecordError, decode_record
 from aegis.master.replica import submit_job
 from aegis.wire import status_json
-from tests.poll_helpers import Master, consumer_counts, standalone_master, wait_for
+from tests.poll_helpers import Master, consumer_counts, standalone_master
+from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -130,16 +131,16 @@ async def test_the_master_polls_more_often_than_the_consumer_limit_and_still_ado
 ) -> None:
     async with standalone_master(monkeypatch, poll_s=0.002) as master:
         polls = master.polls
-        await wait_for(
+        await async_wait_until(
             lambda: (
                 min(polls.started["jobs"], polls.started["records"]) >= MORE_THAN_THE_CONSUMER_LIMIT
             ),
+            240,
             f"{MORE_THAN_THE_CONSUMER_LIMIT} polls of each kind",
-            timeout_s=240,
         )
         key = await _submit(master, "late")
         stored = polls.started["jobs"]  # polls begun by the time the record was stored
-        await wait_for(lambda: key in master.replica.runners, "the late job adopted")
+        await async_wait_until(lambda: key in master.replica.runners, what="the late job adopted")
         counts = await consumer_counts(master.bus)
         assert all(count <= 2 for count in counts.values()), counts
         # Adopted by the first poll that listed it, at the latest the first begun after its
@@ -169,13 +170,17 @@ async def test_a_malformed_record_is_skipped_counted_once_and_every_other_job_ad
         }
         jobs = [await _submit(master, "d-job"), await _submit(master, "e-job")]
         runners = master.replica.runners
-        await wait_for(lambda: all(job in runners for job in jobs), "both jobs adopted")
-        await wait_for(lambda: malformed.count == len(bad), "every malformed record counted")
+        await async_wait_until(
+            lambda: all(job in runners for job in jobs), what="both jobs adopted"
+        )
+        await async_wait_until(
+            lambda: malformed.count == len(bad), what="every malformed record counted"
+        )
         assert malformed.revisions == revisions
         assert set(master.replica.records) >= set(jobs)  # the credentials handshake knows them
 
         later = master.polls.started["jobs"] + 20  # many more polls: each counted once
-        await wait_for(lambda: master.polls.started["jobs"] >= later, "20 more polls")
+        await async_wait_until(lambda: master.polls.started["jobs"] >= later, what="20 more polls")
         assert malformed.count == len(bad)
         lines = [r for r in caplog.records if "malformed record" in r.getMessage()]
         assert len(lines) == 1, [r.getMessage() for r in lines]
@@ -189,8 +194,12 @@ async def test_a_malformed_record_is_skipped_counted_once_and_every_other_job_ad
             _job_record("c-fields"),
             expected_revision=revisions["default.c-fields"],
         )
-        await wait_for(lambda: "default.c-fields" in runners, "the mended record adopted")
-        await wait_for(lambda: malformed.count == len(bad) + 1, "the new bad revision counted")
+        await async_wait_until(
+            lambda: "default.c-fields" in runners, what="the mended record adopted"
+        )
+        await async_wait_until(
+            lambda: malformed.count == len(bad) + 1, what="the new bad revision counted"
+        )
         assert malformed.revisions["default.a-bytes"] == rev
         assert "default.c-fields" not in malformed.revisions and mended > rev
         assert master.polls.failed == {}, master.polls.failed
@@ -221,7 +230,7 @@ async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_wait
 
         standby.try_acquire = counted  # type: ignore[method-assign]
         waiting = asyncio.create_task(standby.wait_for_lead())
-        await wait_for(lambda: tries >= 8, "eight tries of the standby")
+        await async_wait_until(lambda: tries >= 8, what="eight tries of the standby")
         assert not waiting.done() and standby.store.watchers_opened == 1
         assert (await consumer_counts(bus))[settings.bucket] <= 1
         keeping.cancel()

@@ -19,7 +19,8 @@ from aegis.master.lease import LeaseSettings
 from aegis.master.ports import NullPlatform
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.platforms.served_job import ServedJob
-from tests.poll_helpers import Master, leads, standalone_master, wait_for
+from tests.poll_helpers import Master, leads, standalone_master
+from tests.waits import async_wait_until
 
 KEEP_S = 1.0
 
@@ -29,15 +30,17 @@ async def _submit(master: Master, name: str) -> ServedJob:
     served = await ServedJob.submit(
         master.bus, master.store, spec, ["node-0", "node-1"], NullPlatform()
     )
-    await wait_for(lambda: leads(master, f"default.{name}"), f"{name} adopted")
+    await async_wait_until(lambda: leads(master, f"default.{name}"), what=f"{name} adopted")
     return served
 
 
 async def _end(served: ServedJob) -> None:
     served.server.sink(ev.QuitRequested("over"))
-    async with asyncio.timeout(30):
-        while (await served.status()).phase not in TERMINAL_PHASES:
-            await asyncio.sleep(0.05)
+
+    async def ended() -> bool:
+        return (await served.status()).phase in TERMINAL_PHASES
+
+    await async_wait_until(ended, what="the job to end")
     await served.close()
 
 
@@ -45,6 +48,7 @@ async def _listed(master: Master) -> list[str]:
     return await master.store.keys()
 
 
+@pytest.mark.timing
 async def test_the_leader_removes_an_ended_jobs_record_after_the_retention(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -54,25 +58,33 @@ async def test_the_leader_removes_an_ended_jobs_record_after_the_retention(
         standby_task = asyncio.create_task(standby.run(), name="standby")
         try:
             ended, live = await _submit(master, "ret-a"), await _submit(master, "ret-b")
-            await wait_for(lambda: {"default.ret-a", "default.ret-b"} <= set(standby.records),
-                           "the standby holds both live jobs' records")  # fmt: skip
+            await async_wait_until(
+                lambda: {"default.ret-a", "default.ret-b"} <= set(standby.records),
+                what="the standby holds both live jobs' records",
+            )
             await _end(ended)
-            await wait_for(lambda: "default.ret-a" in master.replica.finished, "seen ended")
+            await async_wait_until(
+                lambda: "default.ret-a" in master.replica.finished, what="seen ended"
+            )
             # the standby drops the ended job's record to its key (its refresh reads it again)
-            await wait_for(lambda: "default.ret-a" not in standby.records, "standby forgot it")
+            await async_wait_until(
+                lambda: "default.ret-a" not in standby.records, what="standby forgot it"
+            )
             assert "default.ret-a" in standby.finished
             assert await _listed(master) == ["default.ret-a", "default.ret-b"]  # kept a while
 
-            async def removed() -> None:
-                while "default.ret-a" in await _listed(master):
-                    await asyncio.sleep(0.05)
+            async def removed() -> bool:
+                return "default.ret-a" not in await _listed(master)
 
-            async with asyncio.timeout(30):
-                await removed()
+            await async_wait_until(removed, what="the ended job's record removed")
             assert master.replica.removed == 1
             assert await master.store.get("default.ret-a") is None
-            await wait_for(lambda: "default.ret-a" not in master.replica.finished, "forgotten")
-            await wait_for(lambda: "default.ret-a" not in standby.finished, "standby forgot")
+            await async_wait_until(
+                lambda: "default.ret-a" not in master.replica.finished, what="forgotten"
+            )
+            await async_wait_until(
+                lambda: "default.ret-a" not in standby.finished, what="standby forgot"
+            )
             # the live job is untouched; the name is free for a new job, which is adopted
             assert await _listed(master) == ["default.ret-b"]
             assert (await live.status()).phase is not Phase.FAILED
@@ -91,9 +103,11 @@ async def test_no_retention_keeps_every_ended_record(monkeypatch: pytest.MonkeyP
     async with standalone_master(monkeypatch, poll_s=0.05, keep_ended_s=0.0) as master:
         served = await _submit(master, "kept")
         await _end(served)
-        await wait_for(lambda: "default.kept" in master.replica.finished, "seen ended")
+        await async_wait_until(lambda: "default.kept" in master.replica.finished, what="seen ended")
         polls = master.polls.started["jobs"]
-        await wait_for(lambda: master.polls.started["jobs"] >= polls + 40, "40 more polls")
+        await async_wait_until(
+            lambda: master.polls.started["jobs"] >= polls + 40, what="40 more polls"
+        )
         assert await _listed(master) == ["default.kept"] and master.replica.removed == 0
 
 
@@ -117,6 +131,7 @@ async def test_a_record_the_refresh_forgets_during_its_removal_fails_no_poll() -
     assert replica.removed == 2 and replica.finished == {} and await store.keys() == []
 
 
+@pytest.mark.timing
 async def test_a_quit_sent_before_the_master_adopted_the_job_still_ends_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -135,6 +150,6 @@ async def test_a_quit_sent_before_the_master_adopted_the_job_still_ends_it(
         assert status.phase in TERMINAL_PHASES
         repeating = served.server._repeating
         assert repeating is not None and served.server.quits_sent >= 2
-        await wait_for(repeating.done, "the repeats to stop once the job ended")
+        await async_wait_until(repeating.done, what="the repeats to stop once the job ended")
         assert served.server.ended.is_set()
         await served.close()

@@ -26,14 +26,15 @@ from aegis.core.model import JobSpec
 from aegis.core.phases import TERMINAL_PHASES
 from aegis.master.ports import NullPlatform
 from aegis.platforms.served_job import ServedJob
-from tests.poll_helpers import Master, consumer_counts, leads, standalone_master, wait_for
+from tests.poll_helpers import Master, consumer_counts, leads, standalone_master
+from tests.waits import async_wait_until
 
 SOAK_S = float(os.environ.get("AEGIS_SOAK_S", "180"))
 KEEP_S = 30.0  # the records of ended jobs are removed after this: the bucket stays small
 PACE_S = 2.0  # a job submitted (and one ended) every PACE_S: the load, not a synchronisation
 LIVE = 3  # jobs running at once
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(SOAK_S) + 300)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(int(SOAK_S) + 300)]
 
 
 @dataclass
@@ -51,7 +52,7 @@ async def _submit(master: Master, index: int) -> Submitted:
         master.bus, master.store, spec, ["node-0", "node-1"], NullPlatform()
     )
     job = Submitted(served, f"default.{spec.job}", time.monotonic(), master.polls.started["jobs"])
-    await wait_for(lambda: leads(master, job.key), f"{job.key} adopted")
+    await async_wait_until(lambda: leads(master, job.key), what=f"{job.key} adopted")
     job.adopted_s = time.monotonic() - job.at
     return job
 
@@ -62,9 +63,7 @@ async def _end(job: Submitted) -> None:
     async def ended() -> bool:
         return (await job.served.status()).phase in TERMINAL_PHASES
 
-    async with asyncio.timeout(60):
-        while not await ended():
-            await asyncio.sleep(0.05)
+    await async_wait_until(ended, what=f"{job.key} to end")
     await job.served.close()  # the submitter's own subscription goes too
 
 
@@ -91,9 +90,13 @@ async def test_soak_a_standalone_master_adopts_every_job_and_its_consumers_stay_
         for job in live:
             await _end(job)
         runners = list(master.replica.runners.values())
-        await wait_for(lambda: all(r.done.is_set() for r in runners), "every job's loop over")
+        await async_wait_until(
+            lambda: all(r.done.is_set() for r in runners), what="every job's loop over"
+        )
         # a master serving for days keeps only the running jobs (and their subscriptions)
-        await wait_for(lambda: not master.replica.runners, "every ended job's runner dropped")
+        await async_wait_until(
+            lambda: not master.replica.runners, what="every ended job's runner dropped"
+        )
         assert (
             not any(r.subscribed for r in runners)
             and not master.replica.platform_events.subscriptions
@@ -101,8 +104,9 @@ async def test_soak_a_standalone_master_adopts_every_job_and_its_consumers_stay_
         # ended jobs leave only their keys behind (a refresh in flight may keep one or two)
         assert len(master.replica.records) <= LIVE, len(master.replica.records)
         # every ended job's record is removed after the retention, none before it is seen ended
-        await wait_for(lambda: master.replica.removed == len(jobs), "every record removed",
-                       timeout_s=KEEP_S + 60)  # fmt: skip
+        await async_wait_until(
+            lambda: master.replica.removed == len(jobs), KEEP_S + 60, "every record removed"
+        )
         assert not master.replica.finished and await master.store.keys() == []
         # the bucket held the live jobs and those ended within KEEP_S (one ends every PACE_S
         # or slower), never every job ever run

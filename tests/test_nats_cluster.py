@@ -10,7 +10,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,18 +23,9 @@ from aegis.master.lease import CLUSTER_LEASE_S, LeaseSettings
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
+from tests.waits import async_wait_until
 
 TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    """Poll an async condition until it holds, with a deadline (never a bare sleep)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await condition():
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}") from None
 
 
 async def _stream_leader(bus: NatsBus, stream: str) -> str | None:
@@ -58,7 +49,7 @@ async def _move_leader(bus: NatsBus, stream: str, server_name: str) -> None:
             return False
         return await _stream_leader(bus, stream) == server_name
 
-    await _until(there, 30, f"{stream} led by {server_name}")
+    await async_wait_until(there, 30, f"{stream} led by {server_name}")
 
 
 @pytest.fixture
@@ -74,6 +65,7 @@ async def cluster() -> AsyncIterator[tuple[NatsCluster, Authority]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
+@pytest.mark.timing
 async def test_cluster_buckets_have_three_copies_and_survive_a_server(
     cluster: tuple[NatsCluster, Authority],
 ) -> None:
@@ -127,7 +119,8 @@ def _settings(tmp_path: Path) -> RunSettings:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # loaded: three servers, two masters, a restart
+@pytest.mark.timing
 async def test_killing_the_leaders_server_loses_and_double_counts_nothing(
     tmp_path: Path,
 ) -> None:
@@ -144,7 +137,7 @@ async def test_killing_the_leaders_server_loses_and_double_counts_nothing(
             phase = (await run.status()).phase
             return phase is Phase.RUN_COMMAND and state["leader"] is not None
 
-        await _until(leading_in_run_command, 90, "RUN_COMMAND with a leader")
+        await async_wait_until(leading_in_run_command, 90, "RUN_COMMAND with a leader")
         leader = state["leader"]
         assert leader is not None
         served = servers.index_of_client(f"master-{leader}")
@@ -158,7 +151,7 @@ async def test_killing_the_leaders_server_loses_and_double_counts_nothing(
         async def reconnected() -> bool:
             return servers.index_of_client(f"master-{leader}") not in (None, served)
 
-        await _until(reconnected, 30, "the leading master on a surviving server")
+        await async_wait_until(reconnected, 30, "the leading master on a surviving server")
         result = await run.wait()
     finally:
         for proc in run.masters:

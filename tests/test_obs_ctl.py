@@ -21,7 +21,7 @@ from aegis.master import control
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
-from tests.agent_waits import async_wait_until
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

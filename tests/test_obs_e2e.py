@@ -257,6 +257,7 @@ def test_incidents_show_evidence_and_level_when_crash_then_gpu_fault(gpu_run: Ru
     assert "level: node_replaced; RunCommand after" in human
 
 
+@pytest.mark.timing
 def test_status_and_incidents_when_hangs_exhaust_the_budget(hang_run: Run) -> None:
     result = hang_run.result
     assert result.status.phase is Phase.FAILED and result.status.should_quit, result.log_dir

@@ -24,6 +24,7 @@ from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
 from tests.scrape import parse, scrape, value
+from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -79,10 +80,8 @@ def status(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False, env=lifecycle.child_env(None))  # fmt: skip
 
 
-async def _until(run: ReplicatedRun, done: Any, timeout_s: float) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not done(await run.status()):
-            await asyncio.sleep(0.1)
+async def _reached(run: ReplicatedRun, done: Any) -> bool:
+    return bool(done(await run.status()))
 
 
 async def _scenario(tmp: Path, seen: Seen) -> None:
@@ -99,10 +98,14 @@ async def _scenario(tmp: Path, seen: Seen) -> None:
         seen.nats_url, seen.auth_file = run.server.url, tmp / ".auth.json"
         seen.log_dir = tmp
         store = ("--nats", seen.nats_url, "--auth-file", str(seen.auth_file))
-        await _until(run, lambda s: s.phase is Phase.RUN_COMMAND, 120)
+        await async_wait_until(
+            lambda: _reached(run, lambda s: s.phase is Phase.RUN_COMMAND), 120, "RUN_COMMAND"
+        )
         seen.before = await asyncio.to_thread(scrape, run.metrics_port)
         seen.running.append(await asyncio.to_thread(status, "obsm", *store))
-        await _until(run, lambda s: s.phase in TERMINAL_PHASES, 180)
+        await async_wait_until(
+            lambda: _reached(run, lambda s: s.phase in TERMINAL_PHASES), 180, "the job to end"
+        )
         seen.phase = (await run.status()).phase
         seen.after = await asyncio.to_thread(scrape, run.metrics_port)
         seen.final = await asyncio.to_thread(status, "obsm", *store)

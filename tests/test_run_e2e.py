@@ -19,7 +19,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform, session_members
 from aegis.tools import replay
-from tests.agent_waits import wait_until
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -35,7 +35,7 @@ def _settings(tmp_path: Path, *extra: str, **overrides: object) -> local_run.Run
         "spare_nodes": 1,
         "max_retry": 2,
         "job": "e2e",
-        "heartbeat_timeout_s": 3.0,
+        "heartbeat_timeout_s": 10.0,  # a loaded machine starves an agent for seconds
         "grace_s": 3.0,
         "log_dir": tmp_path / "logs",
         "status_file": tmp_path / "status.json",
@@ -118,6 +118,7 @@ async def test_injected_gpu_fault_moves_pod_to_spare_and_blacklists_node(tmp_pat
     _assert_nothing_left(result)
 
 
+@pytest.mark.timing
 async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path: Path) -> None:
     killed: list[int] = []
     killed_at: list[float] = []
@@ -142,8 +143,8 @@ async def test_killed_agent_is_detected_by_heartbeat_loss_and_replaced(tmp_path:
     assert events.count('"type":"HeartbeatLost"') == 1
     records = [json.loads(line) for line in events.splitlines()]
     lost = next(r for r in records if r.get("type") == "HeartbeatLost")
-    # After the kill, and within the timeout (3 s) plus the watcher's poll and a loaded machine.
-    assert lost["pod"] == "e2e-2" and 0.0 < lost["ts"] - killed_at[0] <= 3.0 + 3.0
+    # After the kill, and within the timeout (10 s) plus the watcher's poll and a loaded machine.
+    assert lost["pod"] == "e2e-2" and 0.0 < lost["ts"] - killed_at[0] <= 10.0 + 3.0
     # Replaced: a new agent for e2e-2 came back (PodRestarted) and the job went on.
     assert any(r.get("type") == "PodRestarted" and r.get("pod") == "e2e-2" for r in records)
     assert len(result.agent_pids_seen["e2e-2"]) == 2
@@ -206,6 +207,7 @@ async def test_every_pod_gets_the_torchrun_and_kubeflow_environment(tmp_path: Pa
     _assert_nothing_left(result)
 
 
+@pytest.mark.timing
 async def test_agents_fetch_new_credentials_when_theirs_expire_and_training_goes_on(
     tmp_path: Path,
 ) -> None:

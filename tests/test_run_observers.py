@@ -4,6 +4,7 @@ lines, the fault log, and nothing left listening afterwards."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from aegis.adapters.nats_server import free_port
-from tests.agent_waits import wait_until
 from tests.scrape import parse, scrape, value
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -38,8 +39,10 @@ def _start(tmp: Path, *options: str) -> subprocess.Popen[str]:
 def _scrape_or_empty(port: int) -> str:
     try:
         return scrape(port)
-    except (urllib.error.URLError, ConnectionError):
-        return ""  # not serving (yet, or this replica is not up)
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+        # not serving (yet, or this replica is not up); a port nobody listens on can even
+        # connect to itself and read back the request (BadStatusLine: "GET /metrics HTTP/1.1")
+        return ""
 
 
 def _recovered_and_running(text: str) -> bool:

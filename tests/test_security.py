@@ -43,7 +43,7 @@ from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m
 from aegis.wire.tokens import pod_token
-from tests.agent_waits import async_wait_until, async_wait_until_async
+from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -222,8 +222,9 @@ def test_an_order_signature_covers_every_field() -> None:
 async def _wait_report(
     reports: list[m.Message], kind: m.MessageType, timeout_s: float = 60
 ) -> m.Message:
-    await async_wait_until(lambda: any(r.type is kind for r in reports), timeout_s, str(kind))
-    return next(r for r in reports if r.type is kind)
+    return await async_wait_until(
+        lambda: next((r for r in reports if r.type is kind), None), timeout_s, str(kind)
+    )
 
 
 def _bash_env_probe(tmp_path: Path, clean: dict[str, str]) -> tuple[Path, Path]:
@@ -637,6 +638,7 @@ def test_a_pods_token_file_is_owner_only_from_its_first_byte(tmp_path: Path) -> 
     assert "s3cret" not in token_file.read_text()
 
 
+@pytest.mark.timing
 async def test_ctl_with_credentials_that_may_not_send_says_not_permitted(
     nats_server: EmbeddedNats, authority: Authority, tmp_path: Path
 ) -> None:
@@ -699,7 +701,7 @@ async def test_insecure_is_the_explicit_way_to_run_without_authentication(tmp_pa
                 return False
             return False
 
-        await async_wait_until_async(answers, 60, "the insecure master's credentials server")
+        await async_wait_until(answers, 60, "the insecure master's credentials server")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -41,7 +41,7 @@ from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 from tests.scrape import parse, value
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
 

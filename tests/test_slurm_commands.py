@@ -28,7 +28,7 @@ from aegis.platforms.process_pods import Pod
 from aegis.platforms.slurm import commands, coordinator
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
 from aegis.wire import status_json
-from tests.agent_waits import async_wait_until
+from tests.waits import async_wait_until
 
 
 class RecordingSlurm:

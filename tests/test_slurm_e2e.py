@@ -13,8 +13,9 @@ import pytest
 
 from aegis.adapters.nats_server import free_port
 from aegis.core.rendezvous import TORCH_PORT
-from tests.agent_waits import processes_with, wait_until
+from tests.agent_waits import processes_with
 from tests.slurm_fixture import ADDRESSES, BRIDGE_ADDR, NODES, SlurmCluster, why_unavailable
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -16,7 +16,7 @@ from aegis.platforms import local_run
 from aegis.wire import messages as m
 from tests.scrape import parse
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(300)]
 
 PLAIN_DDP = str(Path(__file__).parent / "bin" / "plain_ddp.py")
 

@@ -18,7 +18,7 @@ from aegis.platforms import local_run
 from aegis.wire import messages as m
 from tests.scrape import parse
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SLOW_INPUT = str(Path(__file__).parent / "bin" / "slow_input_ddp.py")
 SLOW_RANK = 2

@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from aegis.core import events as ev
 from aegis.core import stragglers
 from aegis.core.model import PodName
 from aegis.core.phases import Order
 from aegis.master import metrics
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until, async_wait_until_async
 from tests.scrape import parse
 from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
+from tests.waits import async_wait_until
+
+pytestmark = pytest.mark.timing  # the harness's pods are lost after 0.5 s of silence
 
 CLOCKS = {"job-0": 1000.0, "job-1": -20.0}  # each pod's clock: the master's plus this
 
@@ -41,7 +45,7 @@ async def test_heartbeats_feed_the_scores_and_the_metrics_name_each_node(harness
             await harness.send(pod, m.MessageType.HEARTBEAT, beat)
         return len(watch.history) >= 3
 
-    await async_wait_until_async(beats, 15.0, "three straggler windows")
+    await async_wait_until(beats, what="three straggler windows")
     assert set(watch.pods) == {PodName("job-0"), PodName("job-1")}
     # the offsets read each pod's clock back to the master's (within the transit time)
     for pod, clock in CLOCKS.items():
@@ -121,7 +125,7 @@ async def test_a_troubleshooting_order_carries_no_raw_scores_when_nobody_is_name
             )
         return len(watch.history) >= 3
 
-    await async_wait_until_async(beats, 15.0, "three straggler windows")
+    await async_wait_until(beats, what="three straggler windows")
     assert watch.scores() and watch.named is None
     harness.runner.platform_event(ev.SlowdownReported("a test's slowdown"))
 
@@ -131,7 +135,7 @@ async def test_a_troubleshooting_order_carries_no_raw_scores_when_nobody_is_name
                 return msg.data
         return None
 
-    await async_wait_until(lambda: troubleshoot() is not None, 15.0, "the troubleshooting order")
+    await async_wait_until(lambda: troubleshoot() is not None, what="the troubleshooting order")
     order = troubleshoot()
     assert order is not None and m.HUNG_PODS_ENV in order.env
     assert m.STRAGGLER_SCORES_ENV not in order.env

@@ -23,8 +23,8 @@ from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import job_summary
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until_async
 from tests.test_job_runner import Harness, RecordingPlatform, _noop, healthy
+from tests.waits import async_wait_until
 
 PODS = ("job-0", "job-1", "job-2")
 
@@ -88,7 +88,7 @@ async def test_the_straggler_named_reaches_aegis_status_without_another_event(
         record = await _record(three)
         return record.get("stragglers", {}).get("named") == "job-2"
 
-    await async_wait_until_async(beats, 30.0, "the straggler named in the stored record")
+    await async_wait_until(beats, 30.0, "the straggler named in the stored record")
     record = await _record(three)
     summary = job_summary.from_record(record)
     assert summary.straggler.startswith("node-2 (pod job-2, "), summary.straggler

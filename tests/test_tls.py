@@ -29,8 +29,8 @@ from aegis.master.ports import NullPlatform
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.served_job import ServedJob
 from aegis.wire.tokens import pod_token
-from tests.agent_waits import async_wait_until
 from tests.tls_helpers import issue, make_ca
+from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -19,6 +19,7 @@ import pytest
 
 from aegis.agent import ports, pycmd, reaper, supervisor, warm
 from tests import agent_waits as waits
+from tests.waits import async_wait_until, wait_until
 
 PYTHON = sys.executable
 PROBE = str(waits.BIN / "probe_main.py")
@@ -108,7 +109,7 @@ async def next_zygote_ready(sup: supervisor.Supervisor) -> None:
     """Wait until the zygote for the next start (the second one made) is ready."""
     zygotes = sup.zygotes
     assert zygotes is not None
-    await waits.async_wait_until(lambda: zygotes.made == 2, what="the next zygote")
+    await async_wait_until(lambda: zygotes.made == 2, what="the next zygote")
     assert await zygotes.ready() is not None
 
 
@@ -198,11 +199,11 @@ async def test_warm_child_gets_signals_progress_and_scanner_when_running(
     sup, reports, _ = make([PYTHON, PROBE, "progress", "7"], the_reaper, devnull)
     async with sup:
         await sup.start()
-        await waits.async_wait_until(lambda: sup.last_step == 7)
+        await async_wait_until(lambda: sup.last_step == 7)
         await next_zygote_ready(sup)
         await sup.restart()
         await reports.wait_for("faults", 2)
-        await waits.async_wait_until(lambda: sup.last_step == 7)
+        await async_wait_until(lambda: sup.last_step == 7)
         pid = sup.pid
         assert pid is not None and os.getpgid(pid) == pid
         assert psutil.Process(pid).ppid() != os.getpid()  # warm: forked by the zygote
@@ -220,10 +221,10 @@ async def test_stop_terminates_warm_group_when_ordered(
     sup, _, lines = make([PYTHON, PROBE, "pause"], the_reaper, devnull)
     async with sup:
         await sup.start()
-        await waits.async_wait_until(lambda: len(lines.json("PROBE")) == 1)
+        await async_wait_until(lambda: len(lines.json("PROBE")) == 1)
         await next_zygote_ready(sup)
         await sup.restart()
-        await waits.async_wait_until(lambda: len(lines.json("PROBE")) == 2)
+        await async_wait_until(lambda: len(lines.json("PROBE")) == 2)
         pid = sup.pid
         stopped = await sup.stop()
     assert stopped is not None and stopped.reason is ports.ExitReason.STOPPED
@@ -241,7 +242,7 @@ async def test_warm_child_leaves_no_zombies_when_it_leaves_orphans(
         assert ready["parent"] == os.getpid()  # orphans come to the agent, not to the nanny
         for pid in [*ready["zombies"], ready["orphan"]]:
             gone = functools.partial(waits.really_gone, pid)
-            await waits.async_wait_until(gone, what=f"{pid} reaped")
+            await async_wait_until(gone, what=f"{pid} reaped")
     zombies = [p for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]
     assert zombies == []
 
@@ -310,7 +311,7 @@ async def test_dead_zygote_is_replaced_when_it_dies_idle(
         first = await zygotes.ready()
         assert first is not None
         os.kill(first.pid, signal.SIGKILL)
-        await waits.async_wait_until(lambda: zygotes.made == 2, what="a second zygote")
+        await async_wait_until(lambda: zygotes.made == 2, what="a second zygote")
         second = await zygotes.ready()
         assert second is not None and second.pid != first.pid
         await sup.start()
@@ -325,7 +326,7 @@ async def test_warm_child_dies_with_its_nanny_when_nanny_is_killed(
     sup, _, lines = make([PYTHON, PROBE, "pause"], the_reaper, devnull)
     async with sup:
         await sup.start()
-        await waits.async_wait_until(lambda: len(lines.json("PROBE")) == 1)
+        await async_wait_until(lambda: len(lines.json("PROBE")) == 1)
         child = lines.json("PROBE")[0]
         child_pid = sup.pid
         assert child["comm"] == Path(PYTHON).name[:15]  # the name a cold start shows
@@ -335,7 +336,7 @@ async def test_warm_child_dies_with_its_nanny_when_nanny_is_killed(
         report = await sup.wait()
     assert (report.exit_status, report.signal) == (128 + 9, 9)  # never an unknown exit
     assert report.pid == child_pid
-    await waits.async_wait_until(lambda: waits.really_gone(child_pid), what="the child reaped")
+    await async_wait_until(lambda: waits.really_gone(child_pid), what="the child reaped")
 
 
 _AGENT_THEN_DIE = """
@@ -359,7 +360,7 @@ def test_idle_zygote_dies_with_its_agent_when_agent_ends_abruptly() -> None:
     agent = subprocess.Popen([PYTHON, "-c", _AGENT_THEN_DIE, PYTHON, PROBE], stdout=subprocess.PIPE)
     line = waits.read_line_with(agent, "")
     assert agent.wait(timeout=30) == 0
-    waits.wait_until(lambda: waits.gone(int(line)), what="the zygote gone with its agent")
+    wait_until(lambda: waits.gone(int(line)), what="the zygote gone with its agent")
 
 
 def test_a_warm_rank_waits_for_rank_0s_store_only_as_long_as_it_must() -> None:
