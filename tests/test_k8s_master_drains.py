@@ -25,7 +25,7 @@ from tests import k8s_emulator
 from tests.test_k8s_master import Cluster, running, scheduled, start_job
 from tests.waits import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 @pytest.fixture

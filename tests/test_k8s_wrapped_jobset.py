@@ -19,7 +19,7 @@ from tests.test_k8s_wrapped_master import World, running
 from tests.waits import async_wait_until
 from tests.webhook_pods import apply_patch, jobset_pod, review
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 @pytest.fixture
