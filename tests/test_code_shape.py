@@ -296,7 +296,6 @@ def test_no_def_under_src_aegis_is_over_60_lines() -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason=UNTIL_SPLIT)
 def test_no_import_cycle_among_aegis_modules() -> None:
     failures = import_cycles(modules(SRC))
     assert not failures, "\n".join(failures)
