@@ -264,10 +264,7 @@ class MasterLink:
     async def checkpoint_store(self, report: outage.StoreReport) -> None:
         """The saver daemon cannot persist (or can again): the master logs and counts it."""
         phase, seq = self.run_round
-        data = m.CheckpointStoreData(report.directory, report.step, report.ok, report.errno,
-                                     report.strerror[:200], report.failures, report.opened,
-                                     report.down_s)  # fmt: skip
-        await self._send(m.MessageType.CHECKPOINT, phase, seq, data)
+        await self._send(m.MessageType.CHECKPOINT, phase, seq, report)
 
     async def fault_seen(self, report: ports.FaultReport) -> None:
         log.info("fault signature %s: %s", report.match.fault_class, report.match.line)
