@@ -46,6 +46,15 @@ def test_heartbeats_and_checkpoint_reports_are_not_resent_other_reports_are() ->
         assert encode.resent(kind)
 
 
+def test_an_order_of_a_round_answers_the_reports_of_older_rounds_and_the_ack() -> None:
+    def sent(kind: m.MessageType, seq: int) -> m.Message:
+        return encode.message(SENDER, seq, kind, (Phase.RUN_COMMAND, seq), m.ExitData(0), 1.0)
+
+    pending = [sent(m.MessageType.ACK, 5), sent(m.MessageType.ERROR, 4),
+               sent(m.MessageType.FINISH, 5), sent(m.MessageType.HANG, 6)]  # fmt: skip
+    assert encode.unanswered(pending, 5) == pending[2:]
+
+
 def test_an_exit_becomes_a_finish_an_error_with_its_step_or_nothing() -> None:
     clean = ExitReport(5, 0, 0, None, ExitReason.EXITED, _evidence())
     assert encode.exited(clean, dying_reported=False) == (m.MessageType.FINISH, m.ExitData(0))

@@ -50,6 +50,12 @@ def resent(kind: m.MessageType) -> bool:
     return kind not in (m.MessageType.HEARTBEAT, m.MessageType.CHECKPOINT)
 
 
+def unanswered(pending: list[m.Message], seq: int) -> list[m.Message]:
+    """The reports still to resend once an order of round ``seq`` came: one of an older round
+    was heard (the master moved on), and so was an ACK (the master sends orders)."""
+    return [r for r in pending if r.seq >= seq and r.type is not m.MessageType.ACK]
+
+
 def exited(
     report: ports.ExitReport, dying_reported: bool
 ) -> tuple[m.MessageType, m.ExitData | m.ErrorData] | None:

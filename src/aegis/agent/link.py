@@ -173,7 +173,7 @@ class MasterLink:
             )
             return
         self.max_epoch = msg.epoch
-        self.pending = [r for r in self.pending if r.seq >= msg.seq and r.type is not _ACK]
+        self.pending = encode.unanswered(self.pending, msg.seq)
         if order_policy.for_pod(msg.data, s.pod):
             self.orders.put_nowait(msg)
 
@@ -191,6 +191,3 @@ class MasterLink:
             ", ".join(shown(k) for k in unknown[:5]), msg.data.order, msg.seq,
             sum(self.dropped_env.values()),
         )  # fmt: skip
-
-
-_ACK = m.MessageType.ACK

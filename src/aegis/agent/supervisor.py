@@ -216,7 +216,6 @@ class Supervisor:
         if self.running:
             raise errors.LocalError("the command is already running")
         assert self._progress is not None, "use 'async with Supervisor(...)'"
-        self._ever_stepped |= self._progress.read() is not None
         self._progress.reset()
         child_env, self._flight_request = incarnation.child_env(
             self._env, self._restart_count, self._progress.path, env or {}
