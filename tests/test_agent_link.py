@@ -14,7 +14,6 @@ import pytest
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats, free_port
-from aegis.core.phases import Order, Phase
 from aegis.wire import messages as m
 
 AGENT = [sys.executable, "-m", "aegis", "agent"]
@@ -75,64 +74,51 @@ async def test_agent_with_wrong_token_is_refused_with_one_line_and_exit_2(
 
 
 class _Training:
-    """What the link reads of the supervisor while a checkpoint request is pending."""
+    """What the executor reads of the training while a checkpoint request is pending."""
 
-    def __init__(self) -> None:
+    def __init__(self, ever_stepped: bool = False) -> None:
         self.running = True
-        self.takes_checkpoint_requests = False
         self.last_step: int | None = None
+        self.ever_stepped = ever_stepped  # an earlier incarnation reported steps
+
+    def progress(self) -> Any:
+        from aegis.agent import ports
+
+        stepped = self.ever_stepped or self.last_step is not None
+        return ports.Progress(step=self.last_step, ever_stepped=stepped)
 
 
-async def _declined_within(
-    the_link: Any, training: _Training, deadline_s: float
-) -> list[m.CheckpointDeclinedData]:
-    sent: list[m.CheckpointDeclinedData] = []
+async def _declined_within(training: _Training, deadline_s: float) -> list[str]:
+    from aegis.agent import decline_rule, executor
 
-    async def send(kind: m.MessageType, phase: Phase, seq: int, data: m.Payload) -> None:
-        if isinstance(data, m.CheckpointDeclinedData):
-            sent.append(data)
+    declined: list[str] = []
 
-    the_link._send = send
-    order = m.Message(
-        job="j", namespace="ns", pod="j-0", type=m.MessageType.ORDER, phase=Phase.RUN_COMMAND,
-        seq=4, ts=0.0, data=m.OrderData(Order.CHECKPOINT),
-    )  # fmt: skip
-    task = asyncio.ensure_future(the_link._decline_unless_taken(training, order, 4))
+    async def decline() -> None:
+        declined.append(decline_rule.REASON)
+
+    task = asyncio.ensure_future(
+        executor.decline_unless_taken(training, 0.3, decline, ended=lambda: False)
+    )
     await asyncio.wait({task}, timeout=deadline_s)
     training.running = False  # ends the watch
     await task
-    return sent
+    return declined
 
 
 @pytest.mark.timing
 async def test_a_script_that_never_reported_a_step_is_declined_when_silent() -> None:
-    from aegis.agent import link
-
-    the_link = link.MasterLink(
-        link.LinkSettings("127.0.0.1:1", "ns", "j", "j-0", "t", decline_after_s=0.3)
-    )
-    [declined] = await _declined_within(the_link, _Training(), deadline_s=5.0)
-    assert "does not take checkpoint requests" in declined.reason
+    [declined] = await _declined_within(_Training(), deadline_s=5.0)
+    assert "does not take checkpoint requests" in declined
 
 
 @pytest.mark.timing
 async def test_a_restarting_script_that_reported_steps_before_is_given_time() -> None:
     """The request comes with a restart; a slow node restarts slowly: no step for longer than
     decline_after_s is no reason to decline a script that reported steps before."""
-    from aegis.agent import link
-
-    the_link = link.MasterLink(
-        link.LinkSettings("127.0.0.1:1", "ns", "j", "j-0", "t", decline_after_s=0.3)
-    )
-    the_link.ever_stepped = True  # an earlier incarnation reported steps
-    training = _Training()
-    assert await _declined_within(the_link, training, deadline_s=1.5) == []
+    training = _Training(ever_stepped=True)
+    assert await _declined_within(training, deadline_s=1.5) == []
     # once it steps on without taking requests, it is declined
-    the_link2 = link.MasterLink(
-        link.LinkSettings("127.0.0.1:1", "ns", "j", "j-0", "t", decline_after_s=0.3)
-    )
-    the_link2.ever_stepped = True
-    stepping = _Training()
+    stepping = _Training(ever_stepped=True)
 
     async def steps() -> None:
         for step in range(1, 50):
@@ -140,9 +126,9 @@ async def test_a_restarting_script_that_reported_steps_before_is_given_time() ->
             await asyncio.sleep(0.05)
 
     stepper = asyncio.ensure_future(steps())
-    [declined] = await _declined_within(the_link2, stepping, deadline_s=5.0)
+    [declined] = await _declined_within(stepping, deadline_s=5.0)
     stepper.cancel()
-    assert "does not take checkpoint requests" in declined.reason
+    assert "does not take checkpoint requests" in declined
 
 
 @pytest.mark.parametrize(
@@ -153,25 +139,19 @@ async def test_a_restarting_script_that_reported_steps_before_is_given_time() ->
         (2, None, ""),  # an exit status of its own after printing a caught exception
     ],
 )
-async def test_a_traceback_is_the_fault_only_when_it_is_what_ended_the_process(
+def test_a_traceback_is_the_fault_only_when_it_is_what_ended_the_process(
     exit_status: int, sig: int | None, sent_class: str
 ) -> None:
-    from aegis.agent import link, ports
+    from aegis.agent import encode, ports
 
-    the_link = link.MasterLink(link.LinkSettings("127.0.0.1:1", "ns", "j", "j-0", "t"))
-    sent: list[m.ErrorData] = []
-
-    async def send(kind: m.MessageType, phase: Phase, seq: int, data: m.Payload) -> None:
-        assert isinstance(data, m.ErrorData)
-        sent.append(data)
-
-    the_link._send = send  # type: ignore[method-assign]
     match = ports.SignatureMatch("python_traceback", "python_traceback", "stderr", "KeyError: 3")
     evidence = ports.Evidence("python_traceback", (match,), ("KeyError: 3",))
     report = ports.ExitReport(
         1234, 0, exit_status, sig, ports.ExitReason.EXITED, evidence
     )  # fmt: skip
-    await the_link.child_exited(report)
-    [error] = sent
+    sent = encode.exited(report, dying_reported=False)
+    assert sent is not None
+    kind, error = sent
+    assert kind is m.MessageType.ERROR and isinstance(error, m.ErrorData)
     assert error.fault_class == sent_class and error.exit_code == exit_status
     assert "python_traceback: KeyError: 3" in error.lines  # the evidence travels in any case

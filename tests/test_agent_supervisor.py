@@ -112,6 +112,29 @@ async def test_wait_skips_restarts_when_command_later_exits(the_reaper: reaper.R
     )
 
 
+async def test_an_exit_report_carries_the_last_step_and_the_run_remembers_earlier_steps(
+    the_reaper: reaper.Reaper,
+) -> None:
+    reports, lines = ports.RecordingReports(), Lines()
+    script = (
+        "import os, sys, time, aegis\n"
+        "if os.environ['AEGIS_RESTART_COUNT'] == '0':\n"
+        "    aegis.progress(5); print('STEPPED', flush=True); time.sleep(600)\n"
+        "if os.environ['AEGIS_RESTART_COUNT'] == '1': sys.exit(3)\n"
+        "aegis.progress(7); sys.exit(4)\n"
+    )
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
+        await sup.start()
+        await waits.async_wait_until(lambda: "STEPPED" in lines.seen)
+        await sup.restart()  # its exit report looks at its last step
+        first = await sup.wait()
+        assert first.exit_status == 3 and first.last_step is None  # no step of its own
+        assert sup.progress() == ports.Progress(ever_stepped=True)  # but the run stepped
+        await sup.restart()
+        second = await sup.wait()
+    assert second.exit_status == 4 and second.last_step == 7
+
+
 async def test_start_reports_127_when_command_is_missing(the_reaper: reaper.Reaper) -> None:
     reports, lines = ports.RecordingReports(), Lines()
     async with make(["/nonexistent/aegis-train"], the_reaper, reports, lines) as sup:

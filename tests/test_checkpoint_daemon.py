@@ -158,10 +158,10 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
 ) -> None:
     """A new job of the same name on the same node never loads what a killed agent of an
     earlier submission left in shared memory (its directory is removed); other pods' stay."""
-    from aegis.agent import link, linked
+    from aegis.agent import link_settings, linked
 
-    def settings(token: str, pod: str = "j-0") -> link.LinkSettings:
-        return link.LinkSettings(
+    def settings(token: str, pod: str = "j-0") -> link_settings.LinkSettings:
+        return link_settings.LinkSettings(
             grpc_target="127.0.0.1:1", namespace="ns", job="j", pod=pod, token=token,
             node="node-0", ckpt_dir=tmp_path / "ckpt",
         )  # fmt: skip

@@ -72,9 +72,9 @@ def test_reports_of_batches_consecutive_failures_and_keeps_a_recovery_apart() ->
     ]
     reports = outage.reports_of(records)
     assert reports == [
-        outage.StoreReport(40, "/d", False, errno.EROFS, "x", failures=3, opened=True),
-        outage.StoreReport(50, "/d", ok=True, failures=3, down_s=4.5),
-        outage.StoreReport(60, "/d", False, errno.ENOSPC, "x", failures=1, opened=True),
+        outage.StoreReport("/d", 40, False, errno.EROFS, "x", failures=3, opened=True),
+        outage.StoreReport("/d", 50, ok=True, failures=3, down_s=4.5),
+        outage.StoreReport("/d", 60, False, errno.ENOSPC, "x", failures=1, opened=True),
     ]
 
 
@@ -192,3 +192,9 @@ def test_aegis_incidents_lists_each_store_outage_from_the_event_log() -> None:
     text = incidents_cmd.describe_outage(first)
     assert "[Errno 28] No space left on device: /ckpt/j-0" in text and "back after 10.0 s" in text
     assert "still down" in incidents_cmd.describe_outage(second)
+
+
+def test_a_report_is_the_wire_message_and_carries_at_most_200_characters_of_the_error() -> None:
+    record = {**_failed(30, True), "strerror": "y" * 300}
+    [report] = outage.reports_of([record])
+    assert isinstance(report, m.CheckpointStoreData) and report.strerror == "y" * 200

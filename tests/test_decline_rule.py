@@ -18,3 +18,16 @@ def test_a_script_that_never_stepped_declines_after_its_silence() -> None:
 def test_a_script_that_stepped_before_is_waited_for_while_it_restarts() -> None:
     assert not declines(None, None, True, 600.0, 5.0)
     assert not declines(40, None, True, 600.0, 5.0)
+
+
+def test_a_look_counts_from_the_first_step_seen_and_stops_once_requests_are_taken() -> None:
+    from aegis.agent import decline_rule
+    from aegis.agent.ports import Progress
+
+    wait, declined = decline_rule.Verdict.WAIT, decline_rule.Verdict.DECLINED
+    assert decline_rule.look(None, Progress(), 1.0, 5.0) == (None, wait)
+    assert decline_rule.look(None, Progress(step=7, ever_stepped=True), 1.0, 5.0) == (7, wait)
+    assert decline_rule.look(7, Progress(step=9, ever_stepped=True), 1.0, 5.0) == (7, declined)
+    assert decline_rule.look(None, Progress(), 6.0, 5.0) == (None, declined)  # silent
+    taken = Progress(step=9, ever_stepped=True, takes_checkpoint_requests=True)
+    assert decline_rule.look(7, taken, 60.0, 5.0) == (7, decline_rule.Verdict.TAKEN)

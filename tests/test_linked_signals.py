@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aegis.agent import supervisor
+from aegis.agent import pid1
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.master.job_runner import JobRunner
@@ -84,7 +84,7 @@ async def _signals_then_sigterm(platform: LocalPlatform, out: Path) -> None:
 async def test_linked_agent_forwards_signals_to_its_group_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
-    assert set(SENT) == set(supervisor.FORWARDED_SIGNALS)
+    assert set(SENT) == set(pid1.FORWARDED_SIGNALS)
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "train.py"

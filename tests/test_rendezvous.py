@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aegis.agent.link import pod_address
+from aegis.agent.transport import pod_address
 from aegis.core import events as ev
 from aegis.core import machine
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status

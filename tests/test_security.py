@@ -30,7 +30,7 @@ from aegis.adapters.nats_auth import (
 )
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, free_port
-from aegis.agent import link
+from aegis.agent import link, link_settings
 from aegis.core import events as ev
 from aegis.core.model import InvalidNameError, JobSpec, NodeName, initial_status, name_problem
 from aegis.core.phases import Order, Phase
@@ -150,7 +150,7 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
     async with master_service(nats_server, authority) as service:
         runner = await new_job(service, "sec")
         agent = link.MasterLink(
-            link.LinkSettings(
+            link_settings.LinkSettings(
                 f"127.0.0.1:{service.grpc_port}", "default", "sec", "sec-0", secret("sec", "sec-0")
             )
         )
@@ -185,9 +185,9 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
             assert order.epoch == runner.epoch and agent.max_epoch == runner.epoch
             # Had it got through (a server without that permission): unsigned, dropped, the
             # epoch unmoved; an order signed by anyone but the master likewise.
-            await agent._on_order("aegis.default.sec.master", forged)
+            await agent.receive(forged)
             stranger = codec.encode_signed(codec.decode(forged), Authority().sign_order)
-            await agent._on_order("aegis.default.sec.master", stranger)
+            await agent.receive(stranger)
             assert agent.dropped["unsigned"] == 2 and agent.max_epoch == runner.epoch
             assert agent.orders.empty()
         finally:
@@ -307,15 +307,18 @@ def test_the_agent_keeps_only_the_keys_the_master_sends() -> None:
 async def test_unknown_keys_are_counted_and_logged_at_a_bounded_rate(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    agent = link.MasterLink(link.LinkSettings("127.0.0.1:1", "default", "j", "j-0", "t"))
+    agent = link.MasterLink(link_settings.LinkSettings("127.0.0.1:1", "default", "j", "j-0", "t"))
     caplog.set_level(logging.WARNING, logger=link.__name__)
     for i in range(200):
         env = {"MASTER_PORT": "5", f"EVIL_{i}": "x", "BASH_ENV": "/x"}
-        await agent._on_order("s", forged_order("j", Order.RUN, env, epoch=0, seq=i))
+        await agent.receive(forged_order("j", Order.RUN, env, epoch=0, seq=i))
     assert sum(agent.dropped_env.values()) == 400 and agent.dropped_env["BASH_ENV"] == 200
     assert len(agent.dropped_env) <= 65  # bounded however many names are tried
-    assert agent.orders.qsize() == 200
-    assert all(o.data.env == {"MASTER_PORT": "5"} for o in agent.orders._queue)  # type: ignore[attr-defined, union-attr]
+    taken = [agent.orders.get_nowait() for _ in range(agent.orders.qsize())]
+    assert len(taken) == 200
+    assert all(
+        isinstance(o.data, m.OrderData) and o.data.env == {"MASTER_PORT": "5"} for o in taken
+    )
     assert len([r for r in caplog.records if "dropped environment" in r.getMessage()]) <= 2
 
 

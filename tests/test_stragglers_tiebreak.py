@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aegis.agent.link import own_score
+from aegis.agent.order_policy import own_score
 from aegis.checks import base, group, perf
 from aegis.core.recovery import CheckType
 from aegis.master.round_orders import scores_env

@@ -1,4 +1,8 @@
-"""``aegis agent --master ...``: the agent under a master (the supervisor driven by the link).
+"""``aegis agent --master ...``: the agent under a master, wired here.
+
+The supervisor reports to the link (:mod:`aegis.agent.link`), which sends the reports to the
+master and takes its orders; the order executor (:mod:`aegis.agent.executor`) carries the orders
+out on the supervisor and sends the heartbeats.
 
 If the master or NATS does not answer within the connect timeout, the agent says so in one line
 and runs the command independently (seed ``RunIndependent``); a refused bootstrap token is a
@@ -6,7 +10,7 @@ configuration error: one line, exit status 2.
 
 Its PID-1 duties are the standalone agent's (:mod:`aegis.agent.runner`, tini's): SIGTERM stops
 it (SIGTERM to the training group, grace period, SIGKILL; exit status 143) and each of
-``supervisor.FORWARDED_SIGNALS`` (SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes to the training
+``pid1.FORWARDED_SIGNALS`` (SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes to the training
 group that runs at the time (none between a stop and the next start). SIGINT included: it is not
 a stop for the agent, as it is not for tini. Under a master, the pod ends on the master's order or
 on the platform's SIGTERM; a ^C (or a ``kill -INT`` of the pod) reaches the training processes,
@@ -30,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
-from aegis.agent import link, reaper, supervisor
+from aegis.agent import executor, link, link_settings, pid1, reaper, supervisor, transport
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
 
@@ -41,49 +45,31 @@ CONFIG_ERROR_EXIT = 2
 
 async def run_linked(
     sup_settings: supervisor.SupervisorSettings,
-    link_settings: link.LinkSettings,
+    settings: link_settings.LinkSettings,
     argv: Sequence[str],
 ) -> int | None:
     """Run under the master; ``None`` means the master is unreachable (run independently)."""
-    the_link = link.MasterLink(link_settings)
-    try:
-        await the_link.connect()
-    except link.LinkUnavailableError as exc:
-        print(
-            f"aegis agent: warning: master {link_settings.grpc_target} unreachable ({exc}); "
-            "running the command independently, without fault tolerance",
-            file=sys.stderr,
-            flush=True,
-        )
-        return None
-    except TlsRefusedError as exc:
-        print(f"aegis agent: error: no TLS session with the master: {exc.detail}",
-              file=sys.stderr)  # fmt: skip
-        return CONFIG_ERROR_EXIT
-    except CredsRefusedError as exc:
-        print(f"aegis agent: error: the master refused credentials: {exc}", file=sys.stderr)
-        return CONFIG_ERROR_EXIT
+    the_link = link.MasterLink(settings)
+    failed = await _connect(the_link)
+    if failed != 0:
+        return failed  # None: run independently; else a configuration error's exit status
     reaper.become_subreaper()
     env = {**os.environ, **the_link.env()}
-    daemon_settings = _saver_settings(link_settings)
+    daemon_settings = _saver_settings(settings)
     if daemon_settings is not None:
         env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
         env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)
     async with (
         reaper.Reaper() as the_reaper,
-        check_host.CheckHost(the_reaper) as the_link.check_host,
+        check_host.CheckHost(the_reaper) as host,
         supervisor.Supervisor(argv, sup_settings, the_reaper, the_link, env=env) as sup,
     ):
-
-        def on_sigterm() -> None:
-            if not the_link.done.done():
-                the_link.done.set_result(128 + signal.SIGTERM)
-
-        with supervisor.pid1_signals(sup, on_sigterm):
+        orders = executor.OrderExecutor(the_link, sup, host)
+        with pid1.signals(sup.send_signal, lambda: the_link.finish(128 + signal.SIGTERM)):
             tasks = [
-                asyncio.create_task(the_link.beat(), name="heartbeat"),
+                asyncio.create_task(executor.beat(the_link, sup), name="heartbeat"),
                 asyncio.create_task(the_link.resend(), name="resend"),
-                asyncio.create_task(the_link.execute_orders(sup), name="orders"),
+                asyncio.create_task(orders.run(), name="orders"),
             ]
             if daemon_settings is not None:
                 saver = process.DaemonProcess(
@@ -100,8 +86,32 @@ async def run_linked(
     return code
 
 
+async def _connect(the_link: link.MasterLink) -> int | None:
+    """0 once connected; None when the master is unreachable (said in one line), the
+    configuration error's exit status when it refuses."""
+    target = the_link.settings.grpc_target
+    try:
+        await the_link.connect()
+    except transport.LinkUnavailableError as exc:
+        print(
+            f"aegis agent: warning: master {target} unreachable ({exc}); "
+            "running the command independently, without fault tolerance",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    except TlsRefusedError as exc:
+        print(f"aegis agent: error: no TLS session with the master: {exc.detail}",
+              file=sys.stderr)  # fmt: skip
+        return CONFIG_ERROR_EXIT
+    except CredsRefusedError as exc:
+        print(f"aegis agent: error: the master refused credentials: {exc}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    return 0
+
+
 def _saver_settings(
-    settings: link.LinkSettings, shm_root: Path = Path("/dev/shm")
+    settings: link_settings.LinkSettings, shm_root: Path = Path("/dev/shm")
 ) -> process.DaemonSettings | None:
     """The pod's checkpoint saver: shared memory owned by this agent (keyed by node, so a
     replacement elsewhere reads the disk copy, and by the job's submission, so a new job of

@@ -1,8 +1,11 @@
-"""The port the master link plugs into: what the agent reports, and the evidence it carries.
+"""The agent's two ports: what the supervisor reports, and how the training is driven.
 
-The agent calls an :class:`AgentReports` implementation; the link (another issue) turns the calls
-into Error/Hang/Finish messages on NATS. Two implementations live here: :class:`RecordingReports`
-(in memory, for tests and embedding) and :class:`LoggingReports` (standalone: a log line each).
+The dependency goes one way. The supervisor reports facts through :class:`AgentReports`; the
+master link (:mod:`aegis.agent.link`) turns them into Error/Hang/Finish messages on NATS and
+never reads the supervisor. The order executor (:mod:`aegis.agent.executor`) drives the training
+through :class:`Training` (start, restart, stop, a checkpoint request, a look at its progress).
+Two more :class:`AgentReports` live here: :class:`RecordingReports` (in memory, for tests and
+embedding) and :class:`LoggingReports` (standalone: a log line each).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
 from aegis.core.recovery import FaultClass as FaultClass  # noqa: PLC0414 (re-exported)
@@ -51,6 +55,7 @@ class ExitReport:
     signal: int | None
     reason: ExitReason
     evidence: Evidence
+    last_step: int | None = None  # the step it last reported with aegis.progress()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +68,7 @@ class DyingReport:
     restart_count: int
     exception: str  # the exception's type name
     evidence: Evidence  # what the output showed so far (the traceback included)
+    last_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +117,35 @@ class AgentReports(Protocol):
     async def hang_detected(self, report: HangReport) -> None: ...
 
     async def fault_seen(self, report: FaultReport) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Progress:
+    """One look at the training: what it reported through ``aegis.progress()`` and the file."""
+
+    step: int | None = None  # the last step of the running incarnation, None if none yet
+    step_ts: float | None = None  # time.monotonic() when that step ended
+    input_s: float | None = None  # its last input time (a step's end to the next forward)
+    ever_stepped: bool = False  # some incarnation of this agent reported a step
+    takes_checkpoint_requests: bool = False  # it said it saves on request
+    hang_timeout: str = ""  # the watchdog's current timeout and how it was chosen
+
+
+class Training(Protocol):
+    """What the order executor drives (the supervisor): the narrow port of the orders."""
+
+    @property
+    def running(self) -> bool: ...
+
+    async def start(self, env: Mapping[str, str] | None = None) -> None: ...
+
+    async def restart(self, env: Mapping[str, str] | None = None) -> None: ...
+
+    async def stop(self) -> ExitReport | None: ...
+
+    def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None: ...
+
+    def progress(self) -> Progress: ...
 
 
 class RecordingReports:

@@ -1,7 +1,7 @@
 """``aegis agent`` on its own node: tini's duties plus the supervisor, until the command ends.
 
 PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward SIGINT,
-SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 (``supervisor.FORWARDED_SIGNALS``, the same under a master)
+SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 (``pid1.FORWARDED_SIGNALS``, the same under a master)
 to the command's group; SIGTERM starts the agent's own stop (SIGTERM to the group, grace period,
 then SIGKILL); reap every zombie; exit with the command's status.
 With ``--master`` the agent first checks that the master answers; when it does not, it says so in
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aegis.adapters import lifecycle
-from aegis.agent import group, link, linked, ports, reaper, supervisor
+from aegis.agent import group, link_settings, linked, pid1, ports, reaper, supervisor
 from aegis.checks import config as checks_config
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
                 log.info("SIGTERM: stopping the command")
                 stopping.append(asyncio.create_task(sup.stop(), name="agent-stop"))
 
-        with supervisor.pid1_signals(sup, on_sigterm):
+        with pid1.signals(sup.send_signal, on_sigterm):
             await sup.start()
             report = await sup.wait()
             for task in stopping:
@@ -105,9 +105,9 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
     return report.exit_status
 
 
-def _link_settings(master: MasterAddress) -> link.LinkSettings:
+def _link_settings(master: MasterAddress) -> link_settings.LinkSettings:
     assert master.job and master.pod and master.token_file
-    return link.LinkSettings(
+    return link_settings.LinkSettings(
         grpc_target=f"{master.host}:{master.port}",
         namespace=master.namespace,
         job=master.job,
@@ -117,7 +117,7 @@ def _link_settings(master: MasterAddress) -> link.LinkSettings:
         heartbeat_s=master.heartbeat_s,
         connect_timeout_s=master.connect_timeout_s,
         tls_ca=master.tls_ca,
-        inject=link.inject_from_env(),
+        inject=link_settings.inject_from_env(),
         checks=checks_config.from_env(os.environ),
         ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,
     )

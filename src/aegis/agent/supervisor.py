@@ -1,6 +1,8 @@
 """The supervisor of the training command: start, stop, restart in place, wait; evidence as it runs.
 
-Drive it from one event loop (the master link will)::
+Drive it from one event loop (under a master, the order executor does, through the
+``ports.Training`` port); it reports facts (exits, a dying process, hangs, fault signatures)
+through the ``ports.AgentReports`` port it is given, and knows nothing of who listens::
 
     async with reaper.Reaper() as the_reaper:
         async with Supervisor(argv, settings, the_reaper, reports) as sup:
@@ -14,8 +16,8 @@ Each incarnation's environment is the supervisor's plus ``AEGIS_RESTART_COUNT`` 
 ``AEGIS_PROGRESS_FILE``, the override given to :meth:`start`/:meth:`restart`, and a
 ``PYTHONPATH`` with :data:`aegis.autoprogress.SITE_DIR` first (unless ``AEGIS_AUTO_PROGRESS=0``):
 each of its Python processes reports optimizer steps and an uncaught exception at once, whether
-or not the script imports aegis. Its stdout and
-stderr pass through line by line and feed a signature scanner; a watchdog reports hangs.
+or not the script imports aegis (:mod:`aegis.agent.incarnation`). Its stdout and stderr pass
+through line by line and feed a signature scanner; a watchdog reports hangs.
 
 With ``SupervisorSettings.prewarm`` a Python command is forked from a warm interpreter (a zygote,
 :mod:`aegis.agent.warm`) instead of spawned: same process group, signals, output, watchdog and
@@ -27,35 +29,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
-import signal
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from types import TracebackType
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-from aegis import autoprogress, flight
 from aegis import training as progress
-from aegis.agent import group, hang_policy, ports, pump, reaper, signatures, stacks, warm, watchdog
+from aegis.agent import (
+    group,
+    hang_policy,
+    incarnation,
+    launch,
+    ports,
+    pump,
+    reaper,
+    signatures,
+    stacks,
+    tasks,
+    warm,
+    watchdog,
+)
 from aegis.core import errors
 
 log = logging.getLogger(__name__)
 
-RESTART_COUNT_VAR = "AEGIS_RESTART_COUNT"
+RESTART_COUNT_VAR = incarnation.RESTART_COUNT_VAR
 REPORT_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 2.0
-PREWARM_POLL_S = 0.05
-# What an agent (standalone or under a master) passes on to the command's group as it comes, as
-# tini does. SIGTERM is not among them: it stops the agent, which stops the group itself.
-FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,27 +69,6 @@ class SupervisorSettings:
     stderr_fd: int = 2
     foreground: bool = False  # hand our terminal (if stdin is one) to the command's group
     prewarm: warm.PrewarmSettings | None = None  # warm (re)starts from a zygote; None: cold
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class _Incarnation:
-    pid: int
-    restart_count: int
-    scanner: signatures.Scanner
-    done: asyncio.Future[ports.ExitReport]
-    status: asyncio.Future[int] | None = None  # the raw wait status (reaper's or nanny's)
-    warm: bool = False
-    last_output_ts: float = dataclasses.field(default_factory=time.monotonic)
-    started: float = dataclasses.field(default_factory=time.monotonic)
-    reason: ports.ExitReason | None = None
-    terminator: asyncio.Task[None] | None = None
-    watchdog: asyncio.Task[None] | None = None
-    pumps: list[tuple[asyncio.ReadTransport, pump.LinePump]] = dataclasses.field(
-        default_factory=list
-    )
-    reported: set[str] = dataclasses.field(default_factory=set)
-    hung: bool = False
-    dying: bool = False  # its process said it is exiting (reported once)
 
 
 class Supervisor:
@@ -110,14 +90,15 @@ class Supervisor:
         self._reports = reports
         self._env = dict(os.environ if env is None else env)
         self._observe = observe
-        self._current: _Incarnation | None = None
+        self._current: incarnation.Incarnation | None = None
         self._restart_count = 0
         self._lock = asyncio.Lock()
         self._tasks = asyncio.TaskGroup()
         self._progress: watchdog.ProgressFile | None = None
         self._flight_request: str | None = None
         self.step_history = hang_policy.StepHistory()  # the run's steps: calibrates the watchdog
-        self.hang_timeout: tuple[float, str] | None = None  # the watchdog's current choice
+        self._hang_timeout = ""  # the watchdog's current choice, and how it was chosen
+        self._ever_stepped = False  # some incarnation reported a step
         self._warm: warm.Zygotes | None = None
 
     async def __aenter__(self) -> Supervisor:
@@ -134,18 +115,13 @@ class Supervisor:
             )
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         try:
             await self.stop()
         finally:
             if self._warm is not None:
                 await self._warm.close()
-            await self._tasks.__aexit__(exc_type, exc, tb)
+            await self._tasks.__aexit__(*exc_info)
             if self._progress is not None:
                 self._progress.close()
                 with contextlib.suppress(FileNotFoundError):
@@ -171,29 +147,19 @@ class Supervisor:
         return self.running and self._current is not None and self._current.hung
 
     @property
-    def hang_timeout_text(self) -> str:
-        """The watchdog's current timeout and how it was chosen ("" before its first look)."""
-        if self.hang_timeout is None:
-            return ""
-        timeout_s, why = self.hang_timeout
-        return f"{timeout_s:.0f} s ({why})"
-
-    @property
     def last_step(self) -> int | None:
         """The step the command last reported with ``aegis.progress()``, None if none yet."""
-        seen = self.last_progress
-        return None if seen is None else seen[0]
+        return self.progress().step
 
-    @property
-    def last_progress(self) -> tuple[int, float] | None:
-        """(step, ``time.monotonic()`` when it ended) of the last report, None if none yet."""
-        return self._progress.read() if self._progress is not None else None
-
-    @property
-    def last_input_s(self) -> float | None:
-        """The last input time the command measured (seconds from a step's end to the next
-        forward: the straggler scores), None if none yet."""
-        return self._progress.input_s() if self._progress is not None else None
+    def progress(self) -> ports.Progress:
+        """A look at the running command's progress file (and the watchdog's choice)."""
+        if self._progress is None:
+            return ports.Progress(hang_timeout=self._hang_timeout)
+        seen = self._progress.read()
+        self._ever_stepped |= seen is not None
+        step, step_ts = (None, None) if seen is None else seen
+        return ports.Progress(step, step_ts, self._progress.input_s(), self._ever_stepped,
+                              self._progress.opted_in(), self._hang_timeout)  # fmt: skip
 
     def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
         """Ask the running command for a checkpoint at ``target_step`` (``aegis.checkpoint.
@@ -201,11 +167,6 @@ class Supervisor:
         assert self._progress is not None, "use 'async with Supervisor(...)'"
         hold_until = time.monotonic() + hold_s if hold_s > 0 else 0.0
         self._progress.request_checkpoint(request_id, target_step, hold_until)
-
-    @property
-    def takes_checkpoint_requests(self) -> bool:
-        """Whether the running command has said it saves on request."""
-        return self._progress is not None and self._progress.opted_in()
 
     @property
     def zygotes(self) -> warm.Zygotes | None:
@@ -256,22 +217,15 @@ class Supervisor:
             raise errors.LocalError("the command is already running")
         assert self._progress is not None, "use 'async with Supervisor(...)'"
         self._progress.reset()
-        child_env = {
-            **self._env,
-            RESTART_COUNT_VAR: str(self._restart_count),
-            progress.ENV_VAR: self._progress.path,
-            **(env or {}),
-        }
-        path = autoprogress.pythonpath(child_env)
-        if path is not None:  # every Python process of the command gets the hooks at start-up
-            child_env[autoprogress.PATH_VAR] = path
-        self._flight_request = None  # where its flight recorder answers a hang (when it is on)
-        if flight.recording(child_env):
-            self._flight_request = child_env[flight.REQUEST_VAR] = self._progress.path + ".fr"
+        child_env, self._flight_request = incarnation.child_env(
+            self._env, self._restart_count, self._progress.path, env or {}
+        )
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            pid, status, warm_start = await self._spawn(child_env, out_w, err_w)
+            pid, status, warm_start = await launch.spawn(
+                self._argv, child_env, out_w, err_w, self._reaper, self._warm
+            )
         except OSError as exc:
             os.close(out_r)
             os.close(err_r)
@@ -282,18 +236,18 @@ class Supervisor:
             os.close(err_w)
         if self._settings.foreground:
             group.give_terminal(pid)
-        loop = asyncio.get_running_loop()
-        inc = _Incarnation(
-            pid=pid,
-            restart_count=self._restart_count,
-            scanner=signatures.Scanner(
-                self._settings.signatures, keep_lines=self._settings.keep_lines
-            ),
-            done=loop.create_future(),
-            status=status,
-            warm=warm_start,
-        )
+        settings = self._settings
+        scanner = signatures.Scanner(settings.signatures, keep_lines=settings.keep_lines)
+        done = asyncio.get_running_loop().create_future()
+        inc = incarnation.Incarnation(pid, self._restart_count, scanner, done, status, warm_start)
         self._current = inc
+        await self._watch(inc, out_r, err_r)
+        log.info("started %s as pid %s (restart %s, %s)", self._argv[0], pid,
+                 inc.restart_count, "warm" if inc.warm else "cold")  # fmt: skip
+
+    async def _watch(self, inc: incarnation.Incarnation, out_r: int, err_r: int) -> None:
+        """Pass the incarnation's output on; watch for its hangs and its exit; once it runs,
+        prepare the next warm start."""
         for read_fd, stream, sink in (
             (out_r, "stdout", self._settings.stdout_fd),
             (err_r, "stderr", self._settings.stderr_fd),
@@ -302,63 +256,19 @@ class Supervisor:
                 await pump.open_pump(read_fd, stream, sink, lambda s, b: self._on_line(inc, s, b))
             )
         if self._settings.hang_timeout_s != 0:
-            inc.watchdog = self._background(self._watch_hangs(inc), f"watchdog-{pid}")
-        self._background(self._watch_exit(inc), f"exit-{pid}")
-        if self._warm is not None:
-            self._background(self._prewarm_when_running(inc), f"prewarm-{pid}")
-        log.info(
-            "started %s as pid %s (restart %s, %s)",
-            self._argv[0],
-            pid,
-            inc.restart_count,
-            "warm" if inc.warm else "cold",
-        )
-
-    async def _spawn(
-        self, env: Mapping[str, str], out_w: int, err_w: int
-    ) -> tuple[int, asyncio.Future[int], bool]:
-        """Fork the command from a zygote, or spawn it cold: (pid, its raw status, warm)."""
-        if self._warm is not None:
-            forked = await self._warm.fork(env, os.getcwd(), out_w, err_w)
-            if forked is not None:
-                return forked.pid, forked.status, True
-        pid = self._reaper.spawn(self._argv, env, fds={1: out_w, 2: err_w})
-        return pid, self._reaper.status(pid), False
-
-    async def _prewarm_when_running(self, inc: _Incarnation) -> None:
-        """Make the next zygote once ``inc`` has ended or has run a while since its first progress.
-
-        Not sooner: a zygote importing torch would compete for CPU with the starting ranks and
-        with the report of an early crash.
-        """
-        assert self._warm is not None and self._progress is not None
-        settings = self._warm.settings
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.prepare_after_s
-        while not inc.done.done() and loop.time() < deadline:
-            if self._progress.read() is not None:
-                deadline = min(deadline, loop.time() + settings.settle_s)
-            await asyncio.sleep(PREWARM_POLL_S)
-        seen = await asyncio.to_thread(lambda: warm.native_packages(group.member_pids(inc.pid)))
-        self._warm.prepare(seen)
+            inc.watchdog = self._background(self._watch_hangs(inc), f"watchdog-{inc.pid}")
+        self._background(self._watch_exit(inc), f"exit-{inc.pid}")
+        if self._warm is not None and self._progress is not None:
+            prewarm = launch.prewarm_when_running(self._warm, self._progress, inc)
+            self._background(prewarm, f"prewarm-{inc.pid}")
 
     def _spawn_failed(self, exc: OSError) -> None:
-        status = 127 if exc.errno == errno.ENOENT else 126
-        message = f"aegis agent: cannot execute {self._argv[0]}: {exc.strerror}"
-        pump.write_all(self._settings.stderr_fd, message.encode() + b"\n")
         scanner = signatures.Scanner(self._settings.signatures)
-        scanner.feed("agent", message)
-        report = ports.ExitReport(
-            pid=0,
-            restart_count=self._restart_count,
-            exit_status=status,
-            signal=None,
-            reason=ports.ExitReason.SPAWN_FAILED,
-            evidence=scanner.evidence(),
-        )
+        message, report = incarnation.spawn_failed(self._argv[0], exc, self._restart_count, scanner)
+        pump.write_all(self._settings.stderr_fd, message.encode() + b"\n")
         done: asyncio.Future[ports.ExitReport] = asyncio.get_running_loop().create_future()
         done.set_result(report)
-        self._current = _Incarnation(0, self._restart_count, scanner, done)
+        self._current = incarnation.Incarnation(0, self._restart_count, scanner, done)
         self._background(self._report(self._reports.child_exited(report)), "report-exit")
 
     async def _stop(self, reason: ports.ExitReason) -> ports.ExitReport | None:
@@ -371,14 +281,14 @@ class Supervisor:
             self._terminate(inc)
         return await asyncio.shield(inc.done)
 
-    def _terminate(self, inc: _Incarnation) -> asyncio.Task[None]:
+    def _terminate(self, inc: incarnation.Incarnation) -> asyncio.Task[None]:
         if inc.terminator is None:
             inc.terminator = self._background(
                 group.terminate_group(inc.pid, self._settings.grace_s), f"terminate-{inc.pid}"
             )
         return inc.terminator
 
-    async def _watch_exit(self, inc: _Incarnation) -> None:
+    async def _watch_exit(self, inc: incarnation.Incarnation) -> None:
         assert inc.status is not None
         raw = await asyncio.shield(inc.status)
         if not inc.warm:
@@ -388,32 +298,23 @@ class Supervisor:
         await self._drain(inc)
         if inc.watchdog is not None:
             inc.watchdog.cancel()
-        code = os.waitstatus_to_exitcode(raw)
-        sig = -code if code < 0 else None
-        fallback = ports.FaultClass.SEGFAULT if sig in (signal.SIGSEGV, signal.SIGBUS) else None
-        report = ports.ExitReport(
-            pid=inc.pid,
-            restart_count=inc.restart_count,
-            exit_status=reaper.exit_status(raw),
-            signal=sig,
-            reason=inc.reason or ports.ExitReason.EXITED,
-            evidence=inc.scanner.evidence(fallback_class=fallback),
-        )
+        report = incarnation.exit_report(inc, raw, self.last_step)
         log.info("pid %s ended: status %s (%s)", inc.pid, report.exit_status, report.reason)
         inc.done.set_result(report)
         await self._report(self._reports.child_exited(report))
 
-    def _on_dying(self, inc: _Incarnation, text: str) -> None:
+    def _on_dying(self, inc: incarnation.Incarnation, text: str) -> None:
         """The command's own process (not one of its children: an evaluation subprocess may
         fail without ending training) says it is exiting on an uncaught exception."""
         said = progress.dying_pid(text)
         if said is None or said[1] != inc.pid or inc.reason is not None or inc.done.done():
             return
         inc.dying = True
-        report = ports.DyingReport(inc.pid, inc.restart_count, said[0], inc.scanner.evidence())
+        report = ports.DyingReport(inc.pid, inc.restart_count, said[0], inc.scanner.evidence(),
+                                   self.last_step)  # fmt: skip
         self._background(self._report(self._reports.child_dying(report)), "report-dying")
 
-    async def _drain(self, inc: _Incarnation) -> None:
+    async def _drain(self, inc: incarnation.Incarnation) -> None:
         """Let the pumps pass on what is left; give up on pipes a stray process holds open."""
         waiting = [pump_.done for _, pump_ in inc.pumps]
         if waiting:
@@ -421,7 +322,7 @@ class Supervisor:
         for transport, _ in inc.pumps:
             transport.close()
 
-    def _on_line(self, inc: _Incarnation, stream: str, line: bytes) -> None:
+    def _on_line(self, inc: incarnation.Incarnation, stream: str, line: bytes) -> None:
         inc.last_output_ts = time.monotonic()
         text = line.decode(errors="replace").rstrip("\r\n")
         for match in inc.scanner.feed(stream, text):
@@ -434,7 +335,7 @@ class Supervisor:
         if self._observe is not None:
             self._observe(stream, line)
 
-    async def _watch_hangs(self, inc: _Incarnation) -> None:
+    async def _watch_hangs(self, inc: incarnation.Incarnation) -> None:
         assert self._progress is not None
 
         async def collect() -> tuple[ports.StackDump, ...]:
@@ -448,7 +349,7 @@ class Supervisor:
             inc.hung = hung
 
         def chosen(timeout_s: float, why: str) -> None:
-            self.hang_timeout = (timeout_s, why)
+            self._hang_timeout = f"{timeout_s:.0f} s ({why})"
 
         policy = hang_policy.HangPolicy(fixed_s=self._settings.hang_timeout_s or None)
         settings = watchdog.WatchSettings(policy, inc.restart_count, inc.started)
@@ -466,29 +367,4 @@ class Supervisor:
             log.exception("a report failed")
 
     def _background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        return self._tasks.create_task(_guarded(coro, name), name=name)
-
-
-async def _guarded(coro: Coroutine[Any, Any, None], name: str) -> None:
-    try:
-        await coro
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("agent task %s failed", name)
-
-
-@contextlib.contextmanager
-def pid1_signals(sup: Supervisor, on_sigterm: Callable[[], None]) -> Iterator[None]:
-    """Tini's signal duties in the running event loop, for both agent modes: each of
-    :data:`FORWARDED_SIGNALS` goes to the command's current group (none while no command runs),
-    SIGTERM calls ``on_sigterm`` (the agent's own stop: SIGTERM to the group, grace, SIGKILL)."""
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    for sig in FORWARDED_SIGNALS:
-        loop.add_signal_handler(sig, sup.send_signal, sig)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, *FORWARDED_SIGNALS):
-            loop.remove_signal_handler(sig)
+        return self._tasks.create_task(tasks.guarded(coro, name), name=name)

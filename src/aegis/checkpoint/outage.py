@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import errno as errnos
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
+
+import msgspec
+
+from aegis.wire import messages
 
 STORE_LOG = "store.jsonl"  # one line per failed attempt, and one when persisting works again
 STORE_DOWN = "store-down"  # present (JSON of the last failure) while the store fails
@@ -95,20 +99,12 @@ def save_may_proceed(store_down: bool, waited_s: float, timeout_s: float) -> boo
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class StoreReport:
-    """What the agent tells the master: ``failures`` failed attempts (the last one's errno),
-    ``opened`` when the first of them began an outage; or ``ok``, the store works again after
-    ``down_s`` seconds."""
+# What the agent tells the master: ``failures`` failed attempts (the last one's errno), ``opened``
+# when the first of them began an outage; or ``ok``, the store works again after ``down_s``
+# seconds. The daemon's report is the wire message itself (the agent forwards it as it is).
+StoreReport: TypeAlias = messages.CheckpointStoreData
 
-    step: int
-    directory: str
-    ok: bool = False
-    errno: int = 0
-    strerror: str = ""
-    failures: int = 0
-    opened: bool = False
-    down_s: float = 0.0
+STRERROR_CHARS = 200  # what of the error's text travels
 
 
 def reports_of(records: list[dict[str, Any]]) -> list[StoreReport]:
@@ -123,10 +119,9 @@ def reports_of(records: list[dict[str, Any]]) -> list[StoreReport]:
             continue
         last = reports[-1] if reports else None
         if last is not None and not last.ok and not report.ok:
-            report = StoreReport(report.step, report.directory, False, report.errno,
-                                 report.strerror, last.failures + 1,
-                                 last.opened or report.opened)  # fmt: skip
-            reports[-1] = report
+            reports[-1] = msgspec.structs.replace(
+                report, failures=last.failures + 1, opened=last.opened or report.opened
+            )
         else:
             reports.append(report)
     return reports
@@ -135,9 +130,10 @@ def reports_of(records: list[dict[str, Any]]) -> list[StoreReport]:
 def _report(record: dict[str, Any]) -> StoreReport:
     step, directory = int(record["step"]), str(record["dir"])
     if record["event"] == "resumed":
-        return StoreReport(step, directory, ok=True, down_s=float(record["down_s"]),
+        return StoreReport(directory, step, ok=True, down_s=float(record["down_s"]),
                            failures=int(record["failures"]))  # fmt: skip
     if record["event"] != "failed":
         raise ValueError(record["event"])
-    return StoreReport(step, directory, False, int(record["errno"]), str(record["strerror"]),
-                       1, bool(record["opened"]))  # fmt: skip
+    strerror = str(record["strerror"])[:STRERROR_CHARS]
+    return StoreReport(directory, step, False, int(record["errno"]), strerror, 1,
+                       bool(record["opened"]))  # fmt: skip

@@ -1,0 +1,91 @@
+"""One run of the training command under the supervisor (an incarnation), and what is decided
+about it without I/O: its environment and its exit report."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import os
+import signal
+import time
+from collections.abc import Mapping
+
+from aegis import autoprogress, flight
+from aegis import training as progress
+from aegis.agent import ports, pump, reaper, signatures
+
+RESTART_COUNT_VAR = "AEGIS_RESTART_COUNT"
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Incarnation:
+    pid: int
+    restart_count: int
+    scanner: signatures.Scanner
+    done: asyncio.Future[ports.ExitReport]
+    status: asyncio.Future[int] | None = None  # the raw wait status (reaper's or nanny's)
+    warm: bool = False
+    last_output_ts: float = dataclasses.field(default_factory=time.monotonic)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    reason: ports.ExitReason | None = None
+    terminator: asyncio.Task[None] | None = None
+    watchdog: asyncio.Task[None] | None = None
+    pumps: list[tuple[asyncio.ReadTransport, pump.LinePump]] = dataclasses.field(
+        default_factory=list
+    )
+    reported: set[str] = dataclasses.field(default_factory=set)
+    hung: bool = False
+    dying: bool = False  # its process said it is exiting (reported once)
+
+
+def child_env(
+    base: Mapping[str, str], restart_count: int, progress_path: str, override: Mapping[str, str]
+) -> tuple[dict[str, str], str | None]:
+    """An incarnation's environment: the supervisor's plus its restart count, the progress
+    file, the override of the start, a ``PYTHONPATH`` with the progress hooks first (every
+    Python process of the command gets them at start-up); and where its flight recorder
+    answers a hang (None when it is off)."""
+    env = {
+        **base,
+        RESTART_COUNT_VAR: str(restart_count),
+        progress.ENV_VAR: progress_path,
+        **override,
+    }
+    path = autoprogress.pythonpath(env)
+    if path is not None:
+        env[autoprogress.PATH_VAR] = path
+    flight_request = None
+    if flight.recording(env):
+        flight_request = env[flight.REQUEST_VAR] = progress_path + ".fr"
+    return env, flight_request
+
+
+def exit_report(inc: Incarnation, raw: int, last_step: int | None) -> ports.ExitReport:
+    """How ``inc`` ended, from its raw wait status; a segfault's class when the output had none."""
+    code = os.waitstatus_to_exitcode(raw)
+    sig = -code if code < 0 else None
+    fallback = ports.FaultClass.SEGFAULT if sig in (signal.SIGSEGV, signal.SIGBUS) else None
+    return ports.ExitReport(
+        pid=inc.pid,
+        restart_count=inc.restart_count,
+        exit_status=reaper.exit_status(raw),
+        signal=sig,
+        reason=inc.reason or ports.ExitReason.EXITED,
+        evidence=inc.scanner.evidence(fallback_class=fallback),
+        last_step=last_step,
+    )
+
+
+def spawn_failed(
+    argv0: str, exc: OSError, restart_count: int, scanner: signatures.Scanner
+) -> tuple[str, ports.ExitReport]:
+    """The line to print and the report of a command that could not be executed (status 127
+    when it is not found, else 126, as a shell says)."""
+    status = 127 if exc.errno == errno.ENOENT else 126
+    message = f"aegis agent: cannot execute {argv0}: {exc.strerror}"
+    scanner.feed("agent", message)
+    report = ports.ExitReport(pid=0, restart_count=restart_count, exit_status=status,
+                              signal=None, reason=ports.ExitReason.SPAWN_FAILED,
+                              evidence=scanner.evidence())  # fmt: skip
+    return message, report

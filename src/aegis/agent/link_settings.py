@@ -1,0 +1,53 @@
+"""How the agent reaches its master and who it is there (``LinkSettings``), and what the
+training command learns of its place in the job (:func:`training_env`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis.checks import config as checks_config
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    grpc_target: str
+    namespace: str
+    job: str
+    pod: str
+    token: str
+    node: str = ""
+    heartbeat_s: float = 1.0
+    resend_s: float = 2.0
+    connect_timeout_s: float = 10.0
+    scratch_dir: Path = Path("/tmp")
+    inject: frozenset[str] = frozenset()
+    checks: checks_config.ChecksConfig = field(default_factory=checks_config.ChecksConfig)
+    ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
+    decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
+    tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
+
+
+def training_env(settings: LinkSettings, rank: int, world_size: int) -> dict[str, str]:
+    """The environment of the training command: torchrun's and Kubeflow's variables."""
+    s = settings
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "PET_NNODES": str(world_size),
+        "PET_NODE_RANK": str(rank),
+        "AEGIS_JOB": s.job,
+        "AEGIS_NAMESPACE": s.namespace,
+        "AEGIS_POD": s.pod,
+        "AEGIS_NODE": s.node,
+    }
+
+
+def inject_from_env(env: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """The chaos switch set by ``aegis run --inject-fault NODE:CHECK`` for this node."""
+    raw = env.get("AEGIS_INJECT_FAULT", "")
+    return frozenset(part.strip() for part in raw.split(",") if part.strip())

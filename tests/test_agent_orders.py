@@ -1,0 +1,186 @@
+"""The master's orders on the agent: the pure policies (which order is taken, what it means)
+and the executor that carries them out on the training (a fake one here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from aegis.agent import executor, link, link_settings, order_policy, ports
+from aegis.core.phases import Order, Phase
+from aegis.wire import codec
+from aegis.wire import messages as m
+
+SETTINGS = link_settings.LinkSettings("127.0.0.1:1", "ns", "job", "job-1", "t")
+
+
+def _order(
+    order: Order, seq: int = 3, env: Mapping[str, str] | None = None, **kw: object
+) -> m.Message:
+    data = m.OrderData(order, env=dict(env or {}), **kw)  # type: ignore[arg-type]
+    return m.Message(job="job", namespace="ns", pod="master", type=m.MessageType.ORDER,
+                     phase=Phase.RUN_COMMAND, seq=seq, ts=1.0, data=data)  # fmt: skip
+
+
+def _screen(msg: m.Message | bytes, verify: order_policy.Verify | None = None) -> object:
+    payload = msg if isinstance(msg, bytes) else codec.encode(msg)
+    return order_policy.screen(payload, verify, "job", "ns")
+
+
+def test_an_order_is_taken_only_decoded_signed_and_of_this_job() -> None:
+    run = _order(Order.RUN)
+    assert _screen(run) == order_policy.Accepted(run)
+    assert _screen(run, verify=lambda body, sig: sig == "good") == order_policy.Dropped(
+        "unsigned", "run#3 epoch 0"
+    )
+    other = msgspec.structs.replace(run, job="other")
+    assert _screen(other) == order_policy.Dropped("wrong_job", "an order of ns/other")
+    report = m.Message(job="job", namespace="ns", pod="job-0", type=m.MessageType.FINISH,
+                       phase=Phase.RUN_COMMAND, seq=3, ts=1.0, data=m.ExitData(0))  # fmt: skip
+    dropped = _screen(report)
+    assert isinstance(dropped, order_policy.Dropped) and dropped.reason == "not_an_order"
+    garbage = _screen(b"{not json")
+    assert isinstance(garbage, order_policy.Dropped) and garbage.reason != "not_an_order"
+
+
+def test_an_order_keeps_only_the_environment_keys_orders_carry_and_names_the_others() -> None:
+    env = {"MASTER_PORT": "5", "LD_PRELOAD": "/x.so", "BASH_ENV": "/y"}
+    taken = _screen(_order(Order.RUN, env=env))
+    assert isinstance(taken, order_policy.Accepted)
+    assert isinstance(taken.msg.data, m.OrderData) and taken.msg.data.env == {"MASTER_PORT": "5"}
+    assert taken.dropped_env == ("BASH_ENV", "LD_PRELOAD")
+
+
+def test_dropped_names_are_counted_by_name_while_few_then_together() -> None:
+    assert order_policy.counted_as("EVIL", {}) == "EVIL"
+    assert order_policy.counted_as("X" * 100, {}) == "X" * 64
+    many = {f"K{i}": 1 for i in range(64)}
+    assert order_policy.counted_as("K3", many) == "K3"  # a name already counted
+    assert order_policy.counted_as("NEW", many) == "(others)"
+    assert order_policy.counted_as("", {}) == "(others)"
+
+
+def test_an_order_of_a_deposed_master_or_for_other_pods_is_not_taken() -> None:
+    assert order_policy.current(epoch=4, max_epoch=4) and not order_policy.current(3, 4)
+    assert order_policy.for_pod(m.OrderData(Order.RUN), "job-1")
+    assert order_policy.for_pod(m.OrderData(Order.RUN, pods=["job-1"]), "job-1")
+    assert not order_policy.for_pod(m.OrderData(Order.RUN, pods=["job-0"]), "job-1")
+
+
+def test_a_round_is_its_seq_and_order_and_a_checkpoint_requests_id() -> None:
+    def key(msg: m.Message) -> tuple[int, str]:
+        assert isinstance(msg.data, m.OrderData)
+        return order_policy.round_key(msg, msg.data)
+
+    assert key(_order(Order.RUN, 3)) == key(_order(Order.RUN, 3)) != key(_order(Order.RUN, 4))
+    first = _order(Order.CHECKPOINT, 3, {m.CKPT_REQUEST_ENV: "3"})
+    second = _order(Order.CHECKPOINT, 3, {m.CKPT_REQUEST_ENV: "4"})
+    assert key(first) != key(second)
+
+
+@pytest.mark.parametrize(
+    ("order", "running", "action"),
+    [
+        (Order.RUN, False, order_policy.Action.START),
+        (Order.RUN, True, order_policy.Action.RESTART),  # a new round: in place
+        (Order.RESTART, False, order_policy.Action.RESTART),
+        (Order.STOP, True, order_policy.Action.STOP),
+        (Order.BOOTCHECK, False, order_policy.Action.BOOTCHECK),
+        (Order.TROUBLESHOOT, True, order_policy.Action.TROUBLESHOOT),
+        (Order.EXIT, True, order_policy.Action.EXIT),
+        (Order.CHECKPOINT, False, order_policy.Action.NOTHING),  # no training running
+        (Order.CHECKPOINT, True, order_policy.Action.CHECKPOINT),
+    ],
+)
+def test_plan_says_what_each_order_asks_of_the_training(
+    order: Order, running: bool, action: order_policy.Action
+) -> None:
+    assert order_policy.plan(order, running) is action
+
+
+def test_a_checkpoint_order_names_its_request_step_and_hold() -> None:
+    env = {m.CKPT_REQUEST_ENV: "9", m.CKPT_STEP_ENV: "120", m.CKPT_HOLD_ENV: "30"}
+    msg = _order(Order.CHECKPOINT, 8, env)
+    assert isinstance(msg.data, m.OrderData)
+    ask = order_policy.checkpoint_request(msg, msg.data)
+    assert ask == order_policy.CheckpointRequest(9, 120, 30.0)
+    bare = _order(Order.CHECKPOINT, 8)
+    assert isinstance(bare.data, m.OrderData)
+    assert order_policy.checkpoint_request(bare, bare.data) == order_policy.CheckpointRequest(
+        8, 0, 0.0
+    )  # the round's seq is the request's id
+
+
+def test_a_rounds_environment_has_torchruns_names_and_not_the_checks_keys() -> None:
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "CHECK_MASTER_PORT": "29600"}
+    assert order_policy.round_env(env) == {
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+        "PET_MASTER_ADDR": "10.0.0.1", "PET_MASTER_PORT": "29500",
+    }  # fmt: skip
+
+
+def test_the_checks_run_collectively_only_with_a_port_and_count_a_hang_only_when_held() -> None:
+    settings = link_settings.LinkSettings("x:1", "ns", "job", "job-1", "t", ckpt_dir=Path("/ck"))
+    order = m.OrderData(Order.TROUBLESHOOT, env={"MASTER_ADDR": "10.0.0.1",
+                                                 "CHECK_MASTER_PORT": "29600",
+                                                 m.HUNG_PODS_ENV: "job-0"})  # fmt: skip
+    checks = order_policy.check_settings(order, settings, 1, 2, True, None)
+    assert checks.group is not None and (checks.group.rank, checks.group.world_size) == (1, 2)
+    assert checks.group.master_addr == "10.0.0.1" and checks.group.master_port == 29600
+    assert not checks.hung  # job-0 is held hung, not this pod
+    assert checks.ckpt_dir == Path("/ck/job-1")
+    alone = order_policy.check_settings(m.OrderData(Order.TROUBLESHOOT), SETTINGS, None, 0, True,
+                                        None)  # fmt: skip
+    assert alone.group is None and alone.hung and alone.ckpt_dir is None
+
+
+class _Training:
+    """A fake training: what the executor asked of it."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.calls: list[tuple[str, object]] = []
+
+    async def start(self, env: Mapping[str, str] | None = None) -> None:
+        self.calls.append(("start", dict(env or {})))
+        self.running = True
+
+    async def restart(self, env: Mapping[str, str] | None = None) -> None:
+        self.calls.append(("restart", dict(env or {})))
+        self.running = True
+
+    async def stop(self) -> ports.ExitReport | None:
+        self.calls.append(("stop", None))
+        self.running = False
+        return None
+
+    def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
+        self.calls.append(("checkpoint", (request_id, target_step, hold_s)))
+
+    def progress(self) -> ports.Progress:
+        return ports.Progress(takes_checkpoint_requests=True)
+
+
+async def test_the_executor_runs_each_round_once_and_ends_on_exit() -> None:
+    the_link = link.MasterLink(SETTINGS)
+    training = _Training()
+    for msg in (
+        _order(Order.RUN, 3, {"MASTER_PORT": "1"}),
+        _order(Order.RUN, 3, {"MASTER_PORT": "1"}),  # re-sent after a failover: ignored
+        _order(Order.CHECKPOINT, 4, {m.CKPT_REQUEST_ENV: "4", m.CKPT_STEP_ENV: "10"}),
+        _order(Order.RUN, 5, {"MASTER_PORT": "2"}),  # a new round while running: in place
+        _order(Order.EXIT, 6, exit_code=3),
+    ):
+        the_link.orders.put_nowait(msg)
+    await asyncio.wait_for(executor.OrderExecutor(the_link, training).run(), timeout=60)
+    assert training.calls == [
+        ("start", {"MASTER_PORT": "1", "PET_MASTER_PORT": "1"}),
+        ("checkpoint", (4, 10, 0.0)),
+        ("restart", {"MASTER_PORT": "2", "PET_MASTER_PORT": "2"}),
+        ("stop", None),
+    ]
+    assert the_link.run_round == (Phase.RUN_COMMAND, 5) and the_link.done.result() == 3
