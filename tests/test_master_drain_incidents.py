@@ -16,8 +16,8 @@ from aegis.core.phases import Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.master import faultlog
 from aegis.wire import messages as m
-from tests.agent_waits import async_wait_until
 from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
+from tests.waits import async_wait_until
 
 
 async def test_aegis_incidents_of_a_run_with_a_drain_eviction_names_the_drain_level(
