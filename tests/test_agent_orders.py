@@ -14,6 +14,7 @@ from aegis.agent import executor, link, link_settings, order_policy, ports
 from aegis.core.phases import Order, Phase
 from aegis.wire import codec
 from aegis.wire import messages as m
+from tests.waits import async_wait_until
 
 SETTINGS = link_settings.LinkSettings("127.0.0.1:1", "ns", "job", "job-1", "t")
 
@@ -184,3 +185,84 @@ async def test_the_executor_runs_each_round_once_and_ends_on_exit() -> None:
         ("stop", None),
     ]
     assert the_link.run_round == (Phase.RUN_COMMAND, 5) and the_link.done.result() == 3
+
+
+def test_the_pod_the_master_names_hung_is_the_rounds_suspect_and_checked_first() -> None:
+    order = m.OrderData(Order.TROUBLESHOOT, env={m.HUNG_PODS_ENV: "job-0,job-1"})
+    assert order_policy.check_settings(order, SETTINGS, 1, 2, False, None).suspect
+    other = link_settings.LinkSettings("x:1", "ns", "job", "job-2", "t")
+    assert not order_policy.check_settings(order, other, 2, 3, False, None).suspect
+    # no name list: nobody is a suspect (a hang with no culprit, an older master)
+    plain = m.OrderData(Order.TROUBLESHOOT)
+    assert not order_policy.check_settings(plain, SETTINGS, 1, 2, True, None).suspect
+    assert not order_policy.suspected({m.HUNG_PODS_ENV: ""}, "job-1")
+
+
+def test_only_a_newer_rounds_order_supersedes_a_check_round() -> None:
+    assert order_policy.supersedes(3, 4)
+    assert not order_policy.supersedes(3, 3) and not order_policy.supersedes(4, 3)
+
+
+async def test_a_newer_rounds_order_ends_the_check_round_still_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The master ended a troubleshooting round without this pod's answer (its suspect's node
+    was checked first): the next round's order does not wait for the checks still running here
+    (a collective waiting for a peer that will not come); they end, and send nothing."""
+    rounds: list[str] = []
+    blocked = asyncio.Event()
+
+    async def troubleshoot(settings: object) -> list[m.CheckResult]:
+        rounds.append("started")
+        if len(rounds) == 1:
+            blocked.set()
+            try:
+                await asyncio.Event().wait()  # the peer never comes
+            except asyncio.CancelledError:
+                rounds.append("abandoned")
+                raise
+        return []
+
+    monkeypatch.setattr(executor.suites, "troubleshoot", troubleshoot)
+    the_link = link.MasterLink(SETTINGS)
+    sent: list[tuple[m.MessageType, object]] = []
+
+    async def send(kind: m.MessageType, data: m.Payload, round_: object = None) -> None:
+        sent.append((kind, round_))
+
+    the_link.send = send  # type: ignore[method-assign]
+    training = _Training()
+    task = asyncio.create_task(executor.OrderExecutor(the_link, training).run())
+    the_link.orders.put_nowait(_order(Order.TROUBLESHOOT, 3))
+    await asyncio.wait_for(blocked.wait(), timeout=60)
+    the_link.orders.put_nowait(_order(Order.TROUBLESHOOT, 5))  # the round after the eviction
+    await async_wait_until(lambda: sent, what="the answer of round 5")
+    the_link.orders.put_nowait(_order(Order.EXIT, 6, exit_code=0))
+    await asyncio.wait_for(task, timeout=60)
+    assert rounds == ["started", "abandoned", "started"]
+    assert sent == [(m.MessageType.FINISH, (Phase.RUN_COMMAND, 5))]  # none for round 3
+
+
+async def test_an_order_of_the_same_round_waits_for_its_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def troubleshoot(settings: object) -> list[m.CheckResult]:
+        seen.append("checking")
+        await gate.wait()
+        seen.append("checked")
+        return []
+
+    monkeypatch.setattr(executor.suites, "troubleshoot", troubleshoot)
+    the_link = link.MasterLink(SETTINGS)
+    training = _Training()
+    task = asyncio.create_task(executor.OrderExecutor(the_link, training).run())
+    the_link.orders.put_nowait(_order(Order.TROUBLESHOOT, 3))
+    the_link.orders.put_nowait(_order(Order.CHECKPOINT, 3, {m.CKPT_REQUEST_ENV: "9"}))
+    await async_wait_until(lambda: seen == ["checking"], what="the checks of round 3 running")
+    gate.set()
+    the_link.orders.put_nowait(_order(Order.EXIT, 4, exit_code=0))
+    await asyncio.wait_for(task, timeout=60)
+    assert seen == ["checking", "checked"]  # finished, not abandoned

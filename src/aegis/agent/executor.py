@@ -37,9 +37,12 @@ class OrderExecutor:
         self._host = host
         self._executed: set[tuple[int, str]] = set()
         self._background = tasks.Background()
+        self._checking: tuple[int, asyncio.Task[None]] | None = None  # (seq, its check round)
 
     async def run(self) -> None:
-        """Carry out the link's orders until the link is done (cancel to stop sooner)."""
+        """Carry out the link's orders until the link is done (cancel to stop sooner). A round
+        of checks runs while the next order is awaited: an order of a newer round ends it
+        (``order_policy.supersedes``), any other waits for it."""
         try:
             while not self._link.done.done():
                 msg = await self._link.orders.get()
@@ -48,9 +51,35 @@ class OrderExecutor:
                 if key in self._executed:
                     continue  # a round already executed (re-sent order): harmless
                 self._executed.add(key)
-                await self.execute(msg, msg.data)
+                await self._settle_checks(msg.seq)
+                action = order_policy.plan(msg.data.order, self._training.running)
+                if action in order_policy.CHECK_ACTIONS:
+                    name = f"checks-{msg.seq}"
+                    task = asyncio.get_running_loop().create_task(
+                        self.execute(msg, msg.data), name=name
+                    )
+                    self._checking = (msg.seq, task)
+                else:
+                    await self.execute(msg, msg.data)
         finally:
+            await self._settle_checks(None)
             await self._background.close()
+
+    async def _settle_checks(self, seq: int | None) -> None:
+        """Before the order of round ``seq`` (None: the executor ends): end the check round
+        still running when that order supersedes it, else let it finish."""
+        if self._checking is None:
+            return
+        (round_seq, task), self._checking = self._checking, None
+        if seq is None or order_policy.supersedes(round_seq, seq):
+            if not task.done():
+                log.info("checks of round %d abandoned: round %s superseded them", round_seq, seq)
+            task.cancel()
+        since = aio.cancellations()
+        try:
+            await task
+        except asyncio.CancelledError:
+            aio.raise_if_cancelled(since)  # the executor's own stop goes on; the round's ends here
 
     async def execute(self, msg: m.Message, order: m.OrderData) -> None:
         log.info("order %s#%d", order.order, msg.seq)

@@ -176,6 +176,7 @@ def check_settings(
         inject=s.inject,
         group=group,
         hung=hang_reported and held_hung(order.env, s.pod),
+        suspect=suspected(order.env, s.pod),
         host=host,
         ckpt_dir=ckpt_dir,
         perf=PerfSettings(straggler_score=own_score(order.env, s.pod)),
@@ -187,6 +188,24 @@ def held_hung(env: Mapping[str, str], pod: str) -> bool:
     (a rank that waited in a collective for the stuck one is not); no name list: it does."""
     named = env.get(m.HUNG_PODS_ENV)
     return named is None or pod in named.split(",")
+
+
+def suspected(env: Mapping[str, str], pod: str) -> bool:
+    """Whether the master names this pod as the round's suspect (held hung or slow): its node's
+    own checks run first (``checks.suites``; the master ends the round on its answer when they
+    say it must leave)."""
+    return pod in env.get(m.HUNG_PODS_ENV, "").split(",")
+
+
+CHECK_ACTIONS = frozenset({Action.BOOTCHECK, Action.TROUBLESHOOT})
+
+
+def supersedes(round_seq: int, order_seq: int) -> bool:
+    """Whether an order of round ``order_seq`` ends the check round ``round_seq`` still running
+    here: a newer round means the master has decided without this pod's answer (the suspect's
+    node was checked first, or the pod is being replaced), so the answer would be stale and its
+    checks (a collective waiting for a peer that will not come) only hold up the new order."""
+    return order_seq > round_seq
 
 
 def own_score(env: Mapping[str, str], pod: str) -> float:
