@@ -10,9 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -20,9 +18,11 @@ import pytest
 from aegis.agent import reaper
 from aegis.checks import base, group, host, suites
 from aegis.core.recovery import CheckType
+from tests import forkserver_harness as harness
 from tests.waits import async_wait_until
 
 CONNECT, PERF = CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF
+the_reaper = harness.the_reaper  # a fixture
 
 
 def settings(
@@ -40,12 +40,6 @@ def settings(
         perf=base.PerfSettings(compute_s=0.2),
         host=check_host,
     )
-
-
-@pytest.fixture
-async def the_reaper() -> AsyncIterator[reaper.Reaper]:
-    async with reaper.Reaper() as r:
-        yield r
 
 
 def gone(pid: int) -> bool:
@@ -122,26 +116,15 @@ async def test_collectives_start_cold_and_say_so_once_when_no_forkserver_starts(
 ) -> None:
     broken = host.HostSettings(interpreter=str(tmp_path / "no-such-python"))
     caplog.set_level(logging.WARNING, logger="aegis.checks")
-    spawned: list[list[str]] = []
-
-    class Recording:
-        """The agent's reaper, noting what it starts (the one waitpid owner in the agent)."""
-
-        def spawn(self, argv: Any, env: Any, **kwargs: Any) -> int:
-            spawned.append(list(argv))
-            return the_reaper.spawn(argv, env, **kwargs)
-
-        async def wait(self, pid: int) -> int:
-            return await the_reaper.wait(pid)
-
-    async with host.CheckHost(Recording(), settings=broken) as h:
+    recording = harness.Recording(the_reaper)  # the one waitpid owner in the agent
+    async with host.CheckHost(recording, settings=broken) as h:
         for _ in range(2):
             results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))
             assert all(r.passed for r in results), results
         assert h.disabled and h.forked == [] and await h.ready() is None
     cold = [r for r in caplog.records if "start cold" in r.getMessage()]
     assert len(cold) == 1, caplog.records
-    collective = [argv for argv in spawned if "aegis.checks.collective" in argv]
+    collective = [argv for argv in recording.spawned if "aegis.checks.collective" in argv]
     assert len(collective) == 2  # both cold children started (and reaped) by the reaper
 
 

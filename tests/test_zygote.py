@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,90 +16,13 @@ import pytest
 
 from aegis.agent import ports, pycmd, reaper, supervisor, warm
 from tests import agent_waits as waits
+from tests import forkserver_harness as harness
 from tests.waits import async_wait_until, wait_until
+
+the_reaper, devnull, subreaper = harness.the_reaper, harness.devnull, harness.subreaper  # fixtures
 
 PYTHON = sys.executable
 PROBE = str(waits.BIN / "probe_main.py")
-PR_SET_CHILD_SUBREAPER = 36
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, stream: str, line: bytes) -> None:
-        self.seen.append(line.decode().rstrip("\n"))
-
-    def json(self, prefix: str) -> list[dict[str, Any]]:
-        found = [line.split(" ", 1)[1] for line in self.seen if line.startswith(prefix + " ")]
-        return [json.loads(text) for text in found]
-
-
-@pytest.fixture
-async def the_reaper() -> AsyncIterator[reaper.Reaper]:
-    async with reaper.Reaper() as r:
-        yield r
-
-
-@pytest.fixture
-def devnull() -> Iterator[int]:
-    fd = os.open(os.devnull, os.O_WRONLY)
-    yield fd
-    os.close(fd)
-
-
-@pytest.fixture
-def subreaper() -> Iterator[None]:
-    """Orphans of the test's children come to this process (as to an agent) while it runs."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    yield
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def make(
-    argv: list[str],
-    the_reaper: reaper.Reaper,
-    devnull: int,
-    *,
-    modules: tuple[str, ...] | None = None,
-    env: dict[str, str] | None = None,
-    prewarm: bool = True,
-) -> tuple[supervisor.Supervisor, ports.RecordingReports, Lines]:
-    reports, lines = ports.RecordingReports(), Lines()
-    settings = supervisor.SupervisorSettings(
-        grace_s=5.0,
-        hang_timeout_s=0.0,
-        stdout_fd=devnull,
-        stderr_fd=devnull,
-        prewarm=warm.PrewarmSettings(modules=modules, prepare_after_s=0.0, settle_s=0.0)
-        if prewarm
-        else None,
-    )
-    sup = supervisor.Supervisor(argv, settings, the_reaper, reports, env=env, observe=lines)
-    return sup, reports, lines
-
-
-async def cold_then_warm(
-    argv: list[str],
-    the_reaper: reaper.Reaper,
-    devnull: int,
-    env: dict[str, str] | None = None,
-    prefix: str = "PROBE",
-) -> tuple[list[ports.ExitReport], list[dict[str, Any]]]:
-    """Run the command cold (no zygote), then warm (first start and restart from zygotes)."""
-    reports: list[ports.ExitReport] = []
-    seen: list[dict[str, Any]] = []
-    for prewarm in (False, True):
-        sup, _, lines = make(argv, the_reaper, devnull, env=env, prewarm=prewarm)
-        async with sup:
-            await sup.start()
-            reports.append(await sup.wait())
-            if prewarm:
-                await sup.restart()
-                reports.append(await sup.wait())
-        seen.extend(lines.json(prefix))
-    return reports, seen
 
 
 async def next_zygote_ready(sup: supervisor.Supervisor) -> None:
@@ -168,7 +88,7 @@ def test_prewarm_settings_follow_env_when_parsed(
 async def test_warm_child_sees_what_cold_child_sees_when_script_is_run(
     the_reaper: reaper.Reaper, devnull: int, action: list[str], status: int
 ) -> None:
-    (cold, *warms), (first, *others) = await cold_then_warm(
+    (cold, *warms), (first, *others) = await harness.cold_then_warm(
         [PYTHON, PROBE, *action], the_reaper, devnull
     )
     assert [cold.exit_status, *(w.exit_status for w in warms)] == [status] * 3
@@ -184,11 +104,12 @@ async def test_warm_child_sees_what_cold_child_sees_when_script_is_run(
 async def test_warm_child_sees_what_cold_child_sees_when_module_is_run(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": str(waits.BIN)}
+    env = harness.with_path(str(waits.BIN))
     argv = [PYTHON, "-m", "probe_main", "exit", "5"]
-    reports, (first, *others) = await cold_then_warm(argv, the_reaper, devnull, env=env)
+    reports, (first, *others) = await harness.cold_then_warm(argv, the_reaper, devnull, env=env)
     assert [r.exit_status for r in reports] == [5, 5, 5]
     for second in others:
+        assert second["ppid"] != os.getpid()  # forked by a zygote
         assert comparable(first) == comparable(second)
         assert second["argv"] == [PROBE, "exit", "5"] and second["path0"] == os.getcwd()
 
@@ -196,7 +117,7 @@ async def test_warm_child_sees_what_cold_child_sees_when_module_is_run(
 async def test_warm_child_gets_signals_progress_and_scanner_when_running(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
-    sup, reports, _ = make([PYTHON, PROBE, "progress", "7"], the_reaper, devnull)
+    sup, reports, _ = harness.make([PYTHON, PROBE, "progress", "7"], the_reaper, devnull)
     async with sup:
         await sup.start()
         await async_wait_until(lambda: sup.last_step == 7)
@@ -218,7 +139,7 @@ async def test_warm_child_gets_signals_progress_and_scanner_when_running(
 async def test_stop_terminates_warm_group_when_ordered(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
-    sup, _, lines = make([PYTHON, PROBE, "pause"], the_reaper, devnull)
+    sup, _, lines = harness.make([PYTHON, PROBE, "pause"], the_reaper, devnull)
     async with sup:
         await sup.start()
         await async_wait_until(lambda: len(lines.json("PROBE")) == 1)
@@ -236,7 +157,7 @@ async def test_warm_child_leaves_no_zombies_when_it_leaves_orphans(
     the_reaper: reaper.Reaper, devnull: int, subreaper: None
 ) -> None:
     argv = [PYTHON, str(waits.BIN / "zombies.py")]
-    reports, seen = await cold_then_warm(argv, the_reaper, devnull, prefix="READY")
+    reports, seen = await harness.cold_then_warm(argv, the_reaper, devnull, prefix="READY")
     assert [r.exit_status for r in reports] == [3, 3, 3] and len(seen) == 3
     for ready in seen:
         assert ready["parent"] == os.getpid()  # orphans come to the agent, not to the nanny
@@ -251,7 +172,7 @@ async def test_zygote_never_initialises_cuda_or_threads_when_torch_is_prewarmed(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
     modules = ("torch", "torch.distributed")
-    sup, _, lines = make([PYTHON, PROBE, "exit", "0"], the_reaper, devnull, modules=modules)
+    sup, _, lines = harness.make([PYTHON, PROBE, "exit", "0"], the_reaper, devnull, modules=modules)
     async with sup:
         assert sup.zygotes is not None
         sup.zygotes.prepare()
@@ -273,9 +194,9 @@ async def test_zygote_drops_module_when_it_starts_a_thread(
     (tmp_path / "starts_thread.py").write_text(
         "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = harness.with_path(str(tmp_path))
     modules = ("json", "starts_thread")
-    sup, _, _ = make([PYTHON, PROBE], the_reaper, devnull, modules=modules, env=env)
+    sup, _, _ = harness.make([PYTHON, PROBE], the_reaper, devnull, modules=modules, env=env)
     async with sup:
         assert sup.zygotes is not None
         sup.zygotes.prepare()
@@ -289,7 +210,7 @@ async def test_command_starts_cold_when_it_is_not_python(
     the_reaper: reaper.Reaper, devnull: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    sup, _, lines = make(["bash", "-c", f"{PYTHON} {PROBE} exit 4"], the_reaper, devnull)
+    sup, _, lines = harness.make(["bash", "-c", f"{PYTHON} {PROBE} exit 4"], the_reaper, devnull)
     async with sup:
         assert sup.zygotes is None
         await sup.start()
@@ -303,7 +224,7 @@ async def test_command_starts_cold_when_it_is_not_python(
 async def test_dead_zygote_is_replaced_when_it_dies_idle(
     the_reaper: reaper.Reaper, devnull: int
 ) -> None:
-    sup, _, lines = make([PYTHON, PROBE, "exit", "0"], the_reaper, devnull)
+    sup, _, lines = harness.make([PYTHON, PROBE, "exit", "0"], the_reaper, devnull)
     async with sup:
         assert sup.zygotes is not None
         zygotes = sup.zygotes
@@ -323,7 +244,7 @@ async def test_dead_zygote_is_replaced_when_it_dies_idle(
 async def test_warm_child_dies_with_its_nanny_when_nanny_is_killed(
     the_reaper: reaper.Reaper, devnull: int, subreaper: None
 ) -> None:
-    sup, _, lines = make([PYTHON, PROBE, "pause"], the_reaper, devnull)
+    sup, _, lines = harness.make([PYTHON, PROBE, "pause"], the_reaper, devnull)
     async with sup:
         await sup.start()
         await async_wait_until(lambda: len(lines.json("PROBE")) == 1)

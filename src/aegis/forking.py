@@ -1,20 +1,40 @@
-"""What the agent's zygote (:mod:`aegis.agent.zygote`) and the checks' forkserver
-(:mod:`aegis.checks.forkserver`) share: a pre-warmed interpreter that forks children on request.
+"""The forkserver: a preloaded, single-threaded interpreter that forks children on request.
 
-The protocol: one JSON object per line on a Unix socket, with the child's descriptors passed
-alongside the request (``SCM_RIGHTS``); the server answers ``refused``, ``forked`` and ``exited``
-lines. A server forks only while it is single-threaded and has not initialised CUDA. Outside the
-layers on purpose (like :mod:`aegis.training`): the agent and the checks both use it.
+The one server loop (:func:`run_server`) behind both warm interpreters: the agent's zygote
+(:mod:`aegis.agent.zygote`: the user's modules, one child that it then nurses) and the checks'
+forkserver (:mod:`aegis.checks.forkserver`: torch, one child at a time, for ever). Its client,
+in the agent, is :mod:`aegis.spawn.forkclient`. It runs inside the user's training processes
+(a warm child is a fork of it), so it imports nothing of Aegis and only the standard library.
+
+The protocol, one JSON object per line on the Unix socket on fd ``--fd``:
+
+- server -> agent: ``{"event": "ready", "pid", "threads", "cuda", "import_s", "total", ...}``
+  (plus the fields the caller's prewarm adds) or ``{"event": "failed", "reason", ...}`` (then it
+  exits);
+- agent -> server: a request (its fields are the caller's) with the child's stdout and stderr
+  attached (``SCM_RIGHTS``);
+- server -> agent: ``{"event": "forked", "pid"}`` or ``{"event": "refused", "reason"}``, then,
+  when that child has ended, ``{"event": "exited", "pid", "status": <raw wait status>}``.
+
+The server waits for its child (it is the parent, so the agent's reaper never sees it) before it
+reads the next request; a *nanny* server (the zygote) serves one child and exits after it. A
+server forks only while it is single-threaded and has not initialised CUDA. The child leads a new
+process group, dies with the server (``PR_SET_PDEATHSIG``, so its end is never lost), has
+Python's start-up signal dispositions back and its descriptors on 1 and 2.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import ctypes
 import json
 import os
+import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -77,8 +97,6 @@ def restore_blas() -> int | None:
     path = find_blas()
     if path is None:
         return None
-    import ctypes  # only where OpenBLAS is loaded
-
     library = ctypes.CDLL(path)
     setter = next((getattr(library, n) for n in _BLAS_SETTERS if hasattr(library, n)), None)
     if setter is None:
@@ -95,6 +113,129 @@ def _loaded_libraries() -> list[str]:
             return sorted({line.split()[-1] for line in maps if ".so" in line})
     except OSError:
         return []
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+MAX_FDS = 2  # the child's stdout and stderr
+_RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+          signal.SIGCHLD, signal.SIGALRM, signal.SIGTTIN, signal.SIGTTOU)  # fmt: skip
+
+Prewarm = Callable[[dict[str, str]], dict[str, Any]]
+"""Imports what the children need, given the server's options; the fields to add to the ready
+message, or (``"failed": reason`` among them) to the failed one."""
+
+
+def run_server(
+    argv: list[str],
+    prewarm: Prewarm,
+    *,
+    name: bytes,
+    child_name: bytes | None = None,
+    nanny: bool = False,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """A server's life: die with the agent (``--agent PID``), prewarm, say ready (or failed, and
+    exit), serve; returns (its options, the request) in a forked child only. ``argv`` holds the
+    options in pairs; the child is named ``child_name`` (None: what the interpreter was named)."""
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    die_with(int(options["--agent"]))  # an idle server never outlives its agent
+    sock = socket.socket(fileno=int(options["--fd"]))
+    child_name = child_name or own_name()
+    started = time.monotonic()
+    quiet_blas()  # numpy's OpenBLAS (torch loads numpy) would start threads: see above
+    fields = prewarm(options)
+    failed = fields.pop("failed", None) or unsafe()
+    if failed is not None:
+        send(sock, event="failed", reason=failed, **fields)
+        os._exit(1)
+    find_blas()  # once, here: every child inherits it (restore_blas)
+    set_name(name)
+    send(sock, event="ready", pid=os.getpid(), threads=thread_count(), cuda=cuda_initialized(),
+         import_s=round(time.monotonic() - started, 3), total=len(sys.modules),
+         **fields)  # fmt: skip
+    return options, serve(sock, child_name, nanny=nanny)
+
+
+def unsafe() -> str | None:
+    """Why forking now would be unsafe (a thread, CUDA), or None."""
+    if cuda_initialized():
+        return "cuda"
+    return None if single_threaded() else f"threads={thread_count()}"
+
+
+def serve(sock: socket.socket, child_name: bytes, *, nanny: bool) -> dict[str, Any]:
+    """Fork a child per request, wait for it, report it; return its request in the child only.
+    A nanny serves one child: it waits for it, reports its end and exits."""
+    while True:
+        request, fds = next_request(sock, MAX_FDS)
+        if refuse_unless_safe(sock, fds, MAX_FDS):
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            become_child(fds, parent, child_name)
+            return request
+        if nanny:
+            set_name(b"aegis-nanny")
+            die_with(None)  # a warm child outlives its agent as a cold one does
+        try:
+            nurse(sock, pid, fds)
+        finally:
+            if nanny:
+                os._exit(0)
+
+
+def nurse(sock: socket.socket, pid: int, fds: list[int]) -> None:
+    """In the server after a fork: report the child, wait for it (we alone), report its end."""
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # the child does it too: whoever runs first
+    for fd in fds:
+        os.close(fd)
+    send(sock, event="forked", pid=pid)
+    _, raw = os.waitpid(pid, 0)
+    send(sock, event="exited", pid=pid, status=raw)
+
+
+def become_child(fds: list[int], parent: int, name: bytes) -> None:
+    """In the forked child: its own process group and name, dying with ``parent``, Python's
+    start-up signal dispositions and an empty mask, ``fds`` on 1 and 2."""
+    os.setpgid(0, 0)
+    set_name(name)
+    die_with(parent)
+    for sig in _RESET:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+
+
+def _prctl(option: int, value: Any) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def set_name(name: bytes) -> None:
+    """The process name ``ps``/``psutil`` show (the command line stays the server's)."""
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]))
+
+
+def own_name() -> bytes:
+    with open("/proc/self/comm", "rb") as comm:
+        return comm.read().strip()
+
+
+def die_with(parent: int | None) -> None:
+    """SIGKILL us when ``parent`` ends, at once if it has (None: stop dying with our parent)."""
+    _prctl(PR_SET_PDEATHSIG, 0 if parent is None else signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
 
 
 def send(sock: socket.socket, **message: Any) -> None:
@@ -125,14 +266,3 @@ def refuse_unless_safe(sock: socket.socket, fds: list[int], expected_fds: int) -
     for fd in fds:
         os.close(fd)
     return True
-
-
-async def read_message(reader: asyncio.StreamReader, who: str) -> dict[str, Any]:
-    """The agent's side: the server's next answer line."""
-    line = await reader.readline()
-    if not line:
-        raise ValueError(f"the {who} closed its socket")
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise ValueError(f"bad message {line!r}")
-    return message

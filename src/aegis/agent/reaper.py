@@ -16,28 +16,12 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Any
+
+from aegis.spawn import spawner
 
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
-
-# Dispositions a child must not inherit from us (Python ignores SIGPIPE and SIGXFSZ; a parent may
-# have ignored SIGHUP or SIGINT).
-_RESET_SIGNALS = (
-    signal.SIGPIPE,
-    signal.SIGXFSZ,
-    signal.SIGHUP,
-    signal.SIGINT,
-    signal.SIGQUIT,
-    signal.SIGTERM,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGCHLD,
-    signal.SIGTTIN,
-    signal.SIGTTOU,
-)
 
 
 def exit_status(raw: int) -> int:
@@ -70,43 +54,19 @@ class Reaper:
         self.reap()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         assert self._loop is not None
         self._loop.remove_signal_handler(signal.SIGCHLD)
         self.reap()
 
     def spawn(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        fds: Mapping[int, int] | None = None,
-        new_group: bool = True,
+        self, argv: Sequence[str], env: Mapping[str, str], *, fds: Mapping[int, int] | None = None
     ) -> int:
-        """Start ``argv`` (PATH lookup) and return its pid; raises OSError when exec fails.
-
-        ``fds`` maps a child descriptor (1, 2) to one of ours; ``new_group`` puts the child in a
-        process group of its own.
-        """
+        """Start ``argv`` as :func:`aegis.spawn.spawner.start` does (a process group of its own,
+        ``fds`` mapping a child's descriptor to one of ours); its pid. Raises OSError when exec
+        fails. The agent's :class:`~aegis.spawn.spawner.Spawner`."""
         assert self._loop is not None, "spawn() outside 'async with Reaper()'"
-        actions = [(os.POSIX_SPAWN_DUP2, ours, theirs) for theirs, ours in (fds or {}).items()]
-        options: dict[str, Any] = {}
-        if new_group:
-            options["setpgroup"] = 0
-        pid = os.posix_spawnp(
-            argv[0],
-            list(argv),
-            dict(env),
-            file_actions=actions,
-            setsigmask=(),
-            setsigdef=_RESET_SIGNALS,
-            **options,
-        )
+        pid = spawner.start(argv, env, fds)
         self._waiters[pid] = self._loop.create_future()
         return pid
 

@@ -8,24 +8,18 @@ imports the modules to prewarm (``--modules``; with ``--auto`` also the modules 
 imports and, in import order, those the previous incarnation had loaded at its first
 ``aegis.progress()``, listed in ``--learned``), skipping any that lives under that directory (the
 job's own code, which may change between restarts) and stopping at one that starts a thread or
-initialises CUDA. Then it talks to the agent over the socket on fd N, one JSON object per line:
+initialises CUDA. Then it serves the agent as :func:`aegis.forking.run_server` says, as a
+*nanny*: its ready message adds ``modules``, ``skipped`` and ``learned``, a failed one the
+``module`` that broke it; a request is ``{"env", "cwd", "args", "orig_argv", "learn"}``; after
+its one fork the zygote is the child's nanny (the one process that waits for it), it reports the
+child's end and exits.
 
-- zygote -> agent: ``{"event": "ready", "pid", "modules", "skipped", "threads", "cuda"}`` or
-  ``{"event": "failed", "reason", "module"}`` (then it exits);
-- agent -> zygote: ``{"env", "cwd", "args", "orig_argv", "learn"}`` with two descriptors (stdout,
-  stderr) attached;
-- zygote -> agent: ``{"event": "forked", "pid"}`` or ``{"event": "refused", "reason"}``; after a
-  fork the zygote is the child's *nanny*: the one process that waits for it, it sends
-  ``{"event": "exited", "status": <raw wait status>}`` and exits.
-
-The child leads a new process group, dies with its nanny (``PR_SET_PDEATHSIG``, so its exit is
-never lost), takes the per-incarnation environment, cwd and output descriptors, gets Python's
-start-up signal dispositions back and the hooks a cold start gets from the agent's
-``sitecustomize`` (:func:`aegis.autoprogress.install`: the dying report, the optimizer step hook),
-and runs the command as ``__main__`` from the top level of
-this file, so an uncaught exception, ``SystemExit`` or ``KeyboardInterrupt`` ends it exactly as
-it ends a cold interpreter, with the traceback a cold one prints (this file's frames taken off:
-they are Aegis's, not the user's).
+The child (see :func:`aegis.forking.become_child`) takes the per-incarnation environment, cwd
+and OpenBLAS pool, gets the hooks a cold start gets from the agent's ``sitecustomize``
+(:func:`aegis.autoprogress.install`: the dying report, the optimizer step hook), and runs the
+command as ``__main__`` from the top level of this file, so an uncaught exception,
+``SystemExit`` or ``KeyboardInterrupt`` ends it exactly as it ends a cold interpreter, with the
+traceback a cold one prints (this file's frames taken off: they are Aegis's, not the user's).
 """
 
 import sys
@@ -35,8 +29,6 @@ if __name__ == "__main__":
 
 import ast
 import builtins
-import contextlib
-import ctypes
 import functools
 import importlib
 import importlib.machinery
@@ -44,30 +36,15 @@ import importlib.util
 import io
 import os
 import runpy
-import signal
 import socket
 import time
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aegis import autoprogress
-from aegis.forking import (
-    cuda_initialized,
-    find_blas,
-    next_request,
-    quiet_blas,
-    refuse_unless_safe,
-    restore_blas,
-    send,
-    single_threaded,
-    thread_count,
-)
+from aegis import autoprogress, forking
 
 RENDEZVOUS_WAIT_S = 0.5
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
-MAX_FDS = 2
 
 
 def script_imports(path: str) -> list[str]:
@@ -113,53 +90,17 @@ def prewarm(names: list[str], path0: str) -> tuple[list[str], list[str], str | N
             skipped.append(name)
             continue
         imported.append(name)
-        if not single_threaded() or cuda_initialized():
+        if forking.unsafe() is not None:
             return imported, skipped, name
     return imported, skipped, None
 
 
-def reset_signals() -> None:
-    """Python's start-up dispositions and an empty signal mask."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-                signal.SIGCHLD, signal.SIGALRM, signal.SIGTTIN, signal.SIGTTOU):  # fmt: skip
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-
-
-def set_name(name: bytes) -> None:
-    """The process name ``ps``/``psutil`` show (our command line stays the zygote's)."""
-    ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
-
-
-def own_name() -> bytes:
-    with open("/proc/self/comm", "rb") as comm:
-        return comm.read().strip()
-
-
-def die_with(parent: int | None) -> None:
-    """SIGKILL us when ``parent`` ends (None: stop dying with our parent)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, 0 if parent is None else signal.SIGKILL, 0, 0, 0)
-    if parent is not None and os.getppid() != parent:
-        os._exit(128 + signal.SIGKILL)
-
-
-def become_child(request: dict[str, Any], fds: list[int], nanny: int, name: bytes) -> None:
-    os.setpgid(0, 0)
-    set_name(name)
-    die_with(nanny)
-    reset_signals()
-    os.dup2(fds[0], 1)
-    os.dup2(fds[1], 2)
-    for fd in fds:
-        os.close(fd)
+def become_job(request: dict[str, Any]) -> None:
+    """In the forked child: what differs from the zygote in a cold start of this incarnation."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    restore_blas()  # the OpenBLAS pool of a cold start with this environment
+    forking.restore_blas()  # the OpenBLAS pool of a cold start with this environment
     sys.orig_argv[:] = request["orig_argv"]
     learn = request.get("learn")
     if learn:
@@ -254,47 +195,10 @@ def run_module(module: str, args: list[str]) -> None:
     runpy._run_module_as_main(module, True)  # type: ignore[attr-defined]  # what -m calls
 
 
-def serve(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """Wait for fork requests; return (request, fds) in the child, never in the zygote."""
-    name = own_name()  # the interpreter's, as a cold start would show it
-    set_name(b"aegis-zygote")
-    while True:
-        request, fds = next_request(sock, MAX_FDS)
-        if refuse_unless_safe(sock, fds, MAX_FDS):
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        nanny = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            become_child(request, fds, nanny, name)
-            return request, fds
-        nurse(sock, pid, fds)
-
-
-def nurse(sock: socket.socket, pid: int, fds: list[int]) -> None:
-    """In the zygote after a fork: report the child, wait for it (we alone), report its end."""
-    set_name(b"aegis-nanny")
-    die_with(None)  # a warm child outlives its agent as a cold one does
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)  # the child does it too: whoever runs first
-    for fd in fds:
-        os.close(fd)
-    send(sock, event="forked", pid=pid)
-    _, raw = os.waitpid(pid, 0)
-    try:
-        send(sock, event="exited", status=raw)
-    finally:
-        os._exit(0)
-
-
-def main(argv: list[str]) -> Callable[[], None]:
-    """Prewarm, serve, and (in the forked child only) return what runs the command."""
-    options = dict(zip(argv[::2], argv[1::2], strict=False))
-    die_with(int(options["--agent"]))  # an idle zygote never outlives its agent
-    sock = socket.socket(fileno=int(options["--fd"]))
-    script, module = options.get("--script"), options.get("--module")
+def prewarm_options(options: dict[str, str]) -> dict[str, Any]:
+    """The zygote's prewarm (see the module docstring): the fields of its ready message, or of
+    its failed one (``failed`` and the ``module`` that broke the single thread)."""
+    script = options.get("--script")
     path0 = os.path.dirname(os.path.realpath(script)) if script else os.getcwd()
     sys.path.insert(0, path0)
     names = [n for n in options.get("--modules", "").split(",") if n]
@@ -303,19 +207,19 @@ def main(argv: list[str]) -> Callable[[], None]:
         names += script_imports(script) if script else []
         extra = learned(options.get("--learned"))
     names = list(dict.fromkeys(names))
-    quiet_blas()  # numpy's OpenBLAS (torch loads numpy) would start threads: see forking
     imported, skipped, culprit = prewarm([*names, *(n for n in extra if n not in names)], path0)
     if culprit is not None:
-        reason = "cuda" if cuda_initialized() else "threads"
-        send(sock, event="failed", reason=reason, module=culprit)
-        os._exit(1)
-    find_blas()  # once, here: every child inherits it (restore_blas)
+        return {"failed": forking.unsafe() or "threads", "module": culprit}
     chosen = set(names)
-    send(sock, event="ready", pid=os.getpid(), modules=[n for n in imported if n in chosen],
-         skipped=[n for n in skipped if n in chosen], learned=len(extra), total=len(sys.modules),
-         threads=thread_count(), cuda=cuda_initialized())  # fmt: skip
-    request, _ = serve(sock)
-    args = request["args"]
+    return {"modules": [n for n in imported if n in chosen],
+            "skipped": [n for n in skipped if n in chosen], "learned": len(extra)}  # fmt: skip
+
+
+def main(argv: list[str]) -> Callable[[], None]:
+    """Prewarm, serve, and (in the forked child only) return what runs the command."""
+    options, request = forking.run_server(argv, prewarm_options, name=b"aegis-zygote", nanny=True)
+    become_job(request)
+    script, module, args = options.get("--script"), options.get("--module"), request["args"]
     if module is not None:
         return lambda: run_module(module, args)
     assert script is not None

@@ -1,7 +1,8 @@
 """Keeping the saver daemon alive from the agent, and learning which steps were committed.
 
-``DaemonProcess`` starts ``python -m aegis.checkpoint.daemon`` through a :class:`Spawner` (the
-agent passes its reaper, the one owner of ``waitpid``; :class:`LocalSpawner` serves elsewhere),
+``DaemonProcess`` starts ``python -m aegis.checkpoint.daemon`` through a
+:class:`~aegis.spawn.spawner.Spawner` (the agent passes its reaper, the one owner of ``waitpid``;
+:class:`~aegis.spawn.spawner.LocalSpawner` serves elsewhere),
 restarts it at once when it dies (:meth:`supervise`), and tails ``commits.jsonl`` in the shared
 memory directory, calling ``on_commit(step)`` once per newly committed step, and ``store.jsonl``,
 calling ``on_store(report)`` for the daemon's failed attempts to persist (batched) and recoveries.
@@ -16,45 +17,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint import outage
+from aegis.spawn import spawner as spawning
 
 log = logging.getLogger(__name__)
 
 OnCommit = Callable[[int], Awaitable[None]]
 OnStore = Callable[[outage.StoreReport], Awaitable[None]]
-
-
-class Spawner(Protocol):
-    """What the agent's reaper offers: start a child, await its raw wait status."""
-
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> int: ...
-
-    async def wait(self, pid: int) -> int: ...
-
-
-class LocalSpawner:
-    """A Spawner for processes that have no reaper (tests, benchmarks, standalone use)."""
-
-    def __init__(self) -> None:
-        self._children: dict[int, asyncio.Task[int]] = {}
-
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
-        import subprocess
-
-        proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
-        self._children[proc.pid] = asyncio.get_running_loop().create_task(
-            asyncio.to_thread(proc.wait), name=f"wait-{proc.pid}"
-        )
-        return proc.pid
-
-    async def wait(self, pid: int) -> int:
-        return await asyncio.shield(self._children[pid])
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +53,12 @@ class DaemonProcess:
     def __init__(
         self,
         settings: DaemonSettings,
-        spawner: Spawner | None = None,
+        spawner: spawning.Spawner | None = None,
         on_commit: OnCommit | None = None,
         on_store: OnStore | None = None,
     ) -> None:
         self.settings = settings
-        self._spawner: Spawner = spawner or LocalSpawner()
+        self._spawner: spawning.Spawner = spawner or spawning.LocalSpawner()
         self._on_commit = on_commit
         self._on_store = on_store
         self._pid: int | None = None
@@ -114,9 +88,10 @@ class DaemonProcess:
         log.info("checkpoint saver daemon started: pid %s", self._pid)
 
     async def _watch(self, pid: int, exited: asyncio.Event) -> None:
-        status = await self._spawner.wait(pid)
+        raw = await self._spawner.wait(pid)
+        self._spawner.forget(pid)
         exited.set()
-        log.warning("checkpoint saver daemon %s exited (status %s)", pid, status)
+        log.warning("checkpoint saver daemon %s exited (raw status %s)", pid, raw)
 
     async def stop(self) -> None:
         if self.alive and self._pid is not None:

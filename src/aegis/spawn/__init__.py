@@ -1,0 +1,9 @@
+"""Starting and waiting for child processes, shared by the agent and the layers under it.
+
+- :mod:`aegis.spawn.spawner`: the :class:`~aegis.spawn.spawner.Spawner` port (start a child with
+  some descriptors, await its raw wait status; the agent's reaper is one) and
+  :class:`~aegis.spawn.spawner.LocalSpawner`, for processes that have no reaper;
+- :mod:`aegis.spawn.forkclient`: the agent's side of a forkserver (:mod:`aegis.forking`), used by
+  the agent's warm restarts (:mod:`aegis.agent.warm`) and by the warm checks
+  (:mod:`aegis.checks.host`).
+"""
