@@ -14,13 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parent.parent / "src"
 LEFT_OUT = ("aegis/adapters/grpc/_generated/",)
 MAX_FILE_LINES = 400
 MAX_DEF_LINES = 60
-UNTIL_SPLIT = "issue 17: until the shells are split"
 
 
 @dataclass(frozen=True)
@@ -284,13 +281,11 @@ def test_the_checks_see_the_whole_source_tree() -> None:
 # -- the checks, on src/aegis ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=UNTIL_SPLIT)
 def test_no_file_under_src_aegis_is_over_400_lines() -> None:
     failures = long_files(modules(SRC))
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason=UNTIL_SPLIT)
 def test_no_def_under_src_aegis_is_over_60_lines() -> None:
     failures = long_defs(modules(SRC))
     assert not failures, "\n".join(failures)
