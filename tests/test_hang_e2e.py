@@ -90,3 +90,49 @@ async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
     text = _incidents(run.log_dir, "d")
     assert suspect in text and "flight recorder: collective #" in text, text
     assert leftovers(run.log_dir) == []
+
+
+def _answers(log_dir: Path, seq: int) -> dict[str, dict[str, Any]]:
+    """pod -> its check results (by check) in the troubleshooting round ``seq``."""
+    answers: dict[str, dict[str, Any]] = {}
+    for record in map(json.loads, (log_dir / "events.jsonl").read_text().splitlines()):
+        data = record.get("data") or {}
+        if (
+            record.get("seq") == seq
+            and record.get("phase") == "Troubleshooting"
+            and "response" in data
+        ):
+            answers[record["pod"]] = {r["check_type"]: r for r in data["response"]["results"]}
+    return answers
+
+
+async def test_a_suspect_whose_own_node_fails_leaves_without_waiting_for_its_peers(
+    tmp_path: Path,
+) -> None:
+    """The suspect's node is checked first: rank 1 hangs and its node's gpu is broken. The
+    round the hang starts ends on the suspect's own answer (its gpu failed; it skipped the
+    collectives), the others abandon their checks, the pod moves to the spare, and the next
+    round checks everyone there."""
+    command = [sys.executable, str(BIN / "plain_ddp.py"), "--steps", "300", "--quiet",
+               "--ckpt-every", "50", "--ckpt-dir", str(tmp_path / "ckpt"),
+               "--hang-at-step", "80", "--hang-rank", "1"]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "3", "--spare-nodes", "1", "--job", "s",
+                                       "--inject-fault", "node-1:gpu"],
+                            command, timeout_s=360)  # fmt: skip
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
+    assert [e["node"] for e in status["error_nodes"]] == ["node-1"], status
+    assert run.pods["s-1"]["node"] not in ("node-0", "node-1", "node-2"), run.pods
+    [judged] = _judged(run.log_dir)
+    assert judged["pod"] == "s-1" and judged["blame"], judged["reason"]
+    round_seq = judged["seq"] + 1  # the troubleshooting round the hang started
+    first = _answers(run.log_dir, round_seq)
+    assert list(first) == ["s-1"], first  # the suspect's answer ended the round
+    assert not first["s-1"]["gpu"]["passed"]
+    for check in ("allreduce_connect", "allreduce_perf"):
+        assert "own checks failed first" in first["s-1"][check]["result"], first["s-1"][check]
+    later = [seq for seq in range(round_seq + 1, round_seq + 4) if _answers(run.log_dir, seq)]
+    assert later, "no troubleshooting round after the move"
+    assert sorted(_answers(run.log_dir, later[0])) == ["s-0", "s-1", "s-2"]
+    assert leftovers(run.log_dir) == []
