@@ -197,3 +197,28 @@ def test_import_of_checkpoint_api_does_not_import_torch_when_imported() -> None:
     code = "import sys, aegis.checkpoint; print('torch' in sys.modules)"
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_load_puts_nested_tensors_in_the_template_when_read_from_disk_or_shm(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    settings = api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    state = {
+        "layers": [torch.full((4,), 1.0), (torch.arange(3), "name")],
+        "opt": {"m": torch.full((2, 2), 2.0)},
+    }
+    api.Saver(settings).save(1, state)
+    await committed(daemon, 1)
+    for load in ("load_latest", "load_from_disk"):
+        template = {
+            "layers": [torch.empty(4), (torch.empty(3, dtype=torch.int32), None)],
+            "opt": {"m": torch.empty(4)},  # another shape: a new tensor, not this one
+        }
+        loaded = getattr(api.Saver(settings), load)(template)
+        assert loaded is not None and loaded[0] == 1
+        got = loaded[1]
+        assert got["layers"][0].data_ptr() == template["layers"][0].data_ptr(), load
+        assert float(got["layers"][0].sum()) == 4.0
+        assert got["layers"][1][0].dtype == torch.int32  # moved to the template's dtype
+        assert got["layers"][1][0].tolist() == [0, 1, 2] and got["layers"][1][1] == "name"
+        assert got["opt"]["m"].shape == (2, 2) and float(got["opt"]["m"].sum()) == 8.0

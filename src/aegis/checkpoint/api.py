@@ -11,13 +11,13 @@ import logging
 import os
 import pickle
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # Siblings by their module path, not through the package: the package re-exports this module.
 import aegis.checkpoint.layout as lay
+import aegis.checkpoint.nested as ckpt_nested
 import aegis.checkpoint.outage as ckpt_outage
 import aegis.checkpoint.store as ckpt_store
 from aegis.core.errors import AegisError
@@ -120,7 +120,7 @@ class Saver:
         import torch
 
         tensors: list[Any] = []
-        skeleton = _flatten(state, tensors, torch)
+        skeleton = ckpt_nested.rebuild(state, functools.partial(_to_ref, tensors, torch))
         entries, offset = [], 0
         for t in tensors:
             nbytes = t.numel() * t.element_size()
@@ -197,7 +197,7 @@ class Saver:
             try:
                 jobs: list[tuple[int, Any]] = []
                 read = functools.partial(_read_tensor, fd, layout, jobs)
-                state = _fill(skeleton, template, read)
+                state = ckpt_nested.rebuild(skeleton, read, template)
                 read_into(fd, jobs)
             finally:
                 os.close(fd)
@@ -219,7 +219,7 @@ class Saver:
                 continue
             data = torch.frombuffer(copy.data, dtype=torch.uint8) if copy.data else torch.empty(0)
             log.info("checkpoint step %s loaded from %s", step, ckpt)
-            return step, _apply(_build(copy.layout, copy.skeleton, data, torch), template, torch)
+            return step, _build(copy.layout, copy.skeleton, data, template, torch)
         return None
 
     def _at_most_resume(self, steps: list[int]) -> list[int]:
@@ -268,14 +268,17 @@ def _pread_chunk(fd: int, view: memoryview, offset: int, start: int, end: int) -
 
 
 def _read_tensor(
-    fd: int, layout: lay.Layout, jobs: list[tuple[int, Any]], ref: lay.TensorRef, template: Any
+    fd: int, layout: lay.Layout, jobs: list[tuple[int, Any]], value: Any, template: Any
 ) -> Any:
-    """Tensor ``ref`` of the slot, to be read (``jobs``) into the template's tensor when it fits
-    (same shape and dtype, contiguous, on the CPU), or into a new one; read now and moved to the
-    template's device and dtype when it does not fit."""
+    """A leaf of the skeleton: a TensorRef becomes its tensor of the slot, to be read (``jobs``)
+    into the template's tensor when it fits (same shape and dtype, contiguous, on the CPU), or
+    into a new one; read now and put in the template's place (:func:`_placed`) when it does not
+    fit. Any other leaf stays."""
     import torch
 
-    entry = layout.tensors[ref.index]
+    if not isinstance(value, lay.TensorRef):
+        return value
+    entry = layout.tensors[value.index]
     dtype = getattr(torch, entry.dtype)
     if (
         isinstance(template, torch.Tensor)
@@ -289,26 +292,9 @@ def _read_tensor(
     target = torch.empty(entry.shape, dtype=dtype)
     if isinstance(template, torch.Tensor):
         read_into(fd, [(entry.offset, target)])
-        if tuple(template.shape) == entry.shape and template.dtype == dtype:
-            with torch.no_grad():  # on a GPU, or not contiguous: still loaded in place
-                return template.copy_(target)
-        return target.to(device=template.device, dtype=template.dtype)
+        return _placed(target, template, torch)  # on a GPU, or not contiguous: still in place
     jobs.append((entry.offset, target))
     return target
-
-
-def _fill(value: Any, template: Any, read: Callable[[lay.TensorRef, Any], Any]) -> Any:
-    """The skeleton with each TensorRef read (with the template's value at the same key)."""
-    if isinstance(value, lay.TensorRef):
-        return read(value, template)
-    if isinstance(value, dict):
-        sub = template if isinstance(template, dict) else {}
-        return type(value)((k, _fill(v, sub.get(k), read)) for k, v in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        subs = list(template) if isinstance(template, list | tuple) else []
-        subs += [None] * (len(value) - len(subs))
-        return type(value)(_fill(v, t, read) for v, t in zip(value, subs, strict=False))
-    return value
 
 
 def _drop_slot(shm: Path, step: int) -> None:
@@ -326,54 +312,41 @@ def _dumps(layout: lay.Layout) -> bytes:
     return json.dumps(layout.to_json()).encode()
 
 
-def _flatten(value: Any, tensors: list[Any], torch: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return lay.TensorRef(len(tensors) - 1)
-    if isinstance(value, dict):
-        return type(value)((k, _flatten(v, tensors, torch)) for k, v in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        return type(value)(_flatten(v, tensors, torch) for v in value)
-    return value
+def _to_ref(tensors: list[Any], torch: Any, value: Any, _template: Any) -> Any:
+    """A leaf of the state: a tensor is appended to ``tensors`` and its number left in the
+    skeleton; any other leaf stays."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    tensors.append(value)
+    return lay.TensorRef(len(tensors) - 1)
 
 
-def _build(layout: lay.Layout, skeleton: bytes, data: Any, torch: Any) -> Any:
+def _build(layout: lay.Layout, skeleton: bytes, data: Any, template: Any, torch: Any) -> Any:
+    """The state of a checkpoint read from disk (``data`` its bytes), each tensor put in the place
+    of the template's tensor at the same key (:func:`_placed`)."""
     tensors = []
     for e in layout.tensors:
         dtype = getattr(torch, e.dtype)
         raw = data[e.offset : e.offset + e.nbytes]
         tensors.append(raw.view(dtype).reshape(e.shape))
-    return _map(pickle.loads(skeleton), lambda ref: tensors[ref.index])
+
+    def place(value: Any, like: Any) -> Any:
+        if not isinstance(value, lay.TensorRef):
+            return value
+        return _placed(tensors[value.index], like, torch)
+
+    return ckpt_nested.rebuild(pickle.loads(skeleton), place, template)
 
 
-def _map(value: Any, fn: Callable[[lay.TensorRef], Any]) -> Any:
-    if isinstance(value, lay.TensorRef):
-        return fn(value)
-    if isinstance(value, dict):
-        return type(value)((k, _map(v, fn)) for k, v in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        return type(value)(_map(v, fn) for v in value)
-    return value
-
-
-def _apply(state: Any, template: Any, torch: Any) -> Any:
-    """Give each loaded tensor the place of the template's tensor at the same key: copied into
-    it in place when shape and dtype match (no new memory), else moved to its device and dtype."""
-    if isinstance(state, torch.Tensor):
-        if isinstance(template, torch.Tensor):
-            if template.shape == state.shape and template.dtype == state.dtype:
-                with torch.no_grad():
-                    return template.copy_(state)
-            return state.to(device=template.device, dtype=template.dtype)
-        return state
-    if isinstance(state, dict):
-        sub = template if isinstance(template, dict) else {}
-        return type(state)((k, _apply(v, sub.get(k), torch)) for k, v in state.items())
-    if isinstance(state, list | tuple) and not hasattr(state, "_fields"):
-        subs = list(template) if isinstance(template, list | tuple) else []
-        subs += [None] * (len(state) - len(subs))
-        return type(state)(_apply(v, t, torch) for v, t in zip(state, subs, strict=False))
-    return state
+def _placed(loaded: Any, template: Any, torch: Any) -> Any:
+    """The loaded tensor in the place of the template's: copied into it in place when shape and
+    dtype match (no new memory), else moved to its device and dtype; as it is without one."""
+    if not isinstance(template, torch.Tensor):
+        return loaded
+    if template.shape == loaded.shape and template.dtype == loaded.dtype:
+        with torch.no_grad():
+            return template.copy_(loaded)
+    return loaded.to(device=template.device, dtype=template.dtype)
 
 
 @functools.cache

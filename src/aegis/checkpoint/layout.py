@@ -100,19 +100,22 @@ def step_dir(ckpt: Path, step: int) -> Path:
 
 def slot_steps(shm: Path) -> list[int]:
     """Steps with a handed-off slot in shared memory, ascending."""
-    try:
-        names = os.listdir(shm)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := _SLOT.match(n)))
+    return _numbered(shm, _SLOT)
 
 
 def disk_steps(ckpt: Path) -> list[int]:
+    """Steps with a ``step-<N>`` directory under ``ckpt``, complete or not, ascending."""
+    return _numbered(ckpt, _STEP)
+
+
+def _numbered(directory: Path, name: re.Pattern[str]) -> list[int]:
+    """The numbers in the names of ``directory`` that match ``name``, ascending (none without
+    the directory)."""
     try:
-        names = os.listdir(ckpt)
+        names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _STEP.match(n)))
+    return sorted(int(m.group(1)) for n in names if (m := name.match(n)))
 
 
 def read_layout(shm: Path, step: int) -> Layout:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -28,6 +30,7 @@ CtlFile = Annotated[Path | None, typer.Option(help="The control file (default $A
 Timeout = Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the master.")]
 Namespace = Annotated[str | None, typer.Option(help="Default: the control file's.")]
 Nodes = Annotated[list[str], typer.Argument(help="One or more nodes.")]
+Request = Callable[[control.ControlTarget, str], control.ControlRequest]  # (target, inbox)
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +100,7 @@ def _run(
     log_dir: Path | None,
     ctl_file: Path | None,
     timeout_s: float,
-    build: Callable[[control.ControlTarget, str], control.ControlRequest],
+    build: Request,
 ) -> None:
     target = _target(log_dir, ctl_file)
     if target.netns:  # a run's emulated cluster: its NATS listens in its namespace
@@ -127,56 +130,69 @@ def _run(
     raise typer.Exit(0 if reply.ok else 1)
 
 
-@ctl_app.command("stop")
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+_SHARED = (  # every command's last options, in this order
+    inspect.Parameter("log_dir", _KEYWORD, default=None, annotation=LogDir),
+    inspect.Parameter("ctl_file", _KEYWORD, default=None, annotation=CtlFile),
+    inspect.Parameter("timeout_s", _KEYWORD, default=10.0, annotation=Timeout),
+)
+
+
+def _control(name: str) -> Callable[[Callable[..., Request]], Callable[..., None]]:
+    """``aegis ctl NAME``: the decorated function takes the command's own arguments and options
+    and says what to send; the command takes ``--log-dir``, ``--ctl-file`` and ``--timeout-s``
+    after them, and sends it with :func:`_run`."""
+
+    def register(request: Callable[..., Request]) -> Callable[..., None]:
+        @functools.wraps(request)
+        def command(
+            *, log_dir: Path | None, ctl_file: Path | None, timeout_s: float, **options: Any
+        ) -> None:
+            _run(log_dir, ctl_file, timeout_s, request(**options))
+
+        own = inspect.signature(request, eval_str=True).parameters.values()
+        command.__signature__ = inspect.Signature([*own, *_SHARED])  # type: ignore[attr-defined]
+        ctl_app.command(name)(command)
+        return command
+
+    return register
+
+
+@_control("stop")
 def stop(
     job: Annotated[str, typer.Argument(help="Job name.")],
     reason: Annotated[str, typer.Option(help="Recorded as the quit reason.")] = "stopped by user",
     namespace: Namespace = None,
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+) -> Request:
     """Stop a job: should_quit, phase Failed, every pod deleted."""
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "stop", inbox, namespace or t.namespace, job=job, reason=reason))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest(
+        "stop", inbox, namespace or t.namespace, job=job, reason=reason
+    )
 
 
-@ctl_app.command("taint")
+@_control("taint")
 def taint(
-    nodes: Nodes,
-    reason: Annotated[str, typer.Option(help="Why (kept with the blacklist entry).")],
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+    nodes: Nodes, reason: Annotated[str, typer.Option(help="Why (kept with the blacklist entry).")]
+) -> Request:
     """Keep pods off these nodes from now on (running pods stay)."""
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "taint", inbox, t.namespace, nodes=nodes, reason=reason))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest(
+        "taint", inbox, t.namespace, nodes=nodes, reason=reason
+    )
 
 
-@ctl_app.command("untaint")
-def untaint(
-    nodes: Nodes,
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+@_control("untaint")
+def untaint(nodes: Nodes) -> Request:
     """Allow pods on these nodes again."""
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "untaint", inbox, t.namespace, nodes=nodes))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest("untaint", inbox, t.namespace, nodes=nodes)
 
 
-@ctl_app.command("hang")
+@_control("hang")
 def hang(
     pod: Annotated[str, typer.Argument(help="Pod name (<job>-<rank>).")],
     namespace: Namespace = None,
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+) -> Request:
     """Report POD as hung, as its agent would: marked slow, evicted at the next checkpoint."""
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "hang", inbox, namespace or t.namespace, pod=pod))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest("hang", inbox, namespace or t.namespace, pod=pod)
 
 
 def _check_nodes(nodes: list[str]) -> None:
@@ -187,33 +203,24 @@ def _check_nodes(nodes: list[str]) -> None:
             raise typer.Exit(2)
 
 
-@ctl_app.command("drain")
+@_control("drain")
 def drain(
     nodes: Nodes,
     reason: Annotated[str, typer.Option(help="Why (kept with the node).")] = "maintenance",
     deadline_s: Annotated[
         float, typer.Option(min=0.0, help="Seconds to wait for the checkpoint's commit.")
     ] = 60.0,
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+) -> Request:
     """Planned maintenance: checkpoint the jobs with a pod there, move those pods off at the
     commit (or after the deadline), keep the nodes out until undrain. No fault is counted."""
     _check_nodes(nodes)
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "drain", inbox, t.namespace, nodes=nodes, reason=reason,
-        deadline_s=deadline_s))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest(
+        "drain", inbox, t.namespace, nodes=nodes, reason=reason, deadline_s=deadline_s
+    )
 
 
-@ctl_app.command("undrain")
-def undrain(
-    nodes: Nodes,
-    log_dir: LogDir = None,
-    ctl_file: CtlFile = None,
-    timeout_s: Timeout = 10.0,
-) -> None:
+@_control("undrain")
+def undrain(nodes: Nodes) -> Request:
     """Make drained nodes schedulable again."""
     _check_nodes(nodes)
-    _run(log_dir, ctl_file, timeout_s, lambda t, inbox: control.ControlRequest(
-        "undrain", inbox, t.namespace, nodes=nodes))  # fmt: skip
+    return lambda t, inbox: control.ControlRequest("undrain", inbox, t.namespace, nodes=nodes)

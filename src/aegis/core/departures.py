@@ -24,7 +24,7 @@ def on_checkpoint(status: JobStatus, now: float) -> Result:
                 leaving[pod] = RecoveryLevel.DRAIN
             elif info.slow:
                 leaving[pod] = RecoveryLevel.EVICT_SLOW
-                pods[pod] = updates.pod(info, reason=info.last_failed_reason or "slow")
+                pods[pod] = updates.pod(info, last_failed_reason=info.last_failed_reason or "slow")
         status = updates.status(status, pod_infos=pods.finish())
     return rounds.evict_running(status, leaving, now)
 
@@ -44,7 +44,9 @@ def on_drain(status: JobStatus, pods: tuple[PodName, ...], reason: str, now: flo
         return rounds.reject(status, act.RejectReason.IGNORED, "no pod left to drain")
     with status.pod_infos.mutate() as infos:
         for pod in marked:
-            infos[pod] = updates.pod(infos[pod], drain=True, reason=f"drain: {reason}", ts=now)
+            infos[pod] = updates.pod(
+                infos[pod], drain=True, last_failed_reason=f"drain: {reason}", updated_ts=now
+            )
         pod_infos = infos.finish()
     status = updates.status(
         status, pod_infos=pod_infos, drain_count=status.drain_count + len(marked)
@@ -71,6 +73,8 @@ def on_drain_forced(
     with status.pod_infos.mutate() as infos:
         for pod in leaving:
             info = infos[pod]
-            infos[pod] = updates.pod(info, reason=f"{info.last_failed_reason} ({reason})")
+            infos[pod] = updates.pod(
+                info, last_failed_reason=f"{info.last_failed_reason} ({reason})"
+            )
         status = updates.status(status, pod_infos=infos.finish())
     return rounds.evict_running(status, leaving, now)

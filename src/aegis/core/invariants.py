@@ -130,13 +130,8 @@ def no_finish_double_processed(
     spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
 ) -> str | None:
     """An answer from a pod that already answered this round changes nothing."""
-    if not isinstance(event, ev.RoundMessage):
-        return None
-    info = before.pod_infos.get(event.pod)
-    if info is None or not info.finished or event.seq != before.seq:
-        return None
-    if after != before:
-        return f"second answer of {event.pod} in round {event.seq} changed the status"
+    if msg := _ignored_yet_changed(before, event, after, _answered_already):
+        return f"second answer of {msg.pod} in round {msg.seq} changed the status"
     return None
 
 
@@ -152,13 +147,30 @@ def stale_finish_rejected(
     spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
 ) -> str | None:
     """A message of another round (phase or seq) never changes anything."""
-    if not isinstance(event, ev.RoundMessage):
-        return None
-    if event.seq == before.seq and event.phase == before.phase:
-        return None
-    if after != before:
-        return f"stale {type(event).__name__} ({event.phase}/{event.seq}) changed the status"
+    if msg := _ignored_yet_changed(before, event, after, _of_another_round):
+        return f"stale {type(msg).__name__} ({msg.phase}/{msg.seq}) changed the status"
     return None
+
+
+def _ignored_yet_changed(
+    before: JobStatus,
+    event: ev.Event,
+    after: JobStatus,
+    ignored: Callable[[JobStatus, ev.RoundMessage], bool],
+) -> ev.RoundMessage | None:
+    """``event`` when it is a round message the master must ignore and the status changed."""
+    if isinstance(event, ev.RoundMessage) and ignored(before, event) and after != before:
+        return event
+    return None
+
+
+def _answered_already(before: JobStatus, msg: ev.RoundMessage) -> bool:
+    info = before.pod_infos.get(msg.pod)
+    return info is not None and info.finished and msg.seq == before.seq
+
+
+def _of_another_round(before: JobStatus, msg: ev.RoundMessage) -> bool:
+    return msg.seq != before.seq or msg.phase != before.phase
 
 
 def no_count_outside_run_command(

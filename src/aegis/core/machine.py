@@ -129,7 +129,12 @@ def _record_answer(
 ) -> Result:
     failed_reason = reason if verdict is not Classification.HEALTHY else info.last_failed_reason
     new_info = updates.pod(
-        info, finished=True, seq=status.seq, verdict=verdict, reason=failed_reason, ts=now
+        info,
+        finished=True,
+        seq=status.seq,
+        verdict=verdict,
+        last_failed_reason=failed_reason,
+        updated_ts=now,
     )
     status = updates.status(
         status,
@@ -144,7 +149,7 @@ def _record_answer(
 
 
 def _on_success(status: JobStatus, pod: PodName, info: PodInfo, now: float) -> Result:
-    new_info = updates.pod(info, finished=True, seq=status.seq, ts=now)
+    new_info = updates.pod(info, finished=True, seq=status.seq, updated_ts=now)
     status = updates.status(
         status, pod_infos=status.pod_infos.set(pod, new_info), outstanding=status.outstanding - 1
     )
@@ -183,7 +188,9 @@ def _count_fault(
     if repeat is not None and spec.repeat_limit and count >= spec.repeat_limit and not spent:
         verdict = (f"the same fault {count} times in a row at step {repeat[0]} "
                    f"({repeat[1]}): a restart does not fix it; stopping")  # fmt: skip
-    counted = updates.pod(info, retries=info.retries + 1, reason=verdict or reason, ts=now)
+    counted = updates.pod(
+        info, retries=info.retries + 1, last_failed_reason=verdict or reason, updated_ts=now
+    )
     status = updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, counted),
@@ -258,7 +265,7 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
             return rounds.reject(status, act.RejectReason.STALE, f"{pod} is awaiting a replacement")
         status = updates.status(
             status,
-            pod_infos=status.pod_infos.set(pod, updates.pod(info, finished=True, ts=now)),
+            pod_infos=status.pod_infos.set(pod, updates.pod(info, finished=True, updated_ts=now)),
             outstanding=status.outstanding - 1,
         )
         if status.outstanding > 0:
@@ -268,7 +275,9 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
     if info.inner_phase is not Phase.PENDING:
         return rounds.reject(status, act.RejectReason.DUPLICATE, f"{pod} already ACKed")
     if status.phase is Phase.RESTARTING:
-        back = updates.pod(info, inner=Phase.RESTARTING, finished=True, evict=None, ts=now)
+        back = updates.pod(
+            info, inner_phase=Phase.RESTARTING, finished=True, evict=None, updated_ts=now
+        )
         status = updates.status(
             status,
             pod_infos=status.pod_infos.set(pod, back),
@@ -279,7 +288,7 @@ def _on_ack(spec: JobSpec, status: JobStatus, pod: PodName, info: PodInfo, now: 
             return status, ()
         return rounds.start_round(status, Phase.TROUBLESHOOTING, Order.TROUBLESHOOT, now)
     if status.phase in CHECK_PHASES:
-        back = updates.pod(info, inner=status.phase, evict=None, ts=now)
+        back = updates.pod(info, inner_phase=status.phase, evict=None, updated_ts=now)
         status = updates.status(
             status, pod_infos=status.pod_infos.set(pod, back), away=status.away - 1
         )
@@ -310,15 +319,16 @@ def _on_restarted(
         info,
         node=event.node if event.node is not None else info.node,
         pod_ip=event.pod_ip if event.pod_ip is not None else info.pod_ip,
-        ts=now,
-        drain=False if moved else None,
+        updated_ts=now,
+        drain=info.drain and not moved,
     )
     if moved and info.drain:  # the drain mark belongs to the node it left
         status = updates.status(status, drain_count=status.drain_count - 1)
     if rounds.awaiting_replacement(info):
         # The replacement the platform was asked for: it must ACK before it counts as back.
         return updates.status(
-            status, pod_infos=status.pod_infos.set(pod, updates.pod(placed, inner=Phase.PENDING))
+            status,
+            pod_infos=status.pod_infos.set(pod, updates.pod(placed, inner_phase=Phase.PENDING)),
         ), ()
     reason = "pod restarted"
     status = updates.status(status, pod_infos=status.pod_infos.set(pod, placed))
@@ -335,13 +345,22 @@ def _leave(
     """Outside RunCommand a pod goes away (lost or restarted) without a fault being counted."""
     if status.phase is Phase.PENDING:
         # Before bootcheck a pod only has to (re)ACK (once replaced, when it was lost).
-        left = updates.pod(info, inner=inner, finished=False, reason=reason, ts=now)
+        left = updates.pod(
+            info, inner_phase=inner, finished=False, last_failed_reason=reason, updated_ts=now
+        )
         outstanding = status.outstanding + (1 if info.finished else 0)
         return updates.status(
             status, pod_infos=status.pod_infos.set(pod, left), outstanding=outstanding
         )
     was_away = info.inner_phase in (Phase.PENDING, Phase.RESTARTING) and not info.finished
-    left = updates.pod(info, inner=inner, finished=False, verdict=None, reason=reason, ts=now)
+    left = updates.pod(
+        info,
+        inner_phase=inner,
+        finished=False,
+        verdict=None,
+        last_failed_reason=reason,
+        updated_ts=now,
+    )
     return updates.status(
         status,
         pod_infos=status.pod_infos.set(pod, left),

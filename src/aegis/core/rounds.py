@@ -33,7 +33,7 @@ def start_round(
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
             pods[pod] = updates.pod(
-                info, inner=phase, finished=False, verdict=None, evict=None, ts=now
+                info, inner_phase=phase, finished=False, verdict=None, evict=None, updated_ts=now
             )
         pod_infos = pods.finish()
     seq = status.seq + 1
@@ -54,11 +54,11 @@ def enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: floa
         for pod, info in status.pod_infos.items():
             if pod in leaving:
                 pods[pod] = updates.pod(
-                    info, inner=leaving[pod], finished=False, verdict=None, ts=now
+                    info, inner_phase=leaving[pod], finished=False, verdict=None, updated_ts=now
                 )
             else:
                 pods[pod] = updates.pod(
-                    info, inner=Phase.RESTARTING, finished=True, verdict=None, ts=now
+                    info, inner_phase=Phase.RESTARTING, finished=True, verdict=None, updated_ts=now
                 )
         pod_infos = pods.finish()
     return updates.status(
@@ -74,7 +74,7 @@ def enter_restarting(status: JobStatus, leaving: dict[PodName, Phase], now: floa
 def end(status: JobStatus, phase: Phase, reason: str, now: float) -> Result:
     with status.pod_infos.mutate() as pods:
         for pod, info in status.pod_infos.items():
-            pods[pod] = updates.pod(info, inner=phase, finished=True, ts=now)
+            pods[pod] = updates.pod(info, inner_phase=phase, finished=True, updated_ts=now)
         pod_infos = pods.finish()
     seq = status.seq + 1
     status = updates.status(
@@ -128,7 +128,7 @@ def evict(
     with status.pod_infos.mutate() as pods:
         for pod, level in leaving.items():
             pods[pod] = updates.pod(
-                pods[pod], inner=Phase.RESTARTING, finished=False, evict=level, ts=now
+                pods[pod], inner_phase=Phase.RESTARTING, finished=False, evict=level, updated_ts=now
             )
         pod_infos = pods.finish()
     status = updates.status(

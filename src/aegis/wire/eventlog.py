@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import get_args
 
 import msgspec
 
@@ -33,48 +34,48 @@ class SpecRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     repeat_limit: int = 0  # absent likewise: no restart-or-stop
 
 
-class JobCreated(msgspec.Struct, tag="JobCreated", tag_field="type", forbid_unknown_fields=True):
+class _Record(
+    msgspec.Struct,
+    tag=lambda name: name.removesuffix("Record"),
+    tag_field="type",
+    forbid_unknown_fields=True,
+):
+    """A platform or operator record: tagged in ``type`` with its class name less ``Record``
+    (the name of the core event it stands for)."""
+
+
+class JobCreated(_Record):
     spec: SpecRecord
     ts: float
     nodes: list[str] = []
     pod_ips: list[str] = []  # absent: no pod's address was known at the start
 
 
-class PodRestartedRecord(
-    msgspec.Struct, tag="PodRestarted", tag_field="type", forbid_unknown_fields=True
-):
+class PodRestartedRecord(_Record):
     pod: str
     ts: float
     node: str | None = None
     pod_ip: str | None = None
 
 
-class HeartbeatLostRecord(
-    msgspec.Struct, tag="HeartbeatLost", tag_field="type", forbid_unknown_fields=True
-):
+class HeartbeatLostRecord(_Record):
     pod: str
     ts: float
 
 
-class QuitRequestedRecord(
-    msgspec.Struct, tag="QuitRequested", tag_field="type", forbid_unknown_fields=True
-):
+class QuitRequestedRecord(_Record):
     ts: float
     reason: str = "stopped by user"
 
 
-class CheckpointCommittedRecord(
-    msgspec.Struct, tag="CheckpointCommitted", tag_field="type", forbid_unknown_fields=True
-):
+class CheckpointCommittedRecord(_Record):
     """Every pod has committed ``step`` (the master aggregates the pods' reports)."""
 
     step: int
     ts: float
 
 
-class DrainRequestedRecord(
-    msgspec.Struct, tag="DrainRequested", tag_field="type", forbid_unknown_fields=True
-):
+class DrainRequestedRecord(_Record):
     """``aegis ctl drain``: these pods' node is being drained."""
 
     pods: list[str]
@@ -82,9 +83,7 @@ class DrainRequestedRecord(
     reason: str = "drained"
 
 
-class DrainForcedRecord(
-    msgspec.Struct, tag="DrainForced", tag_field="type", forbid_unknown_fields=True
-):
+class DrainForcedRecord(_Record):
     """The drain stopped waiting for a checkpoint (deadline, or a script without the API)."""
 
     pods: list[str]
@@ -92,9 +91,7 @@ class DrainForcedRecord(
     reason: str = "drain deadline passed"
 
 
-class SlowdownReportedRecord(
-    msgspec.Struct, tag="SlowdownReported", tag_field="type", forbid_unknown_fields=True
-):
+class SlowdownReportedRecord(_Record):
     """The master's pace watch: the job's step rate fell well below its earlier pace."""
 
     ts: float
@@ -111,9 +108,7 @@ class HangReportRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     why: str = ""
 
 
-class HangJudgedRecord(
-    msgspec.Struct, tag="HangJudged", tag_field="type", forbid_unknown_fields=True
-):
+class HangJudgedRecord(_Record):
     """The master's reading of a hang: every pod's report of it (stacks), and the pod it is
     about (``blame``), or the first reporter with ``blame`` false when none stood out."""
 
@@ -138,17 +133,7 @@ PlatformRecord = (
     | SlowdownReportedRecord
     | HangJudgedRecord
 )
-_PLATFORM_TYPES = {
-    "JobCreated",
-    "PodRestarted",
-    "HeartbeatLost",
-    "QuitRequested",
-    "CheckpointCommitted",
-    "DrainRequested",
-    "DrainForced",
-    "SlowdownReported",
-    "HangJudged",
-}
+_PLATFORM_TYPES = frozenset(record.__struct_config__.tag for record in get_args(PlatformRecord))
 
 
 class _Head(msgspec.Struct):

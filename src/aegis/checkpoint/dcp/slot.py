@@ -17,7 +17,6 @@ import contextlib
 import json
 import mmap
 import os
-import re
 import shutil
 import time
 import zlib
@@ -31,7 +30,6 @@ from aegis.core.errors import AegisError
 
 METADATA = ".metadata"
 CHUNK = 16 * 1024 * 1024
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 Piece = tuple[str, int, int]  # ("lit" | "buf" | "crc", offset, length)
 
@@ -181,21 +179,7 @@ def _wait_for(where: Path, names: Sequence[str], wait_s: float) -> None:
 
 def steps(root: Path) -> list[int]:
     """Steps with a complete DCP checkpoint (``step-<N>/.metadata``) under ``root``, ascending."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    found = (int(m.group(1)) for n in names if (m := _STEP_DIR.match(n)))
-    return sorted(s for s in found if (root / f"step-{s}" / METADATA).exists())
-
-
-def step_dirs(root: Path) -> list[int]:
-    """Every ``step-<N>`` directory under ``root``, complete or not, ascending."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.match(n)))
+    return [s for s in lay.disk_steps(root) if (lay.step_dir(root, s) / METADATA).exists()]
 
 
 def prune(root: Path, keep: int) -> None:
@@ -204,9 +188,9 @@ def prune(root: Path, keep: int) -> None:
     if len(complete) <= keep:
         return
     oldest_kept = complete[-keep]
-    for step in step_dirs(root):
+    for step in lay.disk_steps(root):
         if step < oldest_kept:
-            shutil.rmtree(root / f"step-{step}", ignore_errors=True)
+            shutil.rmtree(lay.step_dir(root, step), ignore_errors=True)
 
 
 def default_root(env: dict[str, str]) -> Path | None:
@@ -226,7 +210,7 @@ def default_root(env: dict[str, str]) -> Path | None:
 def next_step(shm: Path, root: Path | None, resume_step: int | None) -> int:
     """The step a save without a checkpoint id makes: one past the newest this pod knows of
     (in shared memory or on disk), or past the job's resume step after a restart."""
-    known = lay.slot_steps(shm) + (step_dirs(root) if root is not None else [])
+    known = lay.slot_steps(shm) + (lay.disk_steps(root) if root is not None else [])
     if resume_step is not None:
         known = [s for s in known if s <= resume_step] + [resume_step]
     return max(known, default=0) + 1

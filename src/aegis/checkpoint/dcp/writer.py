@@ -16,6 +16,7 @@ import io
 import os
 import pickle
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch.futures import Future
 import aegis.checkpoint.dcp.slot as sl
 import aegis.checkpoint.dcp.torchsave as torch_save
 import aegis.checkpoint.dcp.zipimage as zip_image
-from aegis.checkpoint import api
+from aegis.checkpoint import api, nested
 from aegis.checkpoint import layout as lay
 
 SUFFIX = ".distcp"
@@ -177,8 +178,7 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
     # -- AsyncStager: dcp.async_save stages into shared memory -----------------------------
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        tensors: list[torch.Tensor] = []
-        _collect(state_dict, tensors)
+        tensors = [_local(t) for t in nested.leaves(state_dict) if isinstance(t, torch.Tensor)]
         offsets, total = [], 0
         for t in tensors:
             offsets.append(total)
@@ -186,7 +186,8 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
         buffer, base = self._saver.reserve(self._proposed_step(), total)
         views = [_copy_into(base, at, t) for at, t in zip(offsets, tensors, strict=True)]
         self._staged = _Staged(buffer, base, total)
-        staged: dict[str, Any] = _replace(state_dict, iter(views))
+        left = iter(views)
+        staged: dict[str, Any] = nested.rebuild(state_dict, lambda leaf, _: _replaced(leaf, left))
         return staged
 
     def synchronize_staging(self) -> None:
@@ -281,22 +282,16 @@ def _copy_into(base: torch.Tensor, at: int, t: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def _collect(value: Any, out: list[torch.Tensor]) -> None:
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's data on this rank: a DTensor's local shard."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(value, DTensor):
-        out.append(value.to_local())
-    elif isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect(v, out)
-    elif isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        for v in value:  # (a named tuple's tensors are copied by write_data instead)
-            _collect(v, out)
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _replace(value: Any, views: Any) -> Any:
+def _replaced(value: Any, views: Iterator[torch.Tensor]) -> Any:
+    """A leaf of the state dict with the next of ``views`` in place of its tensor (of a DTensor's
+    local shard); any other leaf stays. (A named tuple's tensors are copied by write_data.)"""
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
@@ -310,8 +305,4 @@ def _replace(value: Any, views: Any) -> Any:
         )
     if isinstance(value, torch.Tensor):
         return next(views)
-    if isinstance(value, dict):
-        return type(value)((k, _replace(v, views)) for k, v in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        return type(value)(_replace(v, views) for v in value)
     return value
