@@ -125,7 +125,7 @@ async def test_an_exit_report_carries_the_last_step_and_the_run_remembers_earlie
     )
     async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
         await sup.start()
-        await waits.async_wait_until(lambda: "STEPPED" in lines.seen)
+        await async_wait_until(lambda: "STEPPED" in lines.seen, what="a step reported")
         await sup.restart()  # its exit report looks at its last step
         first = await sup.wait()
         assert first.exit_status == 3 and first.last_step is None  # no step of its own

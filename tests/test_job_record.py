@@ -14,8 +14,7 @@ from aegis.master import job_builder, job_record, records
 from aegis.master.job_runner import JobSettings, status_key
 from aegis.master.ports import NullPlatform
 from aegis.master.round_orders import RoundOrder
-from aegis.tools import status_summary
-from aegis.wire import codec
+from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
 
 _POD = (
@@ -79,7 +78,7 @@ async def test_a_job_written_by_the_earlier_master_is_adopted_mid_job() -> None:
     assert got is not None and got[1] > revision
     written, old = json.loads(got[0]), json.loads(OLD_RECORD)
     assert written == {**old, "epoch": 4}  # the same fields, the new leader's epoch
-    assert status_summary.from_record(written).hardware_rescheduled == 1
+    assert job_summary.from_record(written).hardware_rescheduled == 1
     await runner.unsubscribe()
 
 

@@ -153,12 +153,18 @@ class CoreDriver:
     def _answer_round(
         self, verdicts: dict[PodName, Classification], now: float
     ) -> tuple[act.Action, ...]:
-        """Every pod answers the current check round; the last answer resolves it."""
+        """Every pod answers the current check round, a suspect first (a pod marked slow or
+        hung: its node is checked first); the last answer resolves it, or the suspect's own
+        when it must leave (the others' would then be stale: they are not sent)."""
         status = self._status
         phase, seq = status.phase, status.seq
         spec, healthy = self._spec, Classification.HEALTHY
         actions: tuple[act.Action, ...] = ()
-        for pod in self._pods:
+        answered = 0
+        for pod in sorted(self._pods, key=lambda p: not status.pod_infos[p].slow):
+            if (status.phase, status.seq) != (phase, seq):
+                break  # the round ended on a suspect's answer
+            answered += 1
             verdict = verdicts.get(pod, healthy)
             reason = "" if verdict is healthy else verdict.value
             answer = ev.ChecksReported(
@@ -167,7 +173,7 @@ class CoreDriver:
             status, actions = machine.step(spec, status, answer, now)
             if actions and isinstance(actions[0], act.Rejected):
                 raise SimulationError(f"core rejected {answer}: {actions[0]}")
-        self.steps += len(self._pods)
+        self.steps += answered
         self._status = status
         return actions
 
