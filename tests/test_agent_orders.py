@@ -266,3 +266,44 @@ async def test_an_order_of_the_same_round_waits_for_its_checks(
     the_link.orders.put_nowait(_order(Order.EXIT, 4, exit_code=0))
     await asyncio.wait_for(task, timeout=60)
     assert seen == ["checking", "checked"]  # finished, not abandoned
+
+
+async def test_a_check_round_that_fails_ends_the_executor_with_its_error_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As when the round ran inline: the agent ends and its pod is replaced, rather than
+    leaving the round unanswered while heartbeats say the pod is fine."""
+
+    async def troubleshoot(settings: object) -> list[m.CheckResult]:
+        raise RuntimeError("the checks broke")
+
+    monkeypatch.setattr(executor.suites, "troubleshoot", troubleshoot)
+    the_link = link.MasterLink(SETTINGS)
+    the_link.orders.put_nowait(_order(Order.TROUBLESHOOT, 3))  # and no order after it
+    with pytest.raises(RuntimeError, match="the checks broke"):
+        await asyncio.wait_for(executor.OrderExecutor(the_link, _Training()).run(), timeout=60)
+
+
+async def test_an_executor_stopped_during_a_check_round_ends_it_and_stops_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = asyncio.Event()
+    ended: list[str] = []
+
+    async def troubleshoot(settings: object) -> list[m.CheckResult]:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("checks")
+        return []
+
+    monkeypatch.setattr(executor.suites, "troubleshoot", troubleshoot)
+    the_link = link.MasterLink(SETTINGS)
+    the_link.orders.put_nowait(_order(Order.TROUBLESHOOT, 3))
+    task = asyncio.create_task(executor.OrderExecutor(the_link, _Training()).run())
+    await asyncio.wait_for(running.wait(), timeout=60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ended == ["checks"]

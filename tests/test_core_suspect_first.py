@@ -89,3 +89,33 @@ def test_the_suspect_that_must_leave_with_the_budget_spent_fails_the_job() -> No
     seq = _hung_round(d, 1)
     d.feed(ev.ChecksReported(d.pod(1), Phase.TROUBLESHOOTING, seq, Classification.HARDWARE))
     assert d.status.phase is Phase.FAILED
+
+
+def test_a_round_with_a_pod_away_waits_for_it_even_when_the_suspect_must_leave() -> None:
+    """A pod lost during the round is being replaced: ending the round on the suspect's answer
+    would count it as present (it waits, and the round starts again once it is back)."""
+    d = Driver(workers=3)
+    seq = _hung_round(d, 1)
+    d.feed(ev.HeartbeatLost(d.pod(2)))
+    assert d.status.away == 1
+    d.feed(ev.ChecksReported(d.pod(1), Phase.TROUBLESHOOTING, seq, Classification.HARDWARE))
+    assert d.status.phase is Phase.TROUBLESHOOTING and d.status.away == 1
+    assert not d.status.pod_infos[d.pod(2)].finished
+    d.feed(ev.PodRestarted(d.pod(2), node=NodeName("spare-0")))
+    actions = d.feed(ev.PodAcked(d.pod(2)))
+    assert orders(actions) == [Order.TROUBLESHOOT.value]  # a fresh round, everyone present
+    fresh = d.status.seq
+    d.feed(ev.ChecksReported(d.pod(1), Phase.TROUBLESHOOTING, fresh, Classification.HARDWARE))
+    assert d.status.phase is Phase.RESTARTING  # now the suspect's answer ends it
+
+
+def test_a_draining_pod_that_had_not_answered_leaves_with_the_suspect() -> None:
+    """Training is stopped anyway: a drained node's pod leaves when the round ends, even when
+    the suspect's answer ended it before the drained pod answered."""
+    d = Driver(workers=3)
+    seq = _hung_round(d, 1)
+    d.feed(ev.DrainRequested((d.pod(2),), "bios update"))
+    d.feed(ev.ChecksReported(d.pod(1), Phase.TROUBLESHOOTING, seq, Classification.HARDWARE))
+    assert d.status.phase is Phase.RESTARTING
+    levels = {a.pod: a.level for a in d.actions if isinstance(a, act.EvictPod)}
+    assert levels == {d.pod(1): RecoveryLevel.NODE, d.pod(2): RecoveryLevel.DRAIN}

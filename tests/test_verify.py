@@ -13,6 +13,7 @@ from aegis.core import events as ev
 from aegis.core import machine, resolution, rounds, updates
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Order, Phase
+from aegis.core.recovery import must_leave
 from aegis.tools.verify import checker
 
 
@@ -40,6 +41,7 @@ def test_verify_holds_exhaustively_for_3_workers_max_retry_2() -> None:
         "FaultFreeTermination",
         "TerminalReachable",
         "SuspectFirst",
+        "AwayUntilBack",
     }
 
 
@@ -148,6 +150,14 @@ MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
         "concludes_early",
         lambda status, info, verdict: False,
         {"SuspectFirst"},
+    ),
+    "end a round on its suspect's answer while a pod is away": (
+        resolution,
+        "concludes_early",
+        lambda status, info, verdict: (
+            status.phase is Phase.TROUBLESHOOTING and info.slow and must_leave(verdict)
+        ),
+        {"AwayUntilBack"},
     ),
     "budget exhausted without should_quit": (
         rounds,

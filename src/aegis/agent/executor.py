@@ -3,9 +3,11 @@ and the heartbeat, a look at the training every ``heartbeat_s`` sent through the
 
 The executor drives the training through the narrow :class:`ports.Training` port (the
 supervisor), one order at a time, each round at most once; what each order means is decided by
-:func:`order_policy.plan`. It answers through the link (check results, a declined checkpoint
-request) and tells it when a round starts. The link never drives the training, and the
-supervisor never sees the executor: the supervisor reports facts to the link.
+:func:`order_policy.plan`. A round of checks runs while the next order is awaited, so that an
+order of a newer round can end it (:func:`order_policy.supersedes`). It answers through the
+link (check results, a declined checkpoint request) and tells it when a round starts. The link
+never drives the training, and the supervisor never sees the executor: the supervisor reports
+facts to the link.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ class OrderExecutor:
     async def run(self) -> None:
         """Carry out the link's orders until the link is done (cancel to stop sooner). A round
         of checks runs while the next order is awaited: an order of a newer round ends it
-        (``order_policy.supersedes``), any other waits for it."""
+        (``order_policy.supersedes``), any other waits for it; a round that fails ends the
+        executor at once with its error, as an order carried out inline would."""
         try:
             while not self._link.done.done():
-                msg = await self._link.orders.get()
+                msg = await self._next_order()
                 assert isinstance(msg.data, m.OrderData)
                 key = order_policy.round_key(msg, msg.data)
                 if key in self._executed:
@@ -62,24 +65,53 @@ class OrderExecutor:
                 else:
                     await self.execute(msg, msg.data)
         finally:
-            await self._settle_checks(None)
-            await self._background.close()
+            try:
+                await self._abandon_checks()
+            finally:
+                await self._background.close()
 
-    async def _settle_checks(self, seq: int | None) -> None:
-        """Before the order of round ``seq`` (None: the executor ends): end the check round
-        still running when that order supersedes it, else let it finish."""
+    async def _next_order(self) -> m.Message:
+        """The link's next order; a check round that fails meanwhile raises its error here."""
+        if self._checking is None:
+            return await self._link.orders.get()
+        checks = self._checking[1]
+        order = asyncio.ensure_future(self._link.orders.get())
+        try:
+            await asyncio.wait({order, checks}, return_when=asyncio.FIRST_COMPLETED)
+            if checks.done():
+                self._checking = None
+                checks.result()  # its error, if it failed
+            return await order
+        finally:
+            if not order.done():
+                order.cancel()  # (a Queue.get cancelled takes nothing off the queue)
+
+    async def _settle_checks(self, seq: int) -> None:
+        """Before the order of round ``seq``: end the check round still running when that
+        order supersedes it, else let it finish (its error raises here)."""
         if self._checking is None:
             return
         (round_seq, task), self._checking = self._checking, None
-        if seq is None or order_policy.supersedes(round_seq, seq):
-            if not task.done():
-                log.info("checks of round %d abandoned: round %s superseded them", round_seq, seq)
+        if order_policy.supersedes(round_seq, seq) and not task.done():
+            log.info("checks of round %d abandoned: the order of round %d supersedes them",
+                     round_seq, seq)  # fmt: skip
             task.cancel()
         since = aio.cancellations()
         try:
             await task
         except asyncio.CancelledError:
             aio.raise_if_cancelled(since)  # the executor's own stop goes on; the round's ends here
+
+    async def _abandon_checks(self) -> None:
+        """The executor ends: a check round still running is cancelled; an error it had is
+        logged (the executor's own ending, a cancellation or an error, goes on)."""
+        if self._checking is None:
+            return
+        (round_seq, task), self._checking = self._checking, None
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("checks of round %d failed: %r", round_seq, task.exception())
 
     async def execute(self, msg: m.Message, order: m.OrderData) -> None:
         log.info("order %s#%d", order.order, msg.seq)

@@ -7,8 +7,13 @@ link and the executor act on them; no I/O, no clock).
 - :func:`current`: an order of a deposed master (a lower epoch) is ignored;
 - :func:`round_key`: each round is executed at most once (an order re-sent after a failover, or
   for a lost message, is ignored);
+- :func:`for_pod`: an order addressed to some pods is taken by those only;
 - :func:`plan`: what an order asks of the training (an :class:`Action`);
-- :func:`check_settings`: the checks a bootcheck or troubleshooting order runs.
+- :func:`supersedes`: an order of a newer round ends a check round still running;
+- :func:`checkpoint_request`, :func:`round_env`: what a checkpoint order and a training round
+  hand the training;
+- :func:`check_settings`: the checks a bootcheck or troubleshooting order runs (this pod the
+  round's suspect or not: :func:`suspected`).
 """
 
 from __future__ import annotations

@@ -175,7 +175,10 @@ class CollectiveRound:
         if self._start is None:
             return
         try:
-            child = await self._start
+            child = await asyncio.shield(self._start)  # a start cut short could leave a child
+        except asyncio.CancelledError:
+            self.kill()  # the child, as soon as it is there (``_spawn`` looks)
+            raise
         except Exception as exc:
             log.warning("collective child did not start: %r", exc)
             return

@@ -72,16 +72,21 @@ def collective_round(
 
 
 async def _run_round(round_: tuple[CheckType, ...], settings: CheckSettings) -> list[CheckResult]:
-    if settings.suspect:
-        return await _suspect_first(round_, settings)
-    return await _run_planned(round_, settings, [])
+    collective = collective_round(round_, settings)
+    collective.start_if_warm()  # a warm child joins its group while the local checks run
+    try:
+        if settings.suspect:
+            return await _suspect_first(round_, settings, collective)
+        return await _run_planned(round_, settings, collective, [])
+    finally:
+        await collective.close()  # (a child that gave no verdict is killed)
 
 
 async def _suspect_first(
-    round_: tuple[CheckType, ...], settings: CheckSettings
+    round_: tuple[CheckType, ...], settings: CheckSettings, collective: group.CollectiveRound
 ) -> list[CheckResult]:
     """The suspect's node is checked first: its own checks (every one but the collectives) run
-    before it joins its peers. When they already say it must leave (``recovery.must_leave``:
+    before its collective checks. When they already say it must leave (``recovery.must_leave``:
     the master ends the round on that answer, ``core.resolution.concludes_early``), it answers
     at once and the collective checks are skipped: its peers' group would only wait for it."""
     own = tuple(t for t in round_ if t not in COLLECTIVE)
@@ -95,31 +100,23 @@ async def _suspect_first(
             await run_one(t, _skipped_for(verdict), settings) for t, _ in plan(rest, settings)
         ]
         return results + skipped
-    return await _run_planned(rest, settings, results)
+    return await _run_planned(rest, settings, collective, results)
 
 
 async def _run_planned(
-    round_: tuple[CheckType, ...], settings: CheckSettings, results: list[CheckResult]
+    round_: tuple[CheckType, ...],
+    settings: CheckSettings,
+    collective: group.CollectiveRound,
+    results: list[CheckResult],
 ) -> list[CheckResult]:
-    collective = collective_round(round_, settings)
-    collective.start_if_warm()
-    try:
-        for check_type, planned in plan(round_, settings):
-            fn = planned
-            connect = next(
-                (r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None
-            )
-            if (
-                check_type is CheckType.ALLREDUCE_PERF
-                and connect is not None
-                and not connect.passed
-            ):
-                fn = _skipped
-            elif check_type in collective.checks:
-                fn = _verdict_of(collective, check_type)
-            results.append(await run_one(check_type, fn, settings))
-    finally:
-        await collective.close()
+    for check_type, planned in plan(round_, settings):
+        fn = planned
+        connect = next((r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None)
+        if check_type is CheckType.ALLREDUCE_PERF and connect is not None and not connect.passed:
+            fn = _skipped
+        elif check_type in collective.checks:
+            fn = _verdict_of(collective, check_type)
+        results.append(await run_one(check_type, fn, settings))
     return results
 
 

@@ -103,8 +103,8 @@ def failed_means_quit(spec: JobSpec, s: JobStatus) -> str | None:
 def suspect_first(spec: JobSpec, s: JobStatus) -> str | None:
     """Our own (issue 18): the suspect's node is checked first. No troubleshooting round goes on
     waiting for other pods once a suspect (a pod marked slow or hung) answered that it must
-    leave."""
-    if s.phase is not Phase.TROUBLESHOOTING:
+    leave (unless a pod is away: the round waits for it)."""
+    if s.phase is not Phase.TROUBLESHOOTING or s.away > 0:
         return None
     for pod, info in s.pod_infos.items():
         if info.slow and info.finished and info.verdict is not None and must_leave(info.verdict):
@@ -256,6 +256,21 @@ def _is_fault(event: ev.Event) -> bool:
             return False
 
 
+def away_until_back(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Our own: a pod that is away (lost, or leaving and awaiting its replacement) is present
+    again only when it ACKs (or the job ends): no round may count it as there."""
+    if before.phase is Phase.PENDING or after.phase in TERMINAL_PHASES:
+        return None
+    for pod, info in before.pod_infos.items():
+        away = not info.finished and info.inner_phase in (Phase.PENDING, Phase.RESTARTING)
+        acked = isinstance(event, ev.PodAcked) and event.pod == pod
+        if away and after.pod_infos[pod].finished and not acked:
+            return f"{type(event).__name__} counted away pod {pod} as present"
+    return None
+
+
 TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "NoFinishDoubleProcessed": no_finish_double_processed,
     "MasterSeqNumMonotonic": master_seq_monotonic,
@@ -265,4 +280,5 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "OneFaultCountsOnce": one_fault_counts_once,
     "PlannedNeverCounts": planned_never_counts,
     "SpentBudgetStopsTraining": spent_budget_stops_training,
+    "AwayUntilBack": away_until_back,
 }

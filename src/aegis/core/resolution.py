@@ -42,8 +42,14 @@ def concludes_early(status: JobStatus, info: PodInfo, verdict: Classification) -
     pod marked slow or hung, e.g. the pod a hang's stacks named) answers that it must leave (its
     node or its container is broken). Its peers' answers cannot change that, and waiting for them
     would cost their collective checks' budgets (their group waits for the suspect's rank, which
-    does not join once its own node failed): their late answers are stale."""
-    return status.phase is Phase.TROUBLESHOOTING and info.slow and must_leave(verdict)
+    does not join once its own node failed): their late answers are stale. Not while a pod is
+    away (lost during the round, its replacement asked for): the round waits for it as ever."""
+    return (
+        status.phase is Phase.TROUBLESHOOTING
+        and status.away == 0
+        and info.slow
+        and must_leave(verdict)
+    )
 
 
 def resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Result:
@@ -53,12 +59,15 @@ def resolve_troubleshooting(spec: JobSpec, status: JobStatus, now: float) -> Res
         return rounds.fail(spec, status, "fault budget exhausted", now, budget_spent=True)
     leaving: dict[PodName, RecoveryLevel] = {}
     for pod, info in status.pod_infos.items():
+        if info.drain:  # training is stopped: nothing is lost by leaving now (answered or
+            # not: a round its suspect ended early)
+            verdict = info.verdict or Classification.HEALTHY
+            leaving[pod] = drain_level(LEVEL_BY_CLASS[verdict])
+            continue
         if info.verdict is None:
             continue
         level = LEVEL_BY_CLASS[info.verdict]
-        if info.drain:  # training is stopped: nothing is lost by leaving now
-            leaving[pod] = drain_level(level)
-        elif level is RecoveryLevel.EVICT_SLOW:
+        if level is RecoveryLevel.EVICT_SLOW:
             status = rounds.mark_slow(status, pod, info)
         elif level is not RecoveryLevel.IN_PLACE:
             leaving[pod] = level
