@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from aegis.agent import pid1
+from aegis.agent import linked, pid1
+from aegis.checkpoint import process
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.master.job_runner import JobRunner
@@ -112,3 +113,28 @@ async def test_linked_agent_forwards_signals_to_its_group_and_stops_on_sigterm(
     finally:
         if not job.done():
             job.cancel()
+
+
+async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path) -> None:
+    """A crashed link task (logged and raised by the agent) does not cut the clean-up short:
+    the link is closed, the saver's memory removed and the training stopped all the same."""
+    calls: list[str] = []
+
+    class _Link:
+        async def close(self) -> None:
+            calls.append("link closed")
+
+    class _Sup:
+        async def stop(self) -> None:
+            calls.append("training stopped")
+
+    async def crash() -> None:
+        raise RuntimeError("a link task crashed")
+
+    crashed = asyncio.create_task(crash())
+    await asyncio.wait({crashed})
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    daemon = process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    await linked._shut_down(_Link(), [crashed], _Sup(), daemon)  # type: ignore[arg-type]
+    assert calls == ["link closed", "training stopped"] and not shm.exists()

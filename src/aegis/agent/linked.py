@@ -21,7 +21,6 @@ which decides on the recovery; one that handles it (a checkpoint, a dump) runs o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import hashlib
 import logging
@@ -145,9 +144,9 @@ async def _shut_down(
     the grace period goes to the group, a second SIGTERM changes nothing."""
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    # (a task that crashed was logged and re-raised by ``_wait_done``: its error must not cut
+    # the clean-up short)
+    await asyncio.gather(*tasks, return_exceptions=True)
     await the_link.close()
     if daemon_settings is not None:
         shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
