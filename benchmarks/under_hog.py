@@ -12,6 +12,8 @@ exit status is 0 only when every run passed. For the record in ``benchmarks/RESU
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -22,11 +24,17 @@ import time
 
 def _spin() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(OSError, AttributeError):  # die with the parent, however it ends
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     while True:
         pass
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the hogs stop with us
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--repeat", type=int, default=1)
