@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from aegis.core.phases import Phase
+from aegis.tools import replay as replay_tool
 from tests.cluster import AEGIS, leftovers, run_cluster
 
 pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -92,11 +94,15 @@ async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
     assert leftovers(run.log_dir) == []
 
 
-def _answers(log_dir: Path, seq: int) -> dict[str, dict[str, Any]]:
-    """pod -> its check results (by check) in the troubleshooting round ``seq``."""
+def _answers(log_dir: Path, seq: int, *, until: int | None = None) -> dict[str, dict[str, Any]]:
+    """pod -> its check results (by check) in the troubleshooting round ``seq``, from the answers
+    logged up to line ``until`` (1-based; all of them by default)."""
     answers: dict[str, dict[str, Any]] = {}
-    for record in map(json.loads, (log_dir / "events.jsonl").read_text().splitlines()):
+    lines = (log_dir / "events.jsonl").read_text().splitlines()
+    for number, record in enumerate(map(json.loads, lines), start=1):
         data = record.get("data") or {}
+        if until is not None and number > until:
+            break
         if (
             record.get("seq") == seq
             and record.get("phase") == "Troubleshooting"
@@ -106,13 +112,28 @@ def _answers(log_dir: Path, seq: int) -> dict[str, dict[str, Any]]:
     return answers
 
 
+def _round_end(log_dir: Path, seq: int) -> int:
+    """The line of the event that ended troubleshooting round ``seq``, replayed through the core
+    (answers that arrive later are logged too, and ignored)."""
+    _, status, steps = replay_tool.replay((log_dir / "events.jsonl").read_text().splitlines())
+    for done in steps:
+        if (
+            status.phase is Phase.TROUBLESHOOTING
+            and status.seq == seq
+            and (done.status.phase is not Phase.TROUBLESHOOTING or done.status.seq != seq)
+        ):
+            return done.entry.line
+        status = done.status
+    raise AssertionError(f"troubleshooting round {seq} never ended")
+
+
 async def test_a_suspect_whose_own_node_fails_leaves_without_waiting_for_its_peers(
     tmp_path: Path,
 ) -> None:
     """The suspect's node is checked first: rank 1 hangs and its node's gpu is broken. The
     round the hang starts ends on the suspect's own answer (its gpu failed; it skipped the
-    collectives), the others abandon their checks, the pod moves to the spare, and the next
-    round checks everyone there."""
+    collectives; the others' checks are abandoned, or their answers come late and are ignored),
+    the pod moves to the spare, and the next round checks everyone there."""
     command = [sys.executable, str(BIN / "plain_ddp.py"), "--steps", "300", "--quiet",
                "--ckpt-every", "50", "--ckpt-dir", str(tmp_path / "ckpt"),
                "--hang-at-step", "80", "--hang-rank", "1"]  # fmt: skip
@@ -127,7 +148,7 @@ async def test_a_suspect_whose_own_node_fails_leaves_without_waiting_for_its_pee
     [judged] = _judged(run.log_dir)
     assert judged["pod"] == "s-1" and judged["blame"], judged["reason"]
     round_seq = judged["seq"] + 1  # the troubleshooting round the hang started
-    first = _answers(run.log_dir, round_seq)
+    first = _answers(run.log_dir, round_seq, until=_round_end(run.log_dir, round_seq))
     assert list(first) == ["s-1"], first  # the suspect's answer ended the round
     assert not first["s-1"]["gpu"]["passed"]
     for check in ("allreduce_connect", "allreduce_perf"):

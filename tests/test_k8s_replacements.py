@@ -50,8 +50,17 @@ def test_uid_replaced_is_empty_when_the_pod_there_already_is_the_replacement() -
     record = _record(a={"updated_ts": DECIDED})
     early = _pod("a", "old", created="2024-01-01T00:00:09Z")
     assert replacements.uid_replaced(record, [early], "a") == "old"
-    assert replacements.uid_replaced(record, [_pod("a", "new")], "a") == ""
+    later = _pod("a", "new", created="2024-01-01T00:00:11Z")
+    assert replacements.uid_replaced(record, [later], "a") == ""
     assert replacements.uid_replaced(record, [], "a") == ""
+
+
+def test_a_pod_created_in_the_decisions_second_is_the_one_replaced() -> None:
+    """The operator replaces a pod only once the side has listed it: the pod there when the
+    request arrives, created in the same second (it failed at once), is not its own
+    replacement (it was taken for one, and announced back while it lay dead)."""
+    record = _record(a={"updated_ts": DECIDED})
+    assert replacements.uid_replaced(record, [_pod("a", "crashed")], "a") == "crashed"
 
 
 def test_back_names_each_replacement_once() -> None:

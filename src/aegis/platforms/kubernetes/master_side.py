@@ -94,6 +94,11 @@ class _Job:
     announced: set[tuple[str, str]] = field(default_factory=set)  # (pod, uid) reported back
     handled: set[str] = field(default_factory=set)  # request keys of this leadership term
     requests: Subscription | None = None
+    # One thing at a time per job: a poll, a request, a mirror. Interleaved, a poll's record
+    # read before a decision undid the wait the request set meanwhile, and two status writes
+    # computed against the same last write left a stale key on the resource for good (its
+    # ``replacing`` never emptied: found by CI).
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def key(self) -> str:
@@ -186,6 +191,10 @@ class KubernetesSide:
             await self._forget(self.jobs.pop(key))
 
     async def _sync_job(self, job: _Job) -> None:
+        async with job.lock:
+            await self._sync_job_locked(job)
+
+    async def _sync_job_locked(self, job: _Job) -> None:
         record = await self._record(job)
         if record is None:
             await self._submit(job)
@@ -241,9 +250,10 @@ class KubernetesSide:
     # -- status out ----------------------------------------------------------------------------
 
     async def mirror_now(self, job: _Job) -> None:
-        record = await self._record(job)
-        if record is not None:
-            await self._mirror(job, record)
+        async with job.lock:
+            record = await self._record(job)
+            if record is not None:
+                await self._mirror(job, record)
 
     async def _mirror(self, job: _Job, record: Mapping[str, Any]) -> None:
         previous = (job.body.get("status") or {}).get("conditions") or []
@@ -310,13 +320,14 @@ class KubernetesSide:
     async def await_replacement(self, job: _Job, pod: str) -> None:
         """The master waits for ``pod`` to come back: remember the pod that is there now (unless
         it already is the replacement) and publish the ErrorNodes it must avoid."""
-        record = await self._record(job)
-        if record is None:
-            return
-        pods = await self.api.list_pods(job.namespace, job.name)
-        job.awaiting[pod] = replacements.uid_replaced(record, pods, pod)
-        await self._mirror(job, record)
-        await self._announce_replacements(job, record)
+        async with job.lock:
+            record = await self._record(job)
+            if record is None:
+                return
+            pods = await self.api.list_pods(job.namespace, job.name)
+            job.awaiting[pod] = replacements.uid_replaced(record, pods, pod)
+            await self._mirror(job, record)
+            await self._announce_replacements(job, record)
 
     async def _announce_replacements(self, job: _Job, record: Mapping[str, Any]) -> None:
         waiting = replacements.waiting(record)

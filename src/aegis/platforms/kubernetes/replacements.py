@@ -29,9 +29,11 @@ def waiting(record: Mapping[str, Any]) -> list[str]:
 
 def uid_replaced(record: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pod: str) -> str:
     """The uid of the pod named ``pod`` there now, to be replaced ("": none, or it already is
-    the replacement)."""
+    the replacement: created in a second after the decision's, as when a new leader re-asks).
+    A pod created in the decision's own second is the one replaced (a pod that failed at once):
+    the operator replaces a pod only once the side has listed it, after this call."""
     current = pod_named(pods, pod)
-    if current is None or is_replacement(current, "", decided_ts(record, pod)):
+    if current is None or is_replacement(current, "", decided_ts(record, pod), same_second=False):
         return ""
     return uid(current)
 
@@ -69,10 +71,13 @@ def decided_ts(record: Mapping[str, Any], pod: str) -> float:
     return float(info.get("updated_ts") or 0.0)
 
 
-def is_replacement(pod: Mapping[str, Any], old_uid: str, decided: float) -> bool:
+def is_replacement(
+    pod: Mapping[str, Any], old_uid: str, decided: float, *, same_second: bool = True
+) -> bool:
     """A live, scheduled pod that is not the one being replaced: another uid, or (the uid
     replaced unknown) created no earlier than the master's decision (creationTimestamp has
-    one-second resolution)."""
+    one-second resolution: ``same_second`` says whether one created in the decision's own
+    second counts)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     if meta.get("deletionTimestamp") or not spec.get("nodeName"):
         return False
@@ -81,7 +86,9 @@ def is_replacement(pod: Mapping[str, Any], old_uid: str, decided: float) -> bool
     if old_uid:
         return uid(pod) != old_uid
     created = _parse_time(str(meta.get("creationTimestamp") or ""))
-    return created is not None and created >= math.floor(decided)
+    if created is None:
+        return False
+    return created >= math.floor(decided) if same_second else created > math.floor(decided)
 
 
 def _parse_time(text: str) -> float | None:
