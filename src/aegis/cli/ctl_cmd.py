@@ -87,13 +87,16 @@ async def _send(
         return asking.result()
     finally:
         asking.cancel()
-        with contextlib.suppress(BaseException):
-            await asking
-        # A server that went away meanwhile can leave nats-py's close waiting for ever (an
-        # `aegis ctl drain` was seen idle an hour after its master's run had ended).
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_S):
-                await bus.close()
+        try:
+            await asyncio.wait({asking})  # however it ended; a cancel of this task goes on
+        finally:
+            # A server that went away meanwhile can leave nats-py's close waiting for ever (an
+            # `aegis ctl drain` was seen idle an hour after its master's run had ended).
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_S):
+                    await bus.close()
+        if not asking.cancelled():
+            asking.exception()  # retrieved: its error was raised above, or the answer came first
 
 
 def _run(
