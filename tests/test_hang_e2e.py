@@ -10,6 +10,7 @@ only, rank 0 alone prints: 60 s of silence and an idle CPU; its stacks name it).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,10 @@ async def test_a_rank_asleep_in_a_ddp_script_is_found_by_its_optimizer_steps(
     reason = judged["reason"]
     suspect = "suspect: d-1 (rank 1, node node-1): enqueued collective #"
     assert judged["pod"] == "d-1" and suspect in reason, reason
-    assert "other pods enqueued #" in reason and "(flight recorder)" in reason, reason
+    # what the others enqueued: all of them, or those whose stacks were in by the window's end
+    # (seen at CI's load: "while 1 other pod enqueued #125")
+    assert re.search(r"while \d+ other pods? enqueued #", reason), reason
+    assert "(flight recorder)" in reason, reason
     assert "floor 30 s" in reason, reason  # the steps calibrated the watchdog
     text = _incidents(run.log_dir, "d")
     assert suspect in text and "flight recorder: collective #" in text, text
