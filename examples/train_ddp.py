@@ -10,7 +10,9 @@ it; a software fault: Aegis restarts every rank in place at once); ``--exit-at-s
 runs its checks first); ``--always-crash-rank R`` crashes rank R in every incarnation. Under an
 agent it also saves when the master asks (``aegis.checkpoint.save_if_requested``: a drain, a
 slow node's eviction) unless ``--no-ckpt-requests`` (the baseline of a script that only
-checkpoints periodically).
+checkpoints periodically). ``--hold-at-step S`` makes every rank of a fresh start wait after
+step S until the master's checkpoint request has come (at most two minutes): a test's drain
+then lands mid-run however slow the machine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 
 import aegis
 import aegis.checkpoint
+from aegis import training
 
 SAVER = bool(os.environ.get("AEGIS_CKPT_DIR"))
 
@@ -44,6 +47,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--exit-at-step", type=int, default=-1)
     p.add_argument("--exit-rank", type=int, default=1)
     p.add_argument("--no-ckpt-requests", action="store_true")
+    p.add_argument("--hold-at-step", type=int, default=-1)
     return p.parse_args()
 
 
@@ -55,6 +59,18 @@ def newest_checkpoint(directory: Path) -> Path | None:
 def log(rank: int, message: str) -> None:
     now = datetime.datetime.now().isoformat(timespec="milliseconds")
     print(f"{now} rank={rank} {message}", flush=True)
+
+
+def hold_for_request(rank: int, step: int, fresh: bool, at: int) -> None:
+    """At step ``at`` of a fresh start, wait until a checkpoint request has come (reporting
+    progress meanwhile, so no hang is judged)."""
+    if step != at or not fresh:
+        return
+    log(rank, f"holding at step {step} for a checkpoint request")
+    deadline = time.monotonic() + 120
+    while training.pending_request(None) is None and time.monotonic() < deadline:
+        aegis.progress(step)
+        time.sleep(0.05)
 
 
 def main() -> None:  # noqa: PLR0915 (a training script, read top to bottom)
@@ -124,6 +140,7 @@ def main() -> None:  # noqa: PLR0915 (a training script, read top to bottom)
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             torch.save(state, tmp)
             tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
+        hold_for_request(rank, step, fresh=start == 0, at=args.hold_at_step)
         time.sleep(args.step_time_s)
     dist.barrier()
     log(rank, "done")

@@ -102,9 +102,11 @@ async def test_drain_checkpoints_on_request_moves_the_pod_and_resumes_at_that_st
     tmp_path: Path,
 ) -> None:
     settings = local_run.RunSettings(
-        command=train(tmp_path, "--ckpt-every", "100000"),  # no periodic checkpoint at all
+        # no periodic checkpoint at all; the ranks wait at step 20 until the request has come
+        # (however long `aegis ctl` takes to start), so it lands before the job ends
+        command=train(tmp_path, "--ckpt-every", "100000", "--hold-at-step", "20"),
         nodes=3, spare_nodes=2, max_retry=2, job="drain", log_dir=tmp_path / "logs",
-        grace_s=3.0, ckpt_dir=tmp_path / "ckpt",
+        grace_s=3.0, ckpt_dir=tmp_path / "ckpt", hang_timeout_s=600.0,
     )  # fmt: skip
     replies: list[tuple[int, str]] = []
 
