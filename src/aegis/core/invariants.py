@@ -126,13 +126,21 @@ STATE_INVARIANTS: dict[str, StateInvariant] = {
 }
 
 
-def no_finish_double_processed(
-    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
-) -> str | None:
-    """An answer from a pod that already answered this round changes nothing."""
-    if msg := _ignored_yet_changed(before, event, after, _answered_already):
-        return f"second answer of {msg.pod} in round {msg.seq} changed the status"
-    return None
+def _ignored_changes_nothing(
+    ignored: Callable[[JobStatus, ev.RoundMessage], bool],
+    explain: Callable[[ev.RoundMessage], str],
+) -> TransitionInvariant:
+    """The invariant that a round message the master must ignore (``ignored``) leaves the
+    status as it was; ``explain`` says what changed it."""
+
+    def invariant(
+        spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+    ) -> str | None:
+        if isinstance(event, ev.RoundMessage) and ignored(before, event) and after != before:
+            return explain(event)
+        return None
+
+    return invariant
 
 
 def master_seq_monotonic(
@@ -143,27 +151,6 @@ def master_seq_monotonic(
     return None
 
 
-def stale_finish_rejected(
-    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
-) -> str | None:
-    """A message of another round (phase or seq) never changes anything."""
-    if msg := _ignored_yet_changed(before, event, after, _of_another_round):
-        return f"stale {type(msg).__name__} ({msg.phase}/{msg.seq}) changed the status"
-    return None
-
-
-def _ignored_yet_changed(
-    before: JobStatus,
-    event: ev.Event,
-    after: JobStatus,
-    ignored: Callable[[JobStatus, ev.RoundMessage], bool],
-) -> ev.RoundMessage | None:
-    """``event`` when it is a round message the master must ignore and the status changed."""
-    if isinstance(event, ev.RoundMessage) and ignored(before, event) and after != before:
-        return event
-    return None
-
-
 def _answered_already(before: JobStatus, msg: ev.RoundMessage) -> bool:
     info = before.pod_infos.get(msg.pod)
     return info is not None and info.finished and msg.seq == before.seq
@@ -171,6 +158,16 @@ def _answered_already(before: JobStatus, msg: ev.RoundMessage) -> bool:
 
 def _of_another_round(before: JobStatus, msg: ev.RoundMessage) -> bool:
     return msg.seq != before.seq or msg.phase != before.phase
+
+
+# An answer from a pod that already answered this round changes nothing.
+no_finish_double_processed = _ignored_changes_nothing(
+    _answered_already, lambda m: f"second answer of {m.pod} in round {m.seq} changed the status"
+)
+# A message of another round (phase or seq) never changes anything.
+stale_finish_rejected = _ignored_changes_nothing(
+    _of_another_round, lambda m: f"stale {type(m).__name__} ({m.phase}/{m.seq}) changed the status"
+)
 
 
 def no_count_outside_run_command(
