@@ -28,7 +28,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.tls import TlsConfigError, TlsDir
-from aegis.cli import pace_options
+from aegis.cli import options
 from aegis.core import retention
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import chaos, metrics
@@ -75,12 +75,8 @@ LeaseS = Annotated[
     float | None,
     typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
 ]
-HeartbeatTimeout = Annotated[float, typer.Option(min=0.5)]
 LogDir = Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")]
 Replicas = Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")]
-MetricsPort = Annotated[
-    int, typer.Option(min=0, max=65535, help="Serve Prometheus /metrics (0: off).")
-]
 MetricsHost = Annotated[
     str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
 ]
@@ -138,12 +134,12 @@ def master(  # noqa: PLR0913 (a typer command: one parameter per option)
     grpc_host: GrpcHost = "127.0.0.1",
     replica_id: ReplicaId = None,
     lease_s: LeaseS = None,
-    heartbeat_timeout_s: HeartbeatTimeout = 5.0,
-    pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
-    pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
+    heartbeat_timeout_s: options.HeartbeatTimeout = 5.0,
+    pace_window_s: options.PaceWindow = options.WINDOW_DEFAULT,
+    pace_drop: options.PaceDrop = options.DROP_DEFAULT,
     log_dir: LogDir = None,
     replicas: Replicas = 1,
-    metrics_port: MetricsPort = 0,
+    metrics_port: options.MetricsPort = 0,
     metrics_host: MetricsHost = "127.0.0.1",
     kubernetes: Kubernetes = False,
     rendezvous_port_base: RendezvousPortBase = TORCH_PORT,

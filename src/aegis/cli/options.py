@@ -1,4 +1,4 @@
-"""The pace watch's options, shared by ``aegis run`` and ``aegis master``."""
+"""The options ``aegis run`` and ``aegis master`` share: one definition each."""
 
 from __future__ import annotations
 
@@ -22,4 +22,15 @@ PaceWindow = Annotated[
 ]
 PaceDrop = Annotated[
     float, typer.Option(min=0.01, max=0.99, help="Pace watch: the fraction that is slow.")
+]
+HeartbeatTimeout = Annotated[
+    float, typer.Option(min=0.5, help="A pod without a heartbeat for this long is lost.")
+]
+MetricsPort = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=65535,
+        help="Serve Prometheus /metrics here (0: off; aegis run --masters N: master i on PORT+i).",
+    ),
 ]

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from aegis.adapters import netns
-from aegis.cli import live_view, pace_options, run_view
+from aegis.cli import live_view, options, run_view
 from aegis.core.model import name_problem
 from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
@@ -172,7 +172,6 @@ HangTimeout = Annotated[
     float | None,
     typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
 ]
-HeartbeatTimeout = Annotated[float, typer.Option(min=0.5)]
 RepeatLimit = Annotated[
     int,
     typer.Option(
@@ -208,14 +207,6 @@ Masters = Annotated[
 Prewarm = Annotated[
     str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
 ]
-MetricsPort = Annotated[
-    int,
-    typer.Option(
-        min=0,
-        max=65535,
-        help="Serve Prometheus /metrics here (0: off; --masters N: master i on PORT+i).",
-    ),
-]
 MetricsAddr = Annotated[str, typer.Option(help="Address of /metrics.")]
 View = Annotated[str, typer.Option(help="auto (live table on a terminal), live or plain.")]
 TotalSteps = Annotated[
@@ -238,11 +229,11 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     max_retry: MaxRetry = 3,
     spare_nodes: SpareNodes = 2,
     hang_timeout_s: HangTimeout = None,
-    heartbeat_timeout_s: HeartbeatTimeout = 5.0,
+    heartbeat_timeout_s: options.HeartbeatTimeout = 5.0,
     repeat_limit: RepeatLimit = 3,
     checks_on_every_fault: ChecksOnEveryFault = False,
-    pace_window_s: pace_options.PaceWindow = pace_options.WINDOW_DEFAULT,
-    pace_drop: pace_options.PaceDrop = pace_options.DROP_DEFAULT,
+    pace_window_s: options.PaceWindow = options.WINDOW_DEFAULT,
+    pace_drop: options.PaceDrop = options.DROP_DEFAULT,
     grace_s: Grace = 5.0,
     job: Job = "job",
     status_file: StatusFile = None,
@@ -252,7 +243,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     verbose: Verbose = False,
     masters: Masters = 1,
     prewarm: Prewarm = "auto",
-    metrics_port: MetricsPort = 0,
+    metrics_port: options.MetricsPort = 0,
     metrics_addr: MetricsAddr = "127.0.0.1",
     view: View = "auto",
     total_steps: TotalSteps = None,
