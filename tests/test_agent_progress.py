@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +44,47 @@ def test_progress_writes_step_when_agent_file_is_named() -> None:
         assert shared.read() is None
     finally:
         shared.close()
+
+
+def test_a_killed_agents_progress_file_is_removed_by_the_next_agent_and_a_live_ones_kept() -> None:
+    """A SIGKILLed agent cannot remove its progress file; the next one made on the host does,
+    and leaves alone the file of an agent still alive and every file it did not name."""
+    made = "from aegis.agent import watchdog; import sys, time; f = watchdog.ProgressFile(); " \
+           "print(f.path, flush=True); sys.stdin.read(); f.close()"  # fmt: skip
+    killed, alive = (
+        subprocess.Popen(
+            [sys.executable, "-c", made], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    )
+    assert killed.stdout is not None and alive.stdout is not None
+    killed_path, alive_path = killed.stdout.readline().strip(), alive.stdout.readline().strip()
+    foreign = os.path.join(os.path.dirname(killed_path), f"{watchdog.PROGRESS_PREFIX}not-owned")
+    Path(foreign).touch()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    assert os.path.exists(killed_path) and os.path.exists(alive_path)
+    shared = watchdog.ProgressFile()
+    try:
+        assert not os.path.exists(killed_path)
+        assert os.path.exists(alive_path) and os.path.exists(foreign)
+    finally:
+        shared.close()
+        os.unlink(foreign)
+        alive.communicate("", timeout=30)  # it ends and removes its own
+    assert not os.path.exists(alive_path) and not os.path.exists(shared.path)
+
+
+def test_a_progress_file_is_stale_only_when_its_agent_of_this_pid_namespace_is_gone() -> None:
+    name = f"{watchdog.PROGRESS_PREFIX}4026531836-812-1764662400123-x1y2"
+    assert watchdog.owner_of(name) == (4026531836, 812, 1764662400123)
+    assert watchdog.owner_of(f"{watchdog.PROGRESS_PREFIX}q9ncvy54") is None  # an older name
+    assert watchdog.owner_of("aegis-drain-0-abc") is None
+    owner = (7, 812, 1000)
+    assert watchdog.stale(owner, 7, lambda pid: None)  # no such process
+    assert watchdog.stale(owner, 7, lambda pid: 2000)  # the pid is another process's now
+    assert not watchdog.stale(owner, 7, lambda pid: 1000)  # its agent lives
+    assert not watchdog.stale(owner, 8, lambda pid: None)  # another pid namespace: not ours
 
 
 def test_progress_is_callable_in_process_when_module_is_imported() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from aegis.agent import watchdog
 from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
@@ -49,10 +50,13 @@ def _retries(result: local_run.RunResult) -> list[int]:
 
 
 def _assert_nothing_left(result: local_run.RunResult) -> None:
-    for pids in result.agent_pids_seen.values():
-        for pid in pids:
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
-            assert session_members(pid) == []
+    agents = {pid for pids in result.agent_pids_seen.values() for pid in pids}
+    for pid in agents:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        assert session_members(pid) == []
+    # no agent's progress file in /dev/shm (a killed one's is removed by its replacement)
+    owners = {name: watchdog.owner_of(name) for name in os.listdir("/dev/shm")}
+    assert [n for n, owner in owners.items() if owner and owner[1] in agents] == []
 
 
 def _assert_replays(result: local_run.RunResult) -> None:

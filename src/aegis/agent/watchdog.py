@@ -14,6 +14,7 @@ import logging
 import math
 import mmap
 import os
+import re
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -26,12 +27,69 @@ from aegis.agent import hang_policy, ports
 log = logging.getLogger(__name__)
 
 
+PROGRESS_PREFIX = "aegis-progress-"
+_OWNED = re.compile(re.escape(PROGRESS_PREFIX) + r"(\d+)-(\d+)-(\d+)-")
+
+
+def owner_of(name: str) -> tuple[int, int, int] | None:
+    """The (pid namespace, pid, start time in ms) of the agent a progress file's name says
+    made it; None for any other name."""
+    m = _OWNED.match(name)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def stale(
+    owner: tuple[int, int, int], pid_ns: int, started_ms: Callable[[int], int | None]
+) -> bool:
+    """Whether a progress file of ``owner`` is left over: its agent is gone (no process with
+    that pid and start time). Only files of this pid namespace are judged (a host's
+    ``/dev/shm`` shared with pods that have their own pids)."""
+    ns, pid, started = owner
+    return ns == pid_ns and started_ms(pid) != started
+
+
+def _started_ms(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).create_time() * 1000)
+    except psutil.Error:
+        return None
+
+
+def _pid_ns() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def sweep_dead_owners(directory: str) -> list[str]:
+    """Remove the progress files whose agent is gone (a SIGKILLed agent cannot remove its own,
+    and on a shared host ``/dev/shm`` outlives it); returns their names."""
+    removed = []
+    pid_ns = _pid_ns()
+    for name in os.listdir(directory):
+        owner = owner_of(name)
+        if owner is None or not stale(owner, pid_ns, _started_ms):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
 class ProgressFile:
-    """The shared file training processes write ``aegis.progress()`` into."""
+    """The shared file training processes write ``aegis.progress()`` into, named after this
+    agent (pid namespace, pid and start time): if this one is killed, the next agent on the
+    host removes it."""
 
     def __init__(self) -> None:
         directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        fd, self.path = tempfile.mkstemp(prefix="aegis-progress-", dir=directory)
+        if removed := sweep_dead_owners(directory):
+            log.info("removed %d progress file(s) of agents gone: %s", len(removed),
+                     ", ".join(sorted(removed)))  # fmt: skip
+        pid = os.getpid()
+        prefix = f"{PROGRESS_PREFIX}{_pid_ns()}-{pid}-{_started_ms(pid)}-"
+        fd, self.path = tempfile.mkstemp(prefix=prefix, dir=directory)
         try:
             os.ftruncate(fd, progress.SIZE)
             self._map = mmap.mmap(fd, progress.SIZE)
