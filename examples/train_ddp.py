@@ -10,9 +10,10 @@ it; a software fault: Aegis restarts every rank in place at once); ``--exit-at-s
 runs its checks first); ``--always-crash-rank R`` crashes rank R in every incarnation. Under an
 agent it also saves when the master asks (``aegis.checkpoint.save_if_requested``: a drain, a
 slow node's eviction) unless ``--no-ckpt-requests`` (the baseline of a script that only
-checkpoints periodically). ``--hold-at-step S`` makes every rank of a fresh start wait after
-step S until the master's checkpoint request has come (at most two minutes): a test's drain
-then lands mid-run however slow the machine.
+checkpoints periodically). For tests, however slow the machine: ``--hold-at-step S`` makes
+every rank of a fresh start wait after step S until the master's checkpoint request has come (a
+drain lands mid-run), ``--hold-at-end-until F`` makes every rank wait after the last step until
+the file F exists (the job ends when the test is done with it); each at most two minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import datetime
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,6 +50,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--exit-rank", type=int, default=1)
     p.add_argument("--no-ckpt-requests", action="store_true")
     p.add_argument("--hold-at-step", type=int, default=-1)
+    p.add_argument("--hold-at-end-until", default=None)
     return p.parse_args()
 
 
@@ -62,13 +65,25 @@ def log(rank: int, message: str) -> None:
 
 
 def hold_for_request(rank: int, step: int, fresh: bool, at: int) -> None:
-    """At step ``at`` of a fresh start, wait until a checkpoint request has come (reporting
-    progress meanwhile, so no hang is judged)."""
-    if step != at or not fresh:
-        return
-    log(rank, f"holding at step {step} for a checkpoint request")
+    """At step ``at`` of a fresh start, wait until a checkpoint request has come (whether or
+    not this script takes requests)."""
+    if step == at and fresh:
+        hold(
+            rank, step, "a checkpoint request", lambda: training.pending_request(None, opt_in=False)
+        )
+
+
+def hold_at_end(rank: int, step: int, release: str | None) -> None:
+    if release is not None:
+        hold(rank, step, f"{release} to exist", Path(release).exists)
+
+
+def hold(rank: int, step: int, what: str, until: Callable[[], object]) -> None:
+    """Wait (at most two minutes) until ``until()``, reporting progress meanwhile so that no
+    hang is judged."""
+    log(rank, f"holding at step {step} for {what}")
     deadline = time.monotonic() + 120
-    while training.pending_request(None) is None and time.monotonic() < deadline:
+    while not until() and time.monotonic() < deadline:
         aegis.progress(step)
         time.sleep(0.05)
 
@@ -142,6 +157,7 @@ def main() -> None:  # noqa: PLR0915 (a training script, read top to bottom)
             tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
         hold_for_request(rank, step, fresh=start == 0, at=args.hold_at_step)
         time.sleep(args.step_time_s)
+    hold_at_end(rank, args.steps, args.hold_at_end_until)
     dist.barrier()
     log(rank, "done")
     dist.destroy_process_group()

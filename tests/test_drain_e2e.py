@@ -144,7 +144,9 @@ async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint
     tmp_path: Path,
 ) -> None:
     settings = local_run.RunSettings(
-        command=train(tmp_path, "--ckpt-every", "50", "--no-ckpt-requests"),
+        # held at step 60 until the request has come, and at the end until the test is done
+        command=train(tmp_path, "--ckpt-every", "50", "--no-ckpt-requests", "--hold-at-step", "60",
+                      "--hold-at-end-until", str(tmp_path / "done")),
         nodes=2, spare_nodes=2, max_retry=2, job="plain", log_dir=tmp_path / "logs",
         grace_s=3.0, ckpt_dir=tmp_path / "ckpt",
     )  # fmt: skip
@@ -161,6 +163,7 @@ async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint
         replies.append(await ctl("drain", "bad/name", *where))
         replies.append(await ctl("undrain", "node-0", *where))
         assert "node-0" not in platform.blacklist and "spare-1" in platform.blacklist
+        (tmp_path / "done").touch()
 
     result = await run_with(settings, scenario)
     assert replies[0][0] == 0, replies[0]
@@ -217,9 +220,10 @@ async def test_a_standalone_master_replica_drains_through_its_control_file(
     tmp_path: Path,
 ) -> None:
     settings = local_run.RunSettings(
-        command=train(tmp_path, "--ckpt-every", "100000"),
+        command=train(tmp_path, "--ckpt-every", "100000", "--hold-at-step", "20",
+                      "--hold-at-end-until", str(tmp_path / "done")),
         nodes=3, spare_nodes=1, max_retry=2, job="ha", log_dir=tmp_path,
-        heartbeat_timeout_s=4.0, grace_s=3.0,
+        heartbeat_timeout_s=4.0, grace_s=3.0, hang_timeout_s=600.0,
     )  # fmt: skip
     run = ReplicatedRun(settings, 2, tmp_path)  # two `aegis master` processes
     await run.start()
@@ -237,6 +241,7 @@ async def test_a_standalone_master_replica_drains_through_its_control_file(
         code, out = await ctl("undrain", "node-2", "--log-dir", str(tmp_path))
         assert code == 0, out
         await async_wait_until(lambda: "node-2" not in run.platform.blacklist, 30, "undrain")
+        (tmp_path / "done").touch()
         result = await run.wait()
     finally:
         for proc in run.masters:
