@@ -1,7 +1,8 @@
 """Makes progress, then hangs in stuck_in_allreduce().
 
 usage: hang.py progress|output. 'progress' calls aegis.progress() for a few steps; 'output' only
-prints lines (a script that never reports progress).
+prints lines (a script that never reports progress). The HANGING line carries the script's
+``time.monotonic()`` as it stops: the spell of its hang starts after it.
 """
 
 import sys
@@ -22,7 +23,7 @@ for step in range(5):
     else:
         print("step", step, flush=True)
     time.sleep(0.02)
-print("HANGING", flush=True)
+print("HANGING", time.monotonic(), flush=True)  # when its last spell of activity ends
 if mode == "progress":
     aegis.progress(5)
 stuck_in_allreduce()
