@@ -32,9 +32,11 @@ def simulate(  # noqa: PLR0913 (one keyword per thing the simulated run varies)
     seq: int = 1,
     offsets: dict[str, float] | None = None,
     jitter_s: float = 0.008,
+    period_at: Callable[[float], float] = lambda t: PERIOD_S,
 ) -> list[stragglers.Straggler | None]:
-    """A synchronous job of ``pods`` pods stepping every ``PERIOD_S`` (each step's length
-    jitters, the same for every pod) from ``start`` to ``end`` (the master's clock); pod ``p``
+    """A synchronous job of ``pods`` pods stepping every ``period_at(t)`` (``PERIOD_S``; each
+    step's length jitters, the same for every pod) from ``start`` to ``end`` (the master's
+    clock); pod ``p``
     ends each step ``late(p, t)`` after the job (plus its own small noise), its clock reads
     the master's plus ``offsets[p]``, it beats once a second at its own phase and each beat
     takes 0.5-40 ms to arrive. What the watch named after each beat."""
@@ -44,7 +46,7 @@ def simulate(  # noqa: PLR0913 (one keyword per thing the simulated run varies)
     ends: list[float] = []  # the job's step ends
     t = start
     while t < end + 1.0:
-        t += PERIOD_S + rng.uniform(-jitter_s, jitter_s)
+        t += period_at(t) + rng.uniform(-jitter_s, jitter_s)
         ends.append(t)
     beats = sorted(
         (start + n + (i + 0.5) / pods, name)
@@ -127,6 +129,34 @@ def test_noise_alone_names_nobody_however_many_pods() -> None:
     for pods, seed in ((2, 3), (3, 4), (8, 5), (64, 6)):
         watch = StragglerWatch(settings())
         assert set(simulate(watch, pods, 0.0, 60.0, seed=seed, jitter_s=0.015)) == {None}
+
+
+@pytest.mark.parametrize("pods", [3, 4, 16])
+def test_a_pace_that_changes_from_second_to_second_hides_no_straggler_and_makes_none(
+    pods: int,
+) -> None:
+    """A loaded machine's pace: the job's steps take 40 ms, then 120 ms, in spells of 1 to 5 s
+    (3 gloo ranks beside a CPU hog and other test jobs: periods of 60 to 220 ms from one 3-s
+    window to the next, benchmarks/RESULTS.md). Each peer is read at its own pace between its
+    beats, not at the window's average period: a pod half a step late is named, and nobody is
+    in a healthy job."""
+
+    def pace(seed: int) -> Callable[[float], float]:
+        spells, edges, t = random.Random(seed), [], 0.0
+        while t < 100.0:
+            t += spells.uniform(1.0, 5.0)
+            edges.append((t, 0.12 if len(edges) % 2 else PERIOD_S))
+        return lambda now: next(p for edge, p in edges if now < edge)
+
+    for seed in range(3):
+        watch = StragglerWatch(settings())
+        named = simulate(watch, pods, 0.0, 90.0, seed=seed, period_at=pace(100 + seed))
+        assert set(named) == {None}, (seed, watch.scores())
+        assert len(watch.history) == 6  # windows were judged all along
+    watch = StragglerWatch(settings())
+    late = straggler_from("j-1", 30.0, 0.5 * PERIOD_S)
+    named = simulate(watch, pods, 0.0, 90.0, late, period_at=pace(7))
+    assert named[-1] is not None and named[-1].pod == "j-1", watch.scores()
 
 
 def test_a_short_spell_of_lateness_is_not_a_straggler() -> None:

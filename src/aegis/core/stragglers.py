@@ -10,10 +10,13 @@ their monotonic clock, so there the offsets are all the same and only the transi
 
 Lateness. In synchronous training every rank ends step k at about the same time. A pod's
 lateness at a step it was sampled at is its step end minus the median of its peers' ends of the
-same step (the nearest sample of each peer on either side, at most ``neighbours`` in all, each
-moved to that step at the step period: a window costs O(samples log samples) however many
-pods), in units of the step period (so it
-means the same at 100 steps/s and at one step a minute). A window of ``window_s`` seconds
+same step (the peers with the nearest samples on either side, at most ``neighbours`` in all;
+each peer's end of that step read between its own samples around it, at its own pace there, or
+at the step period past its first or last sample: a window costs O(samples log samples) however
+many pods), in units of the step period (so it means the same at 100 steps/s and at one step a
+minute). Beats come once a second, so a peer's sample is steps away from the pod's: a period
+averaged over the window, applied across those steps, would read a loaded machine's pace
+changing from one second to the next as lateness. A window of ``window_s`` seconds
 gives each pod one figure: the median of its samples in the window, less the median of all
 pods' figures (with few pods a straggler's samples also serve as its peers' references, which
 this takes out for the healthy pods; with three pods the straggler's figure reads up to 1.5x).
@@ -24,6 +27,8 @@ deviations (1.4826 x MAD) of its peers' figures. A pod is named a straggler only
 late in at least ``persist`` of the last ``windows`` windows, and it is the only such pod
 (three pods at least: two pods' figures mirror each other): a loaded machine's dip delays
 whichever rank the scheduler happens to hold up, now one, now another, and is no straggler.
+``min_late`` is a quarter of a step: on a machine loaded to six times its cores the scheduler
+alone kept one healthy rank about 0.2 steps behind for several 3-s windows.
 The score exported per node is the median of the pod's figures over those windows.
 
 What this signal sees and what it does not: it sees a rank that ends its steps after its peers,
@@ -61,7 +66,7 @@ class StragglerSettings:
     window_s: float = 10.0  # one figure per pod per window; 0 turns the scores off
     windows: int = 6  # the last this many windows are judged
     persist: int = 4  # late in at least this many of them to be named
-    min_late: float = 0.1  # steps: later than this behind the peers' median, ...
+    min_late: float = 0.25  # steps: later than this behind the peers' median, ...
     z: float = 3.0  # ... and than this many robust deviations of the peers' figures
     min_samples: int = 3  # a pod's figure in a window needs this many samples
 
@@ -135,24 +140,45 @@ def period_s(timelines: Mapping[str, Sequence[StepEnd]]) -> float | None:
 
 
 def _reference(
-    pooled: Sequence[tuple[int, float, str]], pod: str, step: int, period: float, neighbours: int
+    pooled: Sequence[tuple[int, float, str]],
+    own: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    pod: str,
+    step: int,
+    period: float,
+    neighbours: int,
 ) -> float | None:
-    """When the peers of ``pod`` ended ``step``: the median of the peer samples nearest in step
-    (``pooled`` sorted by step), each moved to ``step`` at the step period; on each side the
-    nearest sample of each peer, ``neighbours`` // 2 peers a side at most."""
+    """When the peers of ``pod`` ended ``step``: the median, over the peers with samples
+    nearest in step (``pooled`` sorted by step; on each side the nearest sample of each peer,
+    ``neighbours`` // 2 peers a side at most), of each one's own end of ``step`` (``own``:
+    each pod's steps and ends, in step order). A peer with samples on both sides of ``step`` is
+    interpolated between them, at its own pace over that stretch: a loaded machine's pace
+    changes from one second to the next, and a period averaged over the window, applied across
+    the steps between a beat of one pod and a beat of another, reads that change as lateness.
+    A peer with samples on one side only is moved to ``step`` at the step period."""
     i = bisect.bisect_left(pooled, (step, -math.inf, ""))
-    found: list[float] = []
+    peers: set[str] = set()
     for indexes in (range(i - 1, -1, -1), range(i, len(pooled))):
-        seen: set[str] = set()
+        side: set[str] = set()
         for j in indexes:
-            k, end, other = pooled[j]
-            if other == pod or other in seen:
+            other = pooled[j][2]
+            if other == pod or other in side:
                 continue
-            seen.add(other)
-            found.append(end + (step - k) * period)
-            if len(seen) >= max(neighbours // 2, 1):
+            side.add(other)
+            if len(side) >= max(neighbours // 2, 1):
                 break
+        peers |= side
+    found = [_at(step, *own[peer], period) for peer in peers]
     return statistics.median(found) if found else None
+
+
+def _at(step: int, steps: Sequence[int], ends: Sequence[float], period: float) -> float:
+    """A pod's end of ``step`` from its samples (``steps`` ascending, not empty)."""
+    j = bisect.bisect_left(steps, step)
+    if 0 < j < len(steps):  # steps[j - 1] < step <= steps[j]
+        k0, k1 = steps[j - 1], steps[j]
+        return ends[j - 1] + (step - k0) * (ends[j] - ends[j - 1]) / (k1 - k0)
+    nearest = min(j, len(steps) - 1)
+    return ends[nearest] + (step - steps[nearest]) * period
 
 
 def window(
@@ -171,13 +197,18 @@ def window(
     if period is None or period <= 0:
         return None
     pooled = sorted((s.step, s.end_s, pod) for pod, t in timelines.items() for s in t)
+    own = {
+        pod: ([s.step for s in ordered], [s.end_s for s in ordered])
+        for pod, t in timelines.items()
+        for ordered in [sorted(t, key=lambda s: (s.step, s.end_s))]
+    }
     lateness: dict[str, float] = {}
     for pod, timeline in timelines.items():
         mine: list[float] = []
         for sample in timeline:
             if sample.end_s < since_s:
                 continue
-            reference = _reference(pooled, pod, sample.step, period, neighbours)
+            reference = _reference(pooled, own, pod, sample.step, period, neighbours)
             if reference is not None:
                 mine.append((sample.end_s - reference) / period)
         if len(mine) >= min_samples:
