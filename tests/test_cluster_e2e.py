@@ -254,7 +254,8 @@ async def test_a_node_that_turns_slow_is_evicted_to_a_spare_at_the_next_commit(
     )  # fmt: skip
     assert run.rc == 0, run.output
     status = run.status["status"]
-    assert [e["node"] for e in status["error_nodes"]] == ["node-1"], status
+    # (the run's own lines say whether node-1 turned slow, and whether the pace watch saw it)
+    assert [e["node"] for e in status["error_nodes"]] == ["node-1"], run.output
     assert status["recover_count"] == 0
     assert run.pods["s-1"]["node"] == "spare-0"
     assert _ips(run.pods) == [address_of(0), address_of(3), address_of(2)]
