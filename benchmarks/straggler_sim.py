@@ -17,17 +17,22 @@ from __future__ import annotations
 import argparse
 import bisect
 import math
-import random
 import statistics
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aegis.core import stragglers
 from aegis.master.pace import StragglerWatch
-from tests.test_stragglers import PERIOD_S, settings, simulate, straggler_from
+from tests.test_stragglers import (
+    PERIOD_S,
+    changing_pace,
+    settings,
+    simulate,
+    straggler_from,
+)
 
 
 def at_average_period(
@@ -55,14 +60,6 @@ def at_average_period(
     return statistics.median(found) if found else None
 
 
-def changing(seed: int) -> Callable[[float], float]:
-    spells, edges, t = random.Random(seed), [], 0.0
-    while t < 100.0:
-        t += spells.uniform(1.0, 5.0)
-        edges.append((t, 0.12 if len(edges) % 2 else PERIOD_S))
-    return lambda now: next(p for edge, p in edges if now < edge)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
@@ -83,7 +80,7 @@ def main() -> None:
 def run(seeds: int, knobs: dict[str, float]) -> None:
     for name, jitter, pace in (
         ("steady pace", 0.015, lambda seed: lambda now: PERIOD_S),
-        ("changing pace", 0.008, changing),
+        ("changing pace", 0.008, changing_pace),
     ):
         false = named = runs = 0
         for pods in (3, 4, 8):

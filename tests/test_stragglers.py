@@ -68,6 +68,16 @@ def simulate(  # noqa: PLR0913 (one keyword per thing the simulated run varies)
     return named
 
 
+def changing_pace(seed: int) -> Callable[[float], float]:
+    """A loaded machine's pace for ``simulate``: 40-ms steps, then 120-ms ones, in spells of 1 to
+    5 s (the master's time -> the step period)."""
+    spells, edges, t = random.Random(seed), [], 0.0
+    while t < 100.0:
+        t += spells.uniform(1.0, 5.0)
+        edges.append((t, 0.12 if len(edges) % 2 else PERIOD_S))
+    return lambda now: next(p for edge, p in edges if now < edge)
+
+
 def straggler_from(pod: str, since: float, late_s: float) -> Lateness:
     return lambda p, t: late_s if p == pod and t >= since else 0.0
 
@@ -141,21 +151,14 @@ def test_a_pace_that_changes_from_second_to_second_hides_no_straggler_and_makes_
     beats, not at the window's average period: a pod half a step late is named, and nobody is
     in a healthy job."""
 
-    def pace(seed: int) -> Callable[[float], float]:
-        spells, edges, t = random.Random(seed), [], 0.0
-        while t < 100.0:
-            t += spells.uniform(1.0, 5.0)
-            edges.append((t, 0.12 if len(edges) % 2 else PERIOD_S))
-        return lambda now: next(p for edge, p in edges if now < edge)
-
     for seed in range(3):
         watch = StragglerWatch(settings())
-        named = simulate(watch, pods, 0.0, 90.0, seed=seed, period_at=pace(100 + seed))
+        named = simulate(watch, pods, 0.0, 90.0, seed=seed, period_at=changing_pace(100 + seed))
         assert set(named) == {None}, (seed, watch.scores())
         assert len(watch.history) == 6  # windows were judged all along
     watch = StragglerWatch(settings())
     late = straggler_from("j-1", 30.0, 0.5 * PERIOD_S)
-    named = simulate(watch, pods, 0.0, 90.0, late, period_at=pace(7))
+    named = simulate(watch, pods, 0.0, 90.0, late, period_at=changing_pace(7))
     assert named[-1] is not None and named[-1].pod == "j-1", watch.scores()
 
 
