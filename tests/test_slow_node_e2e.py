@@ -75,9 +75,7 @@ async def test_slow_node_is_evicted_after_the_next_checkpoint_commit(tmp_path: P
 
     def observe(runner: JobRunner, platform: LocalPlatform) -> None:
         hub.attach(runner)
-        platform.settings = dataclasses.replace(
-            platform.settings, slow_stop_s=0.4, slow_period_s=0.5, prewarm="0"
-        )
+        platform.settings = dataclasses.replace(platform.settings, prewarm="0")
 
     result = await local_run.run_local(settings, observe=observe)
     assert result.status.phase is Phase.SUCCEED, result.log_dir
