@@ -55,22 +55,79 @@ def test_round_ratios_table() -> None:
     assert perf.round_ratios(rounds, 2) == [pytest.approx(4 / 3), 0.5, 1.0]
 
 
-def test_compute_rounds_start_together_after_a_barrier() -> None:
-    calls: list[str] = []
+class FakeClock:
+    """The check's clock: a product takes 10 ms, a send or receive 1 ms, or 10 ms while this
+    pod is held up (runnable but starved: a loaded host; 0.09x its peers in the run that named
+    a healthy pod slow)."""
+
+    def __init__(self, starved: tuple[float, float] = (0.0, 0.0)) -> None:
+        self.now, self.starved = 0.0, starved
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def step(self, seconds: float) -> None:
+        start, end = self.starved
+        self.now += seconds * (10 if start <= self.now < end else 1)
+
+
+def measure(clock: FakeClock, calls: list[str]) -> tuple[list[float], float]:
+    """``perf._measure`` for rank 0 of 3 on the fake clock: 5 compute rounds of 0.3 s, 5 pair
+    repeats of 4 ping-pongs of 1 MB."""
 
     class FakeTorch:
+        float32 = "float32"
+
         @staticmethod
         def randn(*shape: int, device: object = None) -> tuple[int, ...]:
             return shape
 
         @staticmethod
+        def zeros(n: int, dtype: object = None, device: object = None) -> object:
+            return types.SimpleNamespace(numel=lambda: n)
+
+        @staticmethod
         def mm(a: object, b: object) -> None:
             calls.append("mm")
+            clock.step(0.01)
 
-    dist = types.SimpleNamespace(barrier=lambda: calls.append("barrier"))
-    figures = perf._compute_rounds(FakeTorch, dist, 64, 3, 0.005, None)
-    assert len(figures) == 3 and all(f > 0 for f in figures)
-    assert calls.count("barrier") == 3 and calls[0] == "barrier"
-    # each round's products come after its barrier
-    starts = [i for i, c in enumerate(calls) if c == "barrier"]
-    assert all(calls[i + 1] == "mm" for i in starts)
+    def transfer(kind: str) -> object:
+        def call(buf: object, peer: int) -> None:
+            calls.append(kind)
+            clock.step(0.001)
+
+        return call
+
+    dist = types.SimpleNamespace(
+        barrier=lambda: calls.append("barrier"), send=transfer("send"), recv=transfer("recv")
+    )
+    args = types.SimpleNamespace(matrix=64, pair_mb=1.0, pair_repeats=5, world_size=3,
+                                 max_pair_rounds=3, rank=0, pair_iterations=4)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(perf, "time", clock)
+        mp.setattr(perf, "run_delay_s", lambda: 0.0)
+        return perf._measure(FakeTorch, dist, args, None, 5, 0.3)
+
+
+def test_compute_rounds_start_together_after_a_barrier() -> None:
+    calls: list[str] = []
+    figures, pair = measure(FakeClock(), calls)
+    assert len(figures) == 5 and all(f == pytest.approx(2 * 64**3 / 0.01 / 1e9) for f in figures)
+    assert pair == pytest.approx(2 * 262144 * 4 * 4 / 0.008 / 1e6)  # 1 MB there and back, 4 times
+    # each round's products come right after a barrier, and a pair repeat after each round
+    starts = [i for i, c in enumerate(calls) if calls[i : i + 2] == ["barrier", "mm"]]
+    assert len(starts) == 5
+    between = [calls[a:b] for a, b in zip(starts, [*starts[1:], len(calls)], strict=True)]
+    assert all(part.count("send") == 2 * 4 for part in between)  # two partners of rank 0
+
+
+def test_a_stretch_of_starvation_anywhere_in_the_check_leaves_the_best_pair_healthy() -> None:
+    """A pod held up for a second (every send and receive 10 times slower) keeps its healthy
+    best pair wherever that second falls: the pair repeats come between the compute rounds,
+    0.3 s apart. Measured in one burst after the compute rounds (0.8 s when held up), all of
+    them fell in a second that began as the compute ended, and the pair read 0.1x."""
+    healthy = measure(FakeClock(), [])[1]
+    for tenth in range(25):
+        start = tenth / 10
+        pair = measure(FakeClock(starved=(start, start + 1.0)), [])[1]
+        assert pair == pytest.approx(healthy), start

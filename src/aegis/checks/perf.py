@@ -2,8 +2,9 @@
 
 Every pod measures (1) a local matmul benchmark of fixed size for a fixed wall time (pure local:
 comparable across pods on the same hardware), (2) pairwise ping-pong bandwidth in round-robin
-pairing rounds (a slow pod drags down every pair it is in, a healthy pod has at least one fast
-pair), and (3) the world all_reduce bandwidth (reported only: a slow pod slows everyone's).
+pairing rounds, one repeat after each compute round so that the pair figures span the whole
+check (a slow pod drags down every pair it is in, a healthy pod has at least one fast pair), and
+(3) the world all_reduce bandwidth (reported only: a slow pod slows everyone's).
 The figures are all_gathered, so each pod judges itself against the median of its peers: below
 ``slow_factor`` times that median on compute or on best-pair bandwidth is ``slow``. With two pods
 the pair figure is shared, and the compute pairing decides.
@@ -245,29 +246,35 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
     return best
 
 
-def _compute_rounds(
-    torch: Any, dist: Any, side: int, rounds: int, window_s: float, device: Any
-) -> list[float]:
-    """GFLOP/s in each of ``rounds`` windows of ``window_s``, every pod measuring at once."""
-    figures = []
-    for _ in range(rounds):
-        dist.barrier()
-        figures.append(_compute(torch, side, window_s, window_s, device))
-    return figures
-
-
-def _pair_bandwidth(torch: Any, dist: Any, args: Any, device: Any) -> float:
-    """Best ping-pong MB/s over this pod's pairs; repeats are spread over the whole phase."""
+def _measure(
+    torch: Any, dist: Any, args: Any, device: Any, count: int, round_s: float
+) -> tuple[list[float], float]:
+    """GFLOP/s in each of ``count`` compute rounds (every pod at once, a barrier starts each) and
+    the best ping-pong MB/s over this pod's pairs, one repeat of every pairing after each compute
+    round: the pair figures span the whole check, not a burst of a few hundred milliseconds that
+    one stretch of starvation on a loaded host covers (a healthy pod held up through all of its
+    pair measurements at once read 0.09x of its peers and was evicted)."""
     buf = torch.zeros(max(int(args.pair_mb * 262144), 1), dtype=torch.float32, device=device)
+    figures: list[float] = []
     best = 0.0
-    for _ in range(args.pair_repeats):
-        for r in range(rounds(args.world_size, args.max_pair_rounds)):
+    for i in range(max(count, args.pair_repeats)):
+        if i < count:
             dist.barrier()
-            partner = pairing(args.world_size, r).get(args.rank)
-            if partner is not None:
-                rate = _ping_pong(dist, buf, args.rank, partner, args.pair_iterations)
-                best = max(best, rate)
+            figures.append(_compute(torch, args.matrix, round_s, round_s, device))
+        if i < args.pair_repeats:
+            best = max(best, _pair_repeat(dist, buf, args))
     dist.barrier()
+    return figures, best
+
+
+def _pair_repeat(dist: Any, buf: Any, args: Any) -> float:
+    """One ping-pong with each partner of the pairing rounds; the best MB/s (0: no partner)."""
+    best = 0.0
+    for r in range(rounds(args.world_size, args.max_pair_rounds)):
+        dist.barrier()
+        partner = pairing(args.world_size, r).get(args.rank)
+        if partner is not None:
+            best = max(best, _ping_pong(dist, buf, args.rank, partner, args.pair_iterations))
     return best
 
 
@@ -285,8 +292,7 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     dist.barrier()
     count = COMPUTE_ROUNDS
     round_s = max(args.compute_s / count, ROUND_WINDOWS * args.window_s)  # 0.3 s by default
-    mine_rounds = _compute_rounds(torch, dist, args.matrix, count, round_s, device)
-    pair = _pair_bandwidth(torch, dist, args, device)
+    mine_rounds, pair = _measure(torch, dist, args, device, count, round_s)
     allreduce = _allreduce_bandwidth(torch, dist, args.allreduce_mb, device)
     score = getattr(args, "straggler_score", 0.0)
     mine = torch.tensor([pair, score, *mine_rounds], dtype=torch.float64, device=device)
