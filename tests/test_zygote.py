@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from aegis.agent import ports, pycmd, reaper, supervisor, warm
+from aegis.agent import ports, pycmd, reaper, supervisor, warm, watchdog
 from tests import agent_waits as waits
 from tests import forkserver_harness as harness
 from tests.waits import async_wait_until, wait_until
@@ -282,6 +282,9 @@ def test_idle_zygote_dies_with_its_agent_when_agent_ends_abruptly() -> None:
     line = waits.read_line_with(agent, "")
     assert agent.wait(timeout=30) == 0
     wait_until(lambda: waits.gone(int(line)), what="the zygote gone with its agent")
+    # its progress file outlives it; the next agent on the host removes it (and nothing is left)
+    removed = watchdog.sweep_dead_owners(watchdog.progress_dir())
+    assert [n for n in removed if (watchdog.owner_of(n) or (0, 0, 0))[1] == agent.pid], removed
 
 
 def test_a_warm_rank_waits_for_rank_0s_store_only_as_long_as_it_must() -> None:

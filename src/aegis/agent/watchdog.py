@@ -62,6 +62,11 @@ def _pid_ns() -> int:
         return 0
 
 
+def progress_dir() -> str:
+    """Where progress files live: ``/dev/shm`` (memory), else the temporary directory."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
 def sweep_dead_owners(directory: str) -> list[str]:
     """Remove the progress files whose agent is gone (a SIGKILLed agent cannot remove its own,
     and on a shared host ``/dev/shm`` outlives it); returns their names."""
@@ -83,7 +88,7 @@ class ProgressFile:
     host removes it."""
 
     def __init__(self) -> None:
-        directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        directory = progress_dir()
         if removed := sweep_dead_owners(directory):
             log.info("removed %d progress file(s) of agents gone: %s", len(removed),
                      ", ".join(sorted(removed)))  # fmt: skip
