@@ -4,7 +4,12 @@ wait for it in ``all_reduce``; DDP's backward; a torchrun launcher beside its wo
 
 from __future__ import annotations
 
-from aegis.core.suspects import Suspect, name_suspect, view
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aegis.core.suspects import Suspect, frame_of, name_suspect, view
 
 WAITING = """--- pid 101 (python train.py) ---
 Process 101: python train.py
@@ -105,3 +110,25 @@ def test_nobody_is_named_when_the_stacks_do_not_single_one_out() -> None:
     two_elsewhere = {"n-0": WAITING, "n-1": ASLEEP, "n-2": ASLEEP}
     assert name_suspect(two_elsewhere, pods[:3]) is None
     assert name_suspect({}, pods) is None
+
+
+# The expression the frame reader replaced, kept here as the reference for what a frame line is.
+_OLD_FRAME = re.compile(r"^\s+(\S.*?) \((.+?)(?::\d+)?\)\s*$")
+
+
+@given(st.text(alphabet=" \t()::.1a/_<>", max_size=40))
+def test_a_frame_line_is_read_as_the_old_expression_read_it(line: str) -> None:
+    old = _OLD_FRAME.match(line)
+    assert frame_of(line) == (None if old is None else (old.group(1), old.group(2)))
+
+
+def test_a_peers_long_line_is_read_in_one_pass() -> None:
+    """A pod's hang report is a peer's text: a line the old expression backtracked over with
+    time growing as its length squared (0.9 s at 12,000 characters, so about 40 minutes at
+    these 600,000) is passed over, and the frames after it count. Run with the old expression,
+    this test ends by the suite's timeout."""
+    hostile = "  " + " (b" * 200_000
+    stacks = WAITING.replace('"MainThread"\n', f'"MainThread"\n{hostile}\n', 1)
+    assert view(stacks).waiting
+    named = name_suspect({"p-0": stacks, "p-1": ASLEEP}, ["p-0", "p-1"])
+    assert named is not None and named.pod == "p-1"
