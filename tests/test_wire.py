@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from aegis.core import events as ev
 from aegis.core.phases import Phase
 from aegis.core.recovery import CheckType, Classification
-from aegis.wire import codec
+from aegis.wire import codec, translate
 from aegis.wire import messages as m
 from aegis.wire.translate import to_event
 
@@ -151,3 +151,32 @@ def test_a_check_that_ran_out_of_time_is_classified_by_what_it_means(
 def test_translate_heartbeat_is_not_a_core_event() -> None:
     raw = json.dumps(_msg(type="Heartbeat", data={"kind": "heartbeat", "step": 3})).encode()
     assert to_event(codec.decode(raw), job="llama", namespace="default") is None
+
+
+def test_a_report_id_longer_than_its_bound_is_refused() -> None:
+    """The master remembers the last 65,536 report ids of a job: an id is bounded, so a peer
+    cannot make that memory gigabytes."""
+    codec.decode(json.dumps(_msg(id="p" * m.ID_CHARS)).encode())
+    with pytest.raises(codec.WireError) as caught:
+        codec.decode(json.dumps(_msg(id="p" * (m.ID_CHARS + 1))).encode())
+    assert caught.value.reason == "schema"
+
+
+def test_a_peers_long_text_enters_the_event_cut_to_its_bound() -> None:
+    """A reason or a check's result of 200 KB fits in a message; the event (and so the job's
+    record, one value in the store) carries its first ``TEXT_CHARS``."""
+    long = "x" * 200_000
+    error = codec.decode(json.dumps(_msg(data={"kind": "error", "reason": long,
+                                               "fault_class": "c" * 1000})).encode())  # fmt: skip
+    event = to_event(error, job="llama", namespace="default")
+    assert isinstance(event, ev.PodErrored)
+    assert event.fault_class == "c" * translate.CLASS_CHARS
+    assert len(event.reason) == translate.TEXT_CHARS and event.reason.endswith("x")
+    result = m.CheckResult(CheckType.GPU, False, long, 0.5, 2.0)
+    checks = codec.decode(codec.encode(m.Message(
+        job="llama", namespace="default", pod="llama-0", type=m.MessageType.FINISH,
+        phase=Phase.TROUBLESHOOTING, seq=4, ts=3.0, data=m.ChecksData(m.CheckResponse([result])),
+    )))  # fmt: skip
+    reported = to_event(checks, job="llama", namespace="default")
+    assert isinstance(reported, ev.ChecksReported)
+    assert len(reported.reason) == translate.TEXT_CHARS

@@ -7,11 +7,14 @@ must fit the message ``type``. ``CheckResult``/``CheckResponse`` carry check out
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
 import msgspec
 
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType
+
+ID_CHARS = 256  # a report's id at most (longer: the message is malformed)
 
 
 class MessageType(enum.StrEnum):
@@ -202,6 +205,8 @@ class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defa
     seq: int
     ts: float
     data: Payload
-    id: str = ""  # unique per report, so a re-sent report is processed at most once
+    # unique per report, so a re-sent report is processed at most once (``pod/incarnation/n``;
+    # bounded: the master remembers the last 65,536)
+    id: Annotated[str, msgspec.Meta(max_length=ID_CHARS)] = ""
     epoch: int = 0  # the master leader's term (orders): agents ignore orders of older terms
     sig: str = ""  # orders: the master's signature of the order encoded with sig "" (codec)

@@ -11,6 +11,13 @@ from aegis.core.recovery import CheckOutcome, Classification, classify
 from aegis.wire import messages as m
 from aegis.wire.codec import WireError
 
+# What of a peer's free text (an error's reason, the failing checks' results) an event carries
+# into the job's record: the record is one value in the store, under the server's payload limit
+# (a report of 250 KB made it too large to persist, which ended the job's loop). The whole text
+# stays in the event log.
+TEXT_CHARS = 2000
+CLASS_CHARS = 64  # a fault class is a short name (``FaultClass``)
+
 
 def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
     """The core event for ``msg``; ``None`` for a heartbeat, an order or a declined checkpoint
@@ -28,8 +35,9 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             verdict = verdict_of(response)
             return ev.ChecksReported(pod, msg.phase, msg.seq, verdict, failing_checks(response))
         case m.ErrorData(reason=reason, fault_class=fault_class, step=step):
-            label = f"{fault_class}: {reason}" if fault_class else reason
-            return ev.PodErrored(pod, msg.phase, msg.seq, label, fault_class, step)
+            cls = fault_class[:CLASS_CHARS]
+            label = f"{cls}: {reason}" if cls else reason
+            return ev.PodErrored(pod, msg.phase, msg.seq, label[:TEXT_CHARS], cls, step)
         case m.HangData(idle_s=idle_s):
             return ev.HangReported(pod, msg.phase, msg.seq, f"hang: no progress for {idle_s:.1f} s")
         case m.CheckpointData(step=step):
@@ -60,4 +68,4 @@ def verdict_of(response: m.CheckResponse) -> Classification:
 
 def failing_checks(response: m.CheckResponse) -> str:
     failed = [f"{r.check_type}: {r.result}" for r in response.results if not r.passed]
-    return "; ".join(failed)
+    return "; ".join(failed)[:TEXT_CHARS]
