@@ -205,6 +205,22 @@ async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness
     assert value(scraped, "aegis_messages_dropped_total") == 8
 
 
+async def test_an_errno_this_host_cannot_name_adds_no_metric_series(harness: Harness) -> None:
+    """A saver's errno is a peer's number: one this host has no name for is counted under
+    "other", so a pod sending 1000 numbers adds one series, not 1000."""
+    hub = metrics.MasterMetrics()
+    hub.attach(harness.runner)
+    await _to_running(harness)
+    for code in (28, 100_001, 100_002):
+        data = m.CheckpointStoreData("/ckpt", step=5, errno=code, strerror="x", failures=2)
+        await harness.send("job-0", m.MessageType.CHECKPOINT, data)
+    await harness.settle()
+    scraped = parse(hub.scrape())
+    name = "aegis_checkpoint_persist_failures_total"
+    assert value(scraped, name, errno="ENOSPC") == 2 and value(scraped, name, errno="other") == 4
+    assert value(scraped, name) == 6
+
+
 async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:
     await _to_running(harness)
 

@@ -172,7 +172,8 @@ class MasterMetrics:
         )  # fmt: skip
         self.persist_failures = Counter(
             "aegis_checkpoint_persist_failures", "Failed attempts of a pod's saver daemon to "
-            "persist a checkpoint to its durable directory, by errno name (ENOSPC, EROFS, ...)",
+            "persist a checkpoint to its durable directory, by errno name (ENOSPC, EROFS, ...; "
+            "other: a number this host has no name for)",
             ["errno"], registry=r,
         )  # fmt: skip
         for level in LEVEL_NAMES.values():
@@ -216,7 +217,7 @@ class MasterMetrics:
             case m.HangData(idle_s=idle_s):
                 job.fault_latency[PodName(msg.pod)] = ("hang", idle_s + max(0.0, now - msg.ts))
             case m.CheckpointStoreData(ok=False, errno=code, failures=failures):
-                name = errno.errorcode.get(code, str(code))
+                name = errno.errorcode.get(code, "other")  # a peer's number: no new series
                 self.persist_failures.labels(name).inc(max(failures, 0))
             case _:
                 pass
