@@ -56,6 +56,32 @@ def test_an_order_keeps_only_the_environment_keys_orders_carry_and_names_the_oth
     assert taken.dropped_env == ("BASH_ENV", "LD_PRELOAD")
 
 
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        (m.CKPT_STEP_ENV, "ten"),
+        (m.CKPT_REQUEST_ENV, "1.5"),
+        (m.RESUME_STEP_ENV, ""),
+        (m.CKPT_HOLD_ENV, "nan"),
+        (m.CKPT_HOLD_ENV, "inf"),
+        (m.CKPT_HOLD_ENV, "-1"),
+        ("CHECK_MASTER_PORT", "x"),
+        ("MASTER_PORT", "70000"),
+        ("MASTER_PORT", "9" * 5000),
+    ],
+)
+def test_an_order_with_a_number_the_agent_cannot_read_is_dropped_and_counted(
+    key: str, text: str
+) -> None:
+    """The agent reads these numbers itself (a checkpoint request, the checks' port): one that
+    is not a number of its kind drops the order, where it crashed the agent (and its training)."""
+    dropped = _screen(_order(Order.CHECKPOINT, env={key: text}))
+    assert isinstance(dropped, order_policy.Dropped) and dropped.reason == "bad_env"
+    assert key in dropped.detail
+    fine = {m.CKPT_STEP_ENV: "10", m.CKPT_HOLD_ENV: "2.5", "CHECK_MASTER_PORT": "29400"}
+    assert isinstance(_screen(_order(Order.CHECKPOINT, env=fine)), order_policy.Accepted)
+
+
 def test_dropped_names_are_counted_by_name_while_few_then_together() -> None:
     assert order_policy.counted_as("EVIL", {}) == "EVIL"
     assert order_policy.counted_as("X" * 100, {}) == "X" * 64

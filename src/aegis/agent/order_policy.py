@@ -65,12 +65,37 @@ def screen(payload: bytes, verify: Verify | None, job: str, namespace: str) -> A
         return Dropped("unsigned", f"{msg.data.order}#{msg.seq} epoch {msg.epoch}")
     if (msg.job, msg.namespace) != (job, namespace):
         return Dropped("wrong_job", f"an order of {msg.namespace}/{msg.job}")
+    if (bad := _bad_number(msg.data.env)) is not None:
+        return Dropped("bad_env", bad)
     unknown = tuple(sorted(k for k in msg.data.env if k not in m.ORDER_ENV_KEYS))
     if not unknown:
         return Accepted(msg)
     env = {k: v for k, v in msg.data.env.items() if k in m.ORDER_ENV_KEYS}
     return Accepted(msgspec.structs.replace(msg, data=msgspec.structs.replace(msg.data, env=env)),
                     unknown)  # fmt: skip
+
+
+_WHOLE = (m.CKPT_REQUEST_ENV, m.CKPT_STEP_ENV, m.RESUME_STEP_ENV)
+_PORTS = ("MASTER_PORT", "CHECK_MASTER_PORT")
+
+
+def _bad_number(env: Mapping[str, str]) -> str | None:
+    """What is wrong with a number the agent reads from an order's environment (a whole
+    number, a port, a hold of finite seconds), or None: an order with one is dropped and
+    counted, not taken to crash the agent."""
+    for key in (*_WHOLE, *_PORTS, m.CKPT_HOLD_ENV):
+        text = env.get(key)
+        if text is None:
+            continue
+        try:
+            number = float(text) if key == m.CKPT_HOLD_ENV else int(text)
+        except ValueError:
+            return f"{key}={text[:NAME_CHARS]!r} is not a number"
+        if key in _PORTS and not 0 < number < 65536:
+            return f"{key}={number} is no port"
+        if key == m.CKPT_HOLD_ENV and not (math.isfinite(number) and number >= 0):
+            return f"{key}={number} is no hold"
+    return None
 
 
 def counted_as(name: str, counted: Collection[str]) -> str:
