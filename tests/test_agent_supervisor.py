@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -319,3 +320,24 @@ async def test_watchdog_stays_quiet_when_command_keeps_progressing(
     # no hang once it reports steps (a starved interpreter's start, before its first step,
     # can be silent for the timeout: a hang reported then is right)
     assert [h for h in reports.hangs if h.last_step is not None] == []
+
+
+async def test_a_stack_dump_cancelled_midway_kills_its_py_spy(
+    the_reaper: reaper.Reaper, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog is cancelled when the training restarts or stops, maybe while py-spy dumps
+    a stuck process (the hang case). py-spy runs in a process group of its own, which no group
+    kill reaches: the cancelled dump kills it (a stand-in that never ends, here)."""
+    marker = tmp_path / "spy.pid"
+    fake = tmp_path / "py-spy"
+    script = f"echo $$ > {marker}.tmp && mv {marker}.tmp {marker}\nexec sleep 600\n"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    monkeypatch.setattr(stacks, "find_py_spy", lambda: str(fake))
+    task = asyncio.create_task(stacks.dump(the_reaper, os.getpid(), timeout_s=600.0))
+    await async_wait_until(marker.exists, 60, "py-spy started")
+    spy = int(marker.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not psutil.pid_exists(spy)  # killed and reaped, not left running

@@ -66,6 +66,11 @@ async def dump(
             os.kill(spy, signal.SIGKILL)
             raw = await the_reaper.wait(spy)
             error = f"py-spy timed out after {timeout_s:.0f} s"
+        except asyncio.CancelledError:  # the training restarted or stopped meanwhile: py-spy,
+            os.kill(spy, signal.SIGKILL)  # in a group of its own and maybe attached, goes too
+            await the_reaper.wait(spy)
+            the_reaper.forget(spy)
+            raise
         the_reaper.forget(spy)
         out.seek(0)
         text = out.read().decode(errors="replace")
