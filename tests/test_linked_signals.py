@@ -5,17 +5,15 @@ real master and a real nats-server, through ``aegis run``'s local platform)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from aegis.agent import linked, pid1
-from aegis.checkpoint import api, outage, process
+from aegis.checkpoint import process
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.master.job_runner import JobRunner
@@ -121,23 +119,6 @@ async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path)
     """A crashed link task (logged and raised by the agent) does not cut the clean-up short:
     the link is closed, the saver's memory removed and the training stopped all the same."""
     calls: list[str] = []
-    _Link, _Sup = _stand_ins(calls)
-
-    async def crash() -> None:
-        raise RuntimeError("a link task crashed")
-
-    crashed = asyncio.create_task(crash())
-    await asyncio.wait({crashed})
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt"))
-    saver = daemon, asyncio.create_task(daemon.supervise())
-    await linked._shut_down(_Link(), [crashed], _Sup(), saver)  # type: ignore[arg-type]
-    assert calls == ["link closed", "training stopped"] and not shm.exists()
-
-
-def _stand_ins(calls: list[str]) -> tuple[type, type]:
-    """A link and a supervisor that record their part of the shut-down."""
 
     class _Link:
         async def close(self) -> None:
@@ -147,59 +128,13 @@ def _stand_ins(calls: list[str]) -> tuple[type, type]:
         async def stop(self) -> None:
             calls.append("training stopped")
 
-    return _Link, _Sup
+    async def crash() -> None:
+        raise RuntimeError("a link task crashed")
 
-
-async def test_the_shut_down_persists_the_trainings_last_save_before_the_saver_stops(
-    tmp_path: Path,
-) -> None:
-    """A save returns once it is in shared memory. When the job ends right after a training's
-    last save, the agent's shut-down waits for the daemon to persist it (16 MB at 20 MB/s, about
-    0.8 s of writing) before stopping the daemon and removing the memory: the job's final
-    checkpoint is on disk, whole. Before, the daemon was killed mid-write and the memory that
-    held the only copy removed."""
-    calls: list[str] = []
-    _Link, _Sup = _stand_ins(calls)
-    shm = Path("/dev/shm") / f"aegis-test-{tmp_path.name}"
-    ckpt = tmp_path / "ckpt"
-    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt, max_write_mb_s=20.0)
-    daemon = process.DaemonProcess(settings)
-    supervising = asyncio.create_task(daemon.supervise())
-    try:
-        await async_wait_until(lambda: daemon.alive, 60, "the saver daemon")
-        saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
-        saver.save(7, {"w": torch.full((16 * 262144,), 7.0)})
-        await linked._shut_down(_Link(), [], _Sup(), (daemon, supervising))  # type: ignore[arg-type]
-    finally:
-        supervising.cancel()
-        await asyncio.gather(supervising, return_exceptions=True)
-        shutil.rmtree(shm, ignore_errors=True)
-    assert calls == ["link closed", "training stopped"]
-    assert not daemon.alive and supervising.done() and not shm.exists()
-    from_disk = api.Saver(api.SaverSettings(shm_dir=tmp_path / "no-shm", ckpt_dir=ckpt))
-    loaded = from_disk.load_latest()
-    assert loaded is not None and loaded[0] == 7 and float(loaded[1]["w"][-1]) == 7.0
-
-
-async def test_the_shut_down_does_not_wait_on_a_store_that_is_down(tmp_path: Path) -> None:
-    """While the durable directory fails (``store-down``), or with no daemon left to persist,
-    the unpersisted step is named at once (waiting the hour of ``flush_s`` would end the test
-    by its timeout)."""
-    shm = Path("/dev/shm") / f"aegis-test-{tmp_path.name}"
-    ckpt = tmp_path / "not-a-directory"
-    ckpt.write_text("")
-    settings = process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt, flush_s=3600.0)
-    try:
-        shm.mkdir()
-        api.Saver(api.SaverSettings(shm_dir=shm)).save(3, {"w": torch.ones(4)})
-        assert await process.DaemonProcess(settings).flush() == [3]  # no daemon at all
-        daemon = process.DaemonProcess(settings)
-        supervising = asyncio.create_task(daemon.supervise())
-        try:
-            await async_wait_until((shm / outage.STORE_DOWN).exists, 60, "store down")
-            assert await daemon.flush() == [3]
-        finally:
-            supervising.cancel()
-            await asyncio.gather(supervising, return_exceptions=True)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    crashed = asyncio.create_task(crash())
+    await asyncio.wait({crashed})
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    daemon = process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    await linked._shut_down(_Link(), [crashed], _Sup(), daemon)  # type: ignore[arg-type]
+    assert calls == ["link closed", "training stopped"] and not shm.exists()

@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 
 CONFIG_ERROR_EXIT = 2
 
-Saver = tuple[process.DaemonProcess, asyncio.Task[None]]  # the checkpoint saver, supervised
-
 
 async def run_linked(
     sup_settings: supervisor.SupervisorSettings,
@@ -72,19 +70,18 @@ async def run_linked(
                 asyncio.create_task(the_link.resend(), name="resend"),
                 asyncio.create_task(orders.run(), name="orders"),
             ]
-            saver: Saver | None = None
             if daemon_settings is not None:
-                daemon = process.DaemonProcess(
+                saver = process.DaemonProcess(
                     daemon_settings,
                     spawner=the_reaper,
                     on_commit=the_link.checkpoint_committed,
                     on_store=the_link.checkpoint_store,
                 )
-                saver = daemon, asyncio.create_task(daemon.supervise(), name="ckpt-saver")
+                tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
             try:
-                code = await _wait_done(the_link, [*tasks, *([saver[1]] if saver else [])])
+                code = await _wait_done(the_link, tasks)
             finally:
-                await _shut_down(the_link, tasks, sup, saver)
+                await _shut_down(the_link, tasks, sup, daemon_settings)
     return code
 
 
@@ -140,30 +137,20 @@ async def _shut_down(
     the_link: link.MasterLink,
     tasks: list[asyncio.Task[None]],
     sup: supervisor.Supervisor,
-    saver: Saver | None,
+    daemon_settings: process.DaemonSettings | None,
 ) -> None:
-    """The link's tasks cancelled, the link closed, then the training group stopped (SIGTERM,
-    grace, SIGKILL) while the signals are still handled: a SIGINT during the grace period goes
-    to the group, a second SIGTERM changes nothing. Then what the training handed to the saver
-    (its last save returned once in shared memory) is persisted, at most ``flush_s``, before
-    the saver is stopped and its memory removed."""
+    """The link's tasks cancelled, the link closed, the saver's memory removed, then the training
+    group stopped (SIGTERM, grace, SIGKILL) while the signals are still handled: a SIGINT during
+    the grace period goes to the group, a second SIGTERM changes nothing."""
     for task in tasks:
         task.cancel()
     # (a task that crashed was logged and re-raised by ``_wait_done``: its error must not cut
     # the clean-up short)
     await asyncio.gather(*tasks, return_exceptions=True)
     await the_link.close()
-    try:
-        await sup.stop()
-    finally:
-        if saver is not None:
-            daemon, supervising = saver
-            try:
-                await daemon.flush()
-            finally:
-                supervising.cancel()
-                await asyncio.gather(supervising, return_exceptions=True)
-                shutil.rmtree(daemon.settings.shm_dir, ignore_errors=True)
+    if daemon_settings is not None:
+        shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
+    await sup.stop()
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

@@ -39,7 +39,6 @@ class DaemonSettings:
     max_write_mb_s: float = 0.0
     keep: int = 3
     restart_delay_s: float = 0.2
-    flush_s: float = 120.0  # at the agent's end, how long a handed-off save may take to persist
 
     def argv(self) -> list[str]:
         return [
@@ -68,7 +67,6 @@ class DaemonProcess:
         self._store_offset = 0
         self.last_committed: int | None = None
         self.restarts = 0
-        self._supervised = False  # supervise() runs: a dead daemon is started again
 
     @property
     def pid(self) -> int | None:
@@ -147,7 +145,6 @@ class DaemonProcess:
 
     async def supervise(self) -> None:
         """Run until cancelled: keep the daemon alive and report commits (kills it on exit)."""
-        self._supervised = True
         try:
             if not self.alive:
                 await self.start()
@@ -161,24 +158,7 @@ class DaemonProcess:
                     await asyncio.sleep(self.settings.restart_delay_s)
                     await self.restart()
         finally:
-            self._supervised = False
             await asyncio.shield(self.stop())
-
-    async def flush(self) -> list[int]:
-        """Wait until every handed-off save is persisted (a training's last save returns as
-        soon as it is in shared memory): at most ``flush_s``, and not while the durable
-        directory is down or with no daemon to persist. The steps still unpersisted."""
-        shm = self.settings.shm_dir
-        deadline = asyncio.get_running_loop().time() + self.settings.flush_s
-        while left := lay.pending(shm):
-            down = (shm / outage.STORE_DOWN).exists()
-            gone = not self.alive and not self._supervised
-            if down or gone or asyncio.get_running_loop().time() >= deadline:
-                log.error("checkpoint step(s) %s not persisted (%s)", left,
-                          "store down" if down else "no saver" if gone else "time out")  # fmt: skip
-                return left
-            await asyncio.sleep(self.settings.poll_s * 5)  # the daemon polls as often
-        return []
 
 
 def _tail(path: Path, offset: int) -> tuple[bytes, int]:
