@@ -50,8 +50,9 @@ def env_for(shared: watchdog.ProgressFile, shm: Path) -> dict[str, str]:
 
 def run(code: str, env: dict[str, str], *args: str) -> list[tuple[int, ...]]:
     result = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True
-    )
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True,
+        timeout=120,
+    )  # fmt: skip
     return [tuple(int(x) for x in line.split()) for line in result.stdout.splitlines()]
 
 
@@ -72,6 +73,19 @@ def test_a_request_past_its_step_is_saved_at_once(shared: watchdog.ProgressFile,
     lines = run(SCRIPT, env_for(shared, shm), "3")
     assert [step for step, _, saved in lines if saved] == [1]
     assert shared.answered() == 3
+
+
+def test_a_request_seen_past_its_named_step_is_saved_late_and_does_not_hold(
+    shared: watchdog.ProgressFile, shm: Path
+) -> None:
+    """This rank's agent got the order after the rank passed step 3 (a slow node's agent is
+    stopped part of every period). The other ranks saved step 3 and hold there: holding here
+    too would stop them again in the next step's collective, reporting nothing (a hang to the
+    watchdog). It saves where it is, answers, and goes on."""
+    shared.request_checkpoint(6, 3, time.monotonic() + 3600)
+    lines = run(SCRIPT.replace("range(1,", "range(5,"), env_for(shared, shm), "8")
+    assert [(step, saved) for step, _, saved in lines] == [(5, 1), (6, 0), (7, 0), (8, 0)]
+    assert shared.answered() == 6
 
 
 def test_no_request_no_save_and_a_script_without_the_api_never_opts_in(

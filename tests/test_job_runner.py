@@ -14,7 +14,7 @@ from aegis.adapters import memory
 from aegis.adapters.nats_auth import worker_subject
 from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
-from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
 from aegis.master import inbox, metrics
@@ -280,3 +280,24 @@ async def test_an_observer_that_fails_never_stops_the_job(harness: Harness) -> N
     assert harness.runner.status.phase is Phase.TROUBLESHOOTING  # still deciding
     assert harness.task is not None and not harness.task.done()  # its loop goes on
     assert harness.runner.observers.failures >= 5
+
+
+async def test_a_drains_checkpoint_request_waits_for_steps_and_a_heartbeat_places_it(
+    harness: Harness,
+) -> None:
+    """No step of this round known, no step lies surely ahead of every rank ("the next call"
+    is a different step for a rank whose agent gets the order late): the request waits; the
+    first heartbeats with steps place it, with no other event to wake the loop."""
+    await _to_running(harness)
+    harness.runner.drain((PodName("job-1"),), "maintenance", 600.0)
+    await harness.settle()
+    assert harness.runner.status.drain_count == 1
+    assert Order.CHECKPOINT not in [o.data.order for o in harness.orders]  # type: ignore[union-attr]
+    for step in (10, 20):
+        await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(step))
+    await async_wait_until(
+        lambda: Order.CHECKPOINT in [o.data.order for o in harness.orders],  # type: ignore[union-attr]
+        what="the checkpoint order",
+    )
+    [order] = [o.data for o in harness.orders if o.data.order is Order.CHECKPOINT]  # type: ignore[union-attr]
+    assert int(order.env[m.CKPT_STEP_ENV]) > 20  # type: ignore[union-attr]

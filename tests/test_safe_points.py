@@ -74,13 +74,37 @@ def test_target_step_lies_ahead_of_the_furthest_rank_by_the_lead_time() -> None:
 
 
 def test_a_request_is_made_once_per_round_while_a_pod_drains() -> None:
-    job, safe = running(), SafePoints("job", RequestSettings(hold_s=5.0))
-    assert safe.request(job.status, now=0.0) is None  # nobody waits to leave
+    job, safe = running(), SafePoints("job", RequestSettings(lead_s=1.0, hold_s=5.0))
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 40, now=0.0)
+    safe.step_seen(job.status, job.pod(0), seq, 50, now=1.0)  # 10 steps/s
+    assert safe.request(job.status, now=1.0) is None  # nobody waits to leave
     job.feed(ev.DrainRequested((job.pod(1),), "maintenance"))
-    env = safe.request(job.status, now=0.0)
-    assert env == {m.CKPT_REQUEST_ENV: str(job.status.seq), m.CKPT_STEP_ENV: "0",
+    env = safe.request(job.status, now=1.0)
+    assert env == {m.CKPT_REQUEST_ENV: str(job.status.seq), m.CKPT_STEP_ENV: "61",
                    m.CKPT_HOLD_ENV: "5"}  # fmt: skip
-    assert safe.request(job.status, now=1.0) is None  # once per round
+    assert safe.request(job.status, now=2.0) is None  # once per round
+
+
+def test_a_request_waits_for_the_rounds_pace_then_falls_back_to_the_next_call() -> None:
+    """No step (or no rate) known, no step lies surely ahead of every rank: the request waits
+    for heartbeats with steps; a script that reports none gets one due at its next call after
+    ``progress_wait_s``, once."""
+    job, safe = running(drain=1), SafePoints("job", RequestSettings(progress_wait_s=10.0))
+    assert safe.request(job.status, now=100.0) is None
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 7, now=105.0)  # one beat: no rate
+    assert safe.request(job.status, now=109.9) is None
+    env = safe.request(job.status, now=110.0)
+    assert env is not None and env[m.CKPT_STEP_ENV] == "8"  # what is known: the step after
+    assert safe.request(job.status, now=200.0) is None
+    job.feed(ev.DrainRequested((job.pod(2),), "maintenance"))
+    fresh = SafePoints("job", RequestSettings(progress_wait_s=10.0))
+    assert fresh.request(job.status, now=0.0) is None
+    assert fresh.request(job.status, now=10.0) == {
+        m.CKPT_REQUEST_ENV: str(job.status.seq),
+        m.CKPT_STEP_ENV: "0",
+        m.CKPT_HOLD_ENV: "30",
+    }
 
 
 def test_a_request_waits_for_run_command() -> None:

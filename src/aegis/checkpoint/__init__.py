@@ -16,7 +16,9 @@ by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`
 checkpoint (a drain, or a slow node's eviction) and the step it named is reached: every rank
 saves that same step. After saving it holds the training (reporting progress, so the hang
 watchdog stays quiet) until the agent stops it for the move, or the hold ends; no step after
-the checkpoint is done twice. Costs one mapped read per call when nothing is requested.
+the checkpoint is done twice. A rank that sees the request only past its step saves there and
+goes on without holding (the others wait for no one). Costs one mapped read per call when
+nothing is requested.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:
 
 def _answer_and_hold(request: training.Request, step: int) -> None:
     training.answer(request)
+    if 0 < request.target_step < step:
+        # seen late (its agent got the order after this rank passed the step): the other ranks
+        # saved the named step and hold there, or have gone on; holding here would stop them
+        # again, in this step's collective, where they report nothing and look hung
+        return
     while time.monotonic() < request.hold_until:  # the move comes: do no step twice
         training.report(step)
         time.sleep(HOLD_POLL_S)

@@ -161,6 +161,8 @@ class JobRunner:
                 self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
             if stepped.slowdown is not None:
                 self.platform_event(ev.SlowdownReported(stepped.slowdown))
+        if self.safe.due(self.status):  # a request waits for this round's steps (or a while)
+            self.queue.put_nowait(None)  # wakes the loop: an empty batch that places it
         if isinstance(beat, m.HeartbeatData) and beat.hang_timeout:
             self.notes.watchdogs[pod] = beat.hang_timeout[:300]
         self.observers.heartbeat(msg)

@@ -46,7 +46,7 @@ class JobSettings:
     # Checkpoint on request: asked for when a pod is draining, and when one is marked slow
     # (so it leaves at the next step boundary, not at the next periodic checkpoint).
     checkpoint_on_slow: bool = True
-    checkpoint_lead_s: float = 1.0  # the requested step lies this far ahead of the estimate
+    checkpoint_lead_s: float = 2.0  # the requested step lies this far ahead of the estimate
     checkpoint_hold_s: float = 30.0  # ranks hold after saving, at most this long
     drain_deadline_s: float = 60.0  # default wait for the commit before a drain evicts anyway
     # The pace watch (master/pace.py): a run that slows well below its own pace gets the checks.

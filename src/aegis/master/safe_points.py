@@ -5,7 +5,9 @@ pods, with the drain deadlines.
 The job is committed at a step when every pod has committed it; each new committed step becomes
 one ``CheckpointCommitted`` event for the core. A request is made once per RunCommand round while
 a pod waits to leave at a checkpoint (drain always; slow when configured): every rank saves at a
-step it reaches only after the request has arrived (``target_step``). A drain stops waiting
+step it reaches only after the request has arrived (``target_step``), so a request waits for this
+round's first reported steps (a target of "the next call" is not one step for all: a rank whose
+agent gets the order late has already passed it). A drain stops waiting
 (``DrainForced``) when its deadline passes or when a pod's script says it takes no requests.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
@@ -28,8 +30,11 @@ KEPT_STEPS = 16  # committed steps remembered per pod
 @dataclass(frozen=True, slots=True)
 class RequestSettings:
     on_slow: bool = True  # a pod marked slow leaves at the next step boundary, not periodic
-    lead_s: float = 1.0  # the requested step lies this far ahead of the estimate
+    lead_s: float = 2.0  # the requested step lies this far ahead of the estimate
     hold_s: float = 30.0  # ranks hold after saving, at most this long
+    # a request waits this long for the round's reported steps (its target lies ahead of them);
+    # a script that reports none then gets one due at its next call
+    progress_wait_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class SafePoints:
     request_seq: int = -1  # the RunCommand round a checkpoint was requested in
     drain_deadlines: dict[PodName, tuple[float, float]] = field(default_factory=dict)
     declined_seq: int = -1
+    due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
     def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
         """``pod`` committed ``step``: the job's new committed step (the newest step every pod
@@ -101,11 +107,8 @@ class SafePoints:
 
     def request(self, status: JobStatus, now: float) -> dict[str, str] | None:
         """The environment of a checkpoint order, once per RunCommand round, when a pod waits
-        to leave at a checkpoint; None when none is due."""
-        if status.phase is not Phase.RUN_COMMAND or self.request_seq == status.seq:
-            return None
-        slow = self.settings.on_slow and status.slow_count > 0
-        if status.drain_count == 0 and not slow:
+        to leave at a checkpoint; None when none is due (or it waits for the round's steps)."""
+        if not self.due(status) or not self._placeable(status.seq, now):
             return None
         self.request_seq = status.seq
         env = {
@@ -115,6 +118,28 @@ class SafePoints:
         }
         log.info("job %s: checkpoint requested at step %s", self.job, env[m.CKPT_STEP_ENV])
         return env
+
+    def due(self, status: JobStatus) -> bool:
+        """Whether this round's request is still to be made: a pod waits to leave at a
+        checkpoint (drain always; slow when configured) and none was ordered in this round."""
+        if status.phase is not Phase.RUN_COMMAND or self.request_seq == status.seq:
+            return False
+        slow = self.settings.on_slow and status.slow_count > 0
+        return status.drain_count > 0 or slow
+
+    def _placeable(self, seq: int, now: float) -> bool:
+        """Whether a target step can be placed ahead of every rank: this round's steps and the
+        step rate are known, or the request has waited ``progress_wait_s`` for them."""
+        if self.steps and self.step_rate > 0:
+            return True
+        if self.due_since[0] != seq:
+            self.due_since = (seq, now)
+        if now - self.due_since[1] < self.settings.progress_wait_s:
+            return False
+        log.warning("job %s: no pace of this round's training in %g s: the checkpoint "
+                    "request is due at each rank's next call", self.job,
+                    self.settings.progress_wait_s)  # fmt: skip
+        return True
 
     def drain(self, pods: tuple[PodName, ...], deadline_s: float, now: float) -> None:
         for pod in pods:
