@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from typing import Any
 
@@ -101,23 +102,26 @@ async def test_job_created_makes_one_agent_pod_per_worker_when_the_job_is_new() 
     assert pod["spec"]["initContainers"][0]["name"] == "aegis-agent"
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert ("ml", "train-aegis-token") in cluster.secrets
+    assert ("ml", "train-aegis-job-token") in cluster.secrets
     assert cluster.services[("ml", "train")]["spec"]["clusterIP"] == "None"
 
 
 async def test_each_pod_mounts_only_its_own_secret_derived_from_the_jobs() -> None:
-    """Per-pod identity (issue 20): pod train-1 mounts ``train-1-aegis-token`` (owner-only),
+    """Per-pod identity (issue 20): pod train-1 mounts ``train-1-aegis-pod-token`` (owner-only),
     holding pod_token(job secret, ml, train, train-1); the job's own Secret is mounted by
     no pod."""
     cluster = new_cluster()
     await handlers.job_created(job_body(), cluster)
-    job_token = crd_status.token(cluster.secrets[("ml", "train-aegis-token")])
+    job_token = crd_status.token(cluster.secrets[("ml", "train-aegis-job-token")])
     assert job_token
     for rank in range(3):
         pod = cluster.pods[("ml", f"train-{rank}")]
         [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == manifests.TOKEN_VOLUME]
-        assert volume["secret"] == {"secretName": f"train-{rank}-aegis-token", "defaultMode": 0o400}
-        secret = cluster.secrets[("ml", f"train-{rank}-aegis-token")]
+        assert volume["secret"] == {
+            "secretName": f"train-{rank}-aegis-pod-token",
+            "defaultMode": 0o400,
+        }
+        secret = cluster.secrets[("ml", f"train-{rank}-aegis-pod-token")]
         assert crd_status.token(secret) == pod_token(job_token, "ml", "train", f"train-{rank}")
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
         assert secret["metadata"]["labels"][manifests.LABEL_RANK] == str(rank)
@@ -126,6 +130,27 @@ async def test_each_pod_mounts_only_its_own_secret_derived_from_the_jobs() -> No
     del cluster.pods[("ml", "train-2")]
     assert await handlers.replace_rank("ml", "train", 2, cluster)
     assert cluster.secrets == before
+
+
+async def test_a_jobs_secret_and_a_pods_never_share_a_name_and_another_objects_is_refused() -> None:
+    """Job ``train-1`` and pod 1 of job ``train`` once both used ``train-1-aegis-token``, and a
+    409 kept the Secret there: pod ``train-1`` could derive every pod token of job ``train-1``.
+    The names differ now, and a Secret of the name owned by another object (an AegisJob made
+    again under the name, a PyTorchJob's) is refused: no pod is made with a token from it."""
+    assert crd_status.token_secret_name("train-1") != manifests.pod_token_secret_name(
+        manifests.pod_name("train", 1)
+    )
+    for foreign in ("train-aegis-job-token", "train-1-aegis-pod-token"):
+        cluster = new_cluster()
+        cluster.secrets[("ml", foreign)] = {
+            "metadata": {"name": foreign, "namespace": "ml",
+                         "ownerReferences": [{"kind": "PyTorchJob", "name": "x", "uid": "uid-9"}]},
+            "data": {"token": base64.b64encode(b"not-yours").decode()},
+        }  # fmt: skip
+        with pytest.raises(crd_status.SecretOwnerError, match="uid-9"):
+            await handlers.job_created(job_body(), cluster)
+        assert ("ml", "train-1") not in cluster.pods  # rank 1 never made with that token
+        assert cluster.secrets[("ml", foreign)]["metadata"]["ownerReferences"][0]["uid"] == "uid-9"
 
 
 async def test_job_created_is_idempotent_when_resumed() -> None:

@@ -137,12 +137,15 @@ async def k8s(
         yield found
 
 
-async def post_job(k8s: Cluster) -> None:
+async def post_job(k8s: Cluster, secret_owner: str = "uid-1") -> None:
     """What the user and the operator leave: the AegisJob, its token Secret, two pods placed."""
     body = job_body(replicas=2)
     del body["status"]
     await k8s.emulator.post(k8s_emulator.JOBS, json=body)
-    secret = {"metadata": {"name": "train-aegis-token", "namespace": "ml"},
+    owner = {"apiVersion": f"{manifests.GROUP}/{manifests.VERSION}", "kind": manifests.KIND,
+             "name": "train", "uid": secret_owner}  # fmt: skip
+    secret = {"metadata": {"name": "train-aegis-job-token", "namespace": "ml",
+                           "ownerReferences": [owner]},
               "data": {"token": base64.b64encode(b"tok-1").decode()}}  # fmt: skip
     await k8s.emulator.post(k8s_emulator.SECRETS, json=secret)
     for rank, node in enumerate(("node-a", "node-b")):
@@ -179,6 +182,21 @@ async def adopted(k8s: Cluster) -> dict[str, Any]:
     )
     assert status["pod_infos"]["train-1"]["node"] == "node-b"
     return record
+
+
+async def test_a_job_whose_token_secret_another_object_owns_is_not_submitted(
+    k8s: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``train-aegis-job-token`` left by another object (a deleted AegisJob of the name, a
+    PyTorchJob's): its token is never taken for this job, and nothing is submitted."""
+    await post_job(k8s, secret_owner="uid-of-another")
+    await async_wait_until(
+        lambda: any("not submitted" in r.getMessage() for r in caplog.records),
+        what="the refusal",
+    )
+    assert await k8s.record() is None
+    [said] = [r.getMessage() for r in caplog.records if "not submitted" in r.getMessage()]
+    assert "owned by ['uid-of-another'], not by uid-1" in said
 
 
 async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_replacement(

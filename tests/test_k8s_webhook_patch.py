@@ -77,7 +77,7 @@ def test_a_pytorchjob_pod_is_wrapped_with_its_rank_and_its_own_secret(
     assert labels[webhook_patch.LABEL_RANK] == str(rank)
     assert labels[webhook_patch.LABEL_JOB] == "train"
     volumes = {v["name"]: v for v in out["spec"]["volumes"]}
-    assert volumes[manifests.TOKEN_VOLUME]["secret"]["secretName"] == f"{name}-aegis-token"
+    assert volumes[manifests.TOKEN_VOLUME]["secret"]["secretName"] == f"{name}-aegis-pod-token"
     assert volumes[manifests.AGENT_VOLUME] == {"name": manifests.AGENT_VOLUME, "emptyDir": {}}
     [init] = out["spec"]["initContainers"]
     assert init["image"] == "aegis:test" and init["command"][0] == "cp"
@@ -155,7 +155,7 @@ def test_a_wrapped_pod_is_not_wrapped_twice() -> None:
     # volume is refused, never accepted as it is.
     forged = copy.deepcopy(once)
     token = next(v for v in forged["spec"]["volumes"] if v["name"] == manifests.TOKEN_VOLUME)
-    token["secret"]["secretName"] = "train-0-aegis-token"
+    token["secret"]["secretName"] = "train-0-aegis-pod-token"
     refused = _mutate(forged)
     assert not refused.allowed and manifests.TOKEN_VOLUME in refused.message
 
@@ -185,7 +185,7 @@ def test_hostile_fields_do_not_change_who_the_pod_is() -> None:
     assert not refused.allowed and "not controlled by the PyTorchJob 'victim'" in refused.message
     # a token volume of the pod's own choosing: refused
     chooser = pytorchjob_pod("worker", 0)
-    stolen = {"secretName": "train-0-aegis-token"}
+    stolen = {"secretName": "train-0-aegis-pod-token"}
     chooser["spec"]["volumes"] = [{"name": manifests.TOKEN_VOLUME, "secret": stolen}]
     refused = _mutate(chooser)
     assert not refused.allowed and "cannot choose its own Aegis volumes" in refused.message

@@ -128,8 +128,8 @@ async def test_pytorchjob_pods_come_out_wrapped_each_with_its_own_secret(webhook
         assert wrapped["metadata"]["labels"][webhook_patch.LABEL_RANK] == str(rank)
         volumes = {v["name"]: v for v in wrapped["spec"]["volumes"]}
         secret_name = volumes[manifests.TOKEN_VOLUME]["secret"]["secretName"]
-        assert secret_name == f"{name}-aegis-token"
-        job_token = _token(webhook.secret("train-aegis-token"))
+        assert secret_name == f"{name}-aegis-pod-token"
+        job_token = _token(webhook.secret("train-aegis-job-token"))
         job_tokens.add(job_token)
         # the pod's own secret, derived as the master checks it; never the job's
         assert _token(webhook.secret(secret_name)) == pod_token(job_token, "ml", "train", name)
@@ -138,7 +138,7 @@ async def test_pytorchjob_pods_come_out_wrapped_each_with_its_own_secret(webhook
         assert (owner["kind"], owner["name"], owner["uid"]) == ("PyTorchJob", "train", "uid-ptj")
     assert len(job_tokens) == 1  # one job secret, made once
     pods = ("train-0", "train-1", "train-2")
-    assert webhook.secrets() == {"train-aegis-token", *(f"{p}-aegis-token" for p in pods)}
+    assert webhook.secrets() == {"train-aegis-job-token", *(f"{p}-aegis-pod-token" for p in pods)}
 
 
 async def test_a_pytorchjob_without_master_has_its_workers_from_rank_0(webhook: Webhook) -> None:
@@ -146,14 +146,14 @@ async def test_a_pytorchjob_without_master_has_its_workers_from_rank_0(webhook: 
     pod["metadata"]["ownerReferences"][0]["name"] = "solo"
     _, answer = await webhook.post(review(pod, uid="solo-0"))
     wrapped = _admitted(pod, answer, "solo-0")
-    assert "solo-0-aegis-token" in {v.get("secret", {}).get("secretName")
+    assert "solo-0-aegis-pod-token" in {v.get("secret", {}).get("secretName")
                                     for v in wrapped["spec"]["volumes"]}  # fmt: skip
     orphan = pytorchjob_pod("worker", 0, job="gone")  # its PyTorchJob is not there
     orphan["metadata"]["ownerReferences"][0]["name"] = "gone"
     _, answer = await webhook.post(review(orphan, uid="gone-0"))
     assert answer["response"]["allowed"] is False
     assert "its PyTorchJob was not found" in answer["response"]["status"]["message"]
-    assert "gone-aegis-token" not in webhook.secrets()
+    assert "gone-aegis-job-token" not in webhook.secrets()
 
 
 async def test_a_trainjob_pod_comes_out_wrapped_and_a_replacement_keeps_its_secret(
@@ -164,11 +164,11 @@ async def test_a_trainjob_pod_comes_out_wrapped_and_a_replacement_keeps_its_secr
     wrapped = _admitted(pod, answer, "u1")
     main = wrapped["spec"]["containers"][0]
     assert main["command"][main["command"].index("--") + 1 :] == ["torchrun", "train.py"]
-    first = _token(webhook.secret("llm-1-aegis-token"))
+    first = _token(webhook.secret("llm-1-aegis-pod-token"))
     _, again = await webhook.post(review(jobset_pod(1), uid="u2"))  # the pod's replacement
     assert _admitted(pod, again, "u2") == wrapped
-    assert _token(webhook.secret("llm-1-aegis-token")) == first
-    assert first == pod_token(_token(webhook.secret("llm-aegis-token")), "ml", "llm", "llm-1")
+    assert _token(webhook.secret("llm-1-aegis-pod-token")) == first
+    assert first == pod_token(_token(webhook.secret("llm-aegis-job-token")), "ml", "llm", "llm-1")
 
 
 async def test_a_pod_without_the_label_is_untouched_and_gets_no_secret(webhook: Webhook) -> None:
@@ -188,7 +188,7 @@ async def test_a_dry_run_gets_the_same_answer_and_makes_no_secret(webhook: Webho
     assert webhook.secrets() == set()
     _, answer = await webhook.post(review(pod, uid="real"))
     assert _admitted(pod, answer, "real")
-    assert "train-1-aegis-token" in webhook.secrets()
+    assert "train-1-aegis-pod-token" in webhook.secrets()
 
 
 async def test_an_unwrappable_pod_is_refused_with_the_reason(webhook: Webhook) -> None:
@@ -242,6 +242,38 @@ async def test_a_pod_whose_secret_cannot_be_made_is_refused_not_started_without_
     assert response["allowed"] is False and "patch" not in response
     assert "train-1" in response["status"]["message"]
     assert "forbidden" in response["status"]["message"]
+
+
+class _SecretsOfAnAegisJob(_BrokenSecrets):
+    """The namespace holds AegisJob ``train``'s Secret when PyTorchJob ``train``'s pods come."""
+
+    def __init__(self) -> None:
+        owner = {"apiVersion": "aegis.dev/v1", "kind": "AegisJob", "name": "train", "uid": "a-1"}
+        self.stored: dict[str, Body] = {
+            "train-aegis-job-token": {
+                "metadata": {"name": "train-aegis-job-token", "ownerReferences": [owner]},
+                "data": {"token": base64.b64encode(b"the-aegisjobs").decode()},
+            }
+        }
+
+    async def ensure_secret(self, namespace: str, body: Body) -> None:
+        self.stored.setdefault(body["metadata"]["name"], body)
+
+    async def get_secret(self, namespace: str, name: str) -> Body | None:
+        return self.stored.get(name)
+
+
+async def test_a_pod_whose_jobs_secret_belongs_to_another_object_is_refused() -> None:
+    """An AegisJob and a PyTorchJob of one name: the 409 on the job's Secret kept the
+    AegisJob's, and the PyTorchJob's pod got a token derived from it (it could speak for the
+    AegisJob's pod of its rank). It is refused now, and no pod Secret is made."""
+    api = _SecretsOfAnAegisJob()
+    answer = await webhook_server.answer(review(pytorchjob_pod("worker", 0), uid="u"), SETTINGS,
+                                         api)  # fmt: skip
+    response = answer["response"]
+    assert response["allowed"] is False and "patch" not in response
+    assert "train-aegis-job-token is owned by ['a-1']" in response["status"]["message"]
+    assert set(api.stored) == {"train-aegis-job-token"}
 
 
 @pytest.mark.timeout(300)  # two fresh interpreters importing the whole CLI

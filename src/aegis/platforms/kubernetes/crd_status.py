@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec
 from aegis.core.phases import Phase
 from aegis.platforms.kubernetes import manifests
@@ -53,7 +54,30 @@ def drained_nodes(status: Mapping[str, Any] | None) -> dict[str, DrainedNode]:
 
 
 def token_secret_name(job: str) -> str:
-    return f"{job}-aegis-token"
+    """The job's Secret (``-job-``: never the name of a pod's, ``manifests.pod_token_secret_name``,
+    which job ``train-1`` and pod 1 of job ``train`` would otherwise share)."""
+    return f"{job}-aegis-job-token"
+
+
+class SecretOwnerError(AegisError):
+    """A Secret of the name Aegis gives a job's or a pod's token belongs to another object
+    (an AegisJob and a PyTorchJob of one name, a job deleted and made again): its token is
+    not used, nor one derived from it."""
+
+
+def check_owner(secret: Mapping[str, Any] | None, uid: str) -> None:
+    """Raises ``SecretOwnerError`` unless ``secret`` (when there is one) names ``uid`` among
+    its owners; an empty ``uid`` (an owner not known) checks nothing."""
+    if secret is None or not uid:
+        return
+    meta = secret.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    if any(isinstance(o, Mapping) and o.get("uid") == uid for o in owners):
+        return
+    found = [str(o.get("uid", ""))[:64] for o in owners if isinstance(o, Mapping)]
+    raise SecretOwnerError(f"Secret {str(meta.get('name', '?'))[:253]} is owned by "
+                           f"{found or 'nothing'}, not by {uid[:64]}: its token is not this "
+                           "job's")  # fmt: skip
 
 
 def job_spec(body: Mapping[str, Any]) -> JobSpec:

@@ -96,12 +96,18 @@ def _secret(job: manifests.JobView, name: str, token: str) -> Body:
     }  # fmt: skip
 
 
+async def _ensure_owned(api: ClusterApi, job: manifests.JobView, body: Body) -> Body | None:
+    """Create the Secret unless it exists; the one stored, which must be this job's
+    (``crd_status.SecretOwnerError`` otherwise: a 409 keeps another object's Secret)."""
+    await api.ensure_secret(job.namespace, body)
+    found = await api.get_secret(job.namespace, body["metadata"]["name"])
+    crd_status.check_owner(found, job.uid)
+    return found
+
+
 async def _job_token(api: ClusterApi, job: manifests.JobView) -> str:
     """The job's secret, as stored (made now if the Secret is missing: idempotent)."""
-    await api.ensure_secret(job.namespace, token_secret(job))
-    found = crd_status.token(
-        await api.get_secret(job.namespace, crd_status.token_secret_name(job.name))
-    )
+    found = crd_status.token(await _ensure_owned(api, job, token_secret(job)))
     if found is None:
         raise LookupError(f"job {job.namespace}/{job.name}: its token Secret has no token")
     return found
@@ -182,10 +188,10 @@ async def _create(api: ClusterApi, job: manifests.JobView, rank: int) -> bool:
     body = manifests.pod_manifest(job, rank)
     for attempt in range(CREATE_ATTEMPTS):
         try:
-            await api.ensure_secret(
-                job.namespace, pod_token_secret(job, rank, await _job_token(api, job))
-            )
+            await _ensure_owned(api, job, pod_token_secret(job, rank, await _job_token(api, job)))
             return await api.create_pod(job.namespace, body)
+        except crd_status.SecretOwnerError:
+            raise  # no retry makes it this job's
         except Exception as exc:
             if attempt == CREATE_ATTEMPTS - 1:
                 raise

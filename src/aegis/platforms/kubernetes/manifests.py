@@ -119,7 +119,7 @@ def _nodes(entries: Any) -> tuple[str, ...]:
 
 def pod_token_secret_name(pod: str) -> str:
     """The Secret holding only this pod's bootstrap secret (the one it mounts)."""
-    return f"{pod}-aegis-token"
+    return f"{pod}-aegis-pod-token"
 
 
 def pod_name(job: str, rank: int) -> str:

@@ -6,8 +6,8 @@ replica and acts only while that replica leads:
 
 - jobs: every ``poll_s`` it lists the AegisJobs (a resync loop); a job the store does not hold
   yet is submitted (``submit_job``: spec from ``.spec``, token from the Secret
-  ``<job>-aegis-token``) once every pod of the job is scheduled (the first record names each
-  pod's node); the leader's replica then adopts it like any job;
+  ``<job>-aegis-job-token``, owned by the job) once every pod of the job is scheduled (the first
+  record names each pod's node); the leader's replica then adopts it like any job;
 - status: the job's record in the store is mirrored into ``.status`` (phase, recover_count,
   per-pod retries and reasons, ErrorNodes, the user-facing line, conditions), whenever it
   changed, and at once when the master blacklists a node or ends the job (the operator places
@@ -93,6 +93,7 @@ class _Job:
     awaiting: dict[str, str] = field(default_factory=dict)  # pod -> uid of the pod replaced
     announced: set[tuple[str, str]] = field(default_factory=set)  # (pod, uid) reported back
     handled: set[str] = field(default_factory=set)  # request keys of this leadership term
+    secret_refused: bool = False  # its token Secret is another object's (said once)
     requests: Subscription | None = None
     # One thing at a time per job: a poll, a request, a mirror. Interleaved, a poll's record
     # read before a decision undid the wait the request set meanwhile, and two status writes
@@ -236,6 +237,13 @@ class KubernetesSide:
             log.warning("kubernetes: AegisJob %s refused: %s", job.key, exc)
             return
         secret = await self.api.get_secret(job.namespace, crd_status.token_secret_name(job.name))
+        try:
+            crd_status.check_owner(secret, view.uid)
+        except crd_status.SecretOwnerError as exc:  # another object's: never its token
+            if not job.secret_refused:
+                log.warning("kubernetes: AegisJob %s not submitted: %s", job.key, exc)
+                job.secret_refused = True
+            return
         token = crd_status.token(secret)
         if token is None:
             return  # the operator has not created it yet

@@ -10,7 +10,7 @@ JSONPatch) does what the operator does for an ``AegisJob``'s pods (``manifests.p
   where CMD is its ``command`` + ``args``. A container with ``args`` only relies on its image's
   ENTRYPOINT, which an admission webhook cannot see: the annotation ``aegis.dev/entrypoint``
   (a JSON list, e.g. ``["python"]``) names it; without it the pod is refused with that hint;
-- the pod mounts its own bootstrap secret, the Secret ``<P>-aegis-token`` (the webhook server
+- the pod mounts its own bootstrap secret, the Secret ``<P>-aegis-pod-token`` (the webhook server
   provisions it before answering, derived from the job's secret as the operator does);
 - the controller's environment (``MASTER_ADDR``, ``PET_*``, ``RANK``...) stays as it is; any
   ``AEGIS_*`` variable the pod's author wrote is dropped and replaced by the webhook's.

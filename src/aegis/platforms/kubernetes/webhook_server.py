@@ -3,9 +3,10 @@
 
 For a pod it wraps, the server first provisions that pod's bootstrap secret the way the
 operator does for an ``AegisJob``'s pods (``handlers.pod_token_secret``): the job's Secret
-``<job>-aegis-token`` (made once, a random token; the master reads it) and the pod's own
-``<pod>-aegis-token``, derived from it for the pod's identity (``wire.tokens.pod_token``), both
-owned by the job's object so they go with it. Only then is the pod allowed, mounting that one
+``<job>-aegis-job-token`` (made once, a random token; the master reads it) and the pod's own
+``<pod>-aegis-pod-token``, derived from it for the pod's identity (``wire.tokens.pod_token``),
+both owned by the job's object so they go with it; one of either name owned by another object
+is refused, never used. Only then is the pod allowed, mounting that one
 Secret: a pod never starts without its secret, and holds no other pod's. When the Secrets
 cannot be made the pod is refused (the controller retries the creation). A dry run (``kubectl
 apply --dry-run=server``) gets the same answer and makes nothing.
@@ -76,13 +77,22 @@ def _secret(who: webhook_identity.Identity, name: str, token: str) -> Body:
 async def provision(api: SecretsApi, who: webhook_identity.Identity) -> None:
     """The job's Secret (once) and the pod's, derived from it; idempotent."""
     job_secret = crd_status.token_secret_name(who.job)
-    await api.ensure_secret(who.namespace, _secret(who, job_secret, secrets.token_urlsafe(24)))
-    job_token = crd_status.token(await api.get_secret(who.namespace, job_secret))
+    made = await _ensure_owned(api, who, _secret(who, job_secret, secrets.token_urlsafe(24)))
+    job_token = crd_status.token(made)
     if job_token is None:
         raise LookupError(f"{who.namespace}/{job_secret} holds no token")
     pod_secret = _secret(who, manifests.pod_token_secret_name(who.pod),
                          pod_token(job_token, who.namespace, who.job, who.pod))  # fmt: skip
-    await api.ensure_secret(who.namespace, pod_secret)
+    await _ensure_owned(api, who, pod_secret)
+
+
+async def _ensure_owned(api: SecretsApi, who: webhook_identity.Identity, body: Body) -> Body | None:
+    """Create the Secret unless it exists; the one stored, which must be the job's (an
+    AegisJob's of the same name, or one left by a deleted job, is refused)."""
+    await api.ensure_secret(who.namespace, body)
+    found = await api.get_secret(who.namespace, body["metadata"]["name"])
+    crd_status.check_owner(found, str(who.owner.get("uid", "")))
+    return found
 
 
 async def answer(
