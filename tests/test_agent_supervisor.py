@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -91,6 +93,44 @@ async def test_restart_replaces_group_when_ordered(
     assert stopped is not None and stopped.reason is ports.ExitReason.STOPPED
     assert stopped.exit_status == 128 + 15
     await async_wait_until(lambda: waits.gone(int(grandchild2)))
+
+
+async def test_a_start_cancelled_midway_still_watches_its_child_and_stop_ends_it(
+    the_reaper: reaper.Reaper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent is SIGTERMed while it starts the training: the start is cancelled after the
+    spawn, while the output pipes open. The child is still watched, so ``stop()`` ends it and
+    returns (it waited for ever for an exit nobody watched)."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+    real_open = supervisor.pump.open_pump
+
+    async def held_open(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await gate.wait()
+        return await real_open(*args, **kwargs)
+
+    monkeypatch.setattr(supervisor.pump, "open_pump", held_open)
+    reports, lines = ports.RecordingReports(), Lines()
+    sup = make([PYTHON, "-c", "import time; time.sleep(600)"], the_reaper, reports, lines)
+    await sup.__aenter__()  # not ``async with``: its exit stops too, for ever without the fix
+    starting = asyncio.create_task(sup.start())
+    await asyncio.wait_for(entered.wait(), 60)
+    starting.cancel()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    child = sup.pid
+    assert child is not None
+    stopping = asyncio.ensure_future(sup.stop())
+    ended, _ = await asyncio.wait([stopping], timeout=60)
+    if not ended:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, 9)
+        pytest.fail("stop() waited for an exit nobody watched")
+    await sup.__aexit__(None, None, None)
+    report = stopping.result()
+    assert report is not None and report.reason is ports.ExitReason.STOPPED
+    assert not sup.running
 
 
 async def test_wait_skips_restarts_when_command_later_exits(the_reaper: reaper.Reaper) -> None:

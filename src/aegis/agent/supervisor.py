@@ -181,7 +181,7 @@ class Supervisor:
     async def start(self, env: Mapping[str, str] | None = None) -> None:
         """Spawn the command; a command that cannot run ends at once (status 127 or 126)."""
         async with self._lock:
-            await self._start(env)
+            await _to_the_end(self._start(env))
 
     async def stop(self) -> ports.ExitReport | None:
         """SIGTERM the group, SIGKILL it after the grace period; the exit, or None if never run."""
@@ -193,7 +193,7 @@ class Supervisor:
         async with self._lock:
             await self._stop(ports.ExitReason.RESTARTED)
             self._restart_count += 1
-            await self._start(env)
+            await _to_the_end(self._start(env))
 
     def send_signal(self, sig: int) -> None:
         """Forward ``sig`` to the command's process group."""
@@ -368,3 +368,22 @@ class Supervisor:
 
     def _background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         return self._tasks.create_task(tasks.guarded(coro, name), name=name)
+
+
+async def _to_the_end(start: Coroutine[Any, Any, None]) -> None:
+    """Run ``start`` to its end even when the caller is cancelled meanwhile (a SIGTERM while the
+    agent starts the training), then pass the cancellation on. Cut between the spawn and the
+    exit watcher, a start left a child nobody watched: its exit never came, and ``stop()``
+    waited for it for ever."""
+    task = asyncio.ensure_future(start)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
