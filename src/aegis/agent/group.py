@@ -90,16 +90,54 @@ async def wait_group_gone(pgid: int, deadline: float) -> bool:
 
 
 async def terminate_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM (and SIGCONT, for stopped members) the group, then SIGKILL it after ``grace_s``."""
+    """SIGTERM (and SIGCONT, for stopped members) the group, then SIGKILL it after ``grace_s``.
+    The leader's descendants in groups of their own (torchrun starts its workers in new
+    sessions), which a group's signal misses, are left to the leader to stop within the grace
+    period, and SIGKILLed with the group past it (or when they outlive it)."""
     loop = asyncio.get_running_loop()
+    escaped = _escaped(pgid)
     if signal_group(pgid, signal.SIGTERM):
         signal_group(pgid, signal.SIGCONT)
-    if await wait_group_gone(pgid, loop.time() + grace_s):
+    deadline = loop.time() + grace_s
+    group_gone = await wait_group_gone(pgid, deadline)
+    if group_gone and await _gone(escaped, deadline):
         return
-    log.warning("process group %s outlived its %.1f s grace period: SIGKILL", pgid, grace_s)
+    escaped = _alive([*escaped, *_escaped(pgid)])
+    log.warning("process group %s outlived its %.1f s grace period (%d process(es) in groups "
+                "of their own): SIGKILL", pgid, grace_s, len(escaped))  # fmt: skip
     signal_group(pgid, signal.SIGKILL)
+    _signal_all(escaped, signal.SIGKILL)
     if not await wait_group_gone(pgid, loop.time() + 5.0):
         log.error("process group %s survives SIGKILL", pgid)
+    if not await _gone(escaped, loop.time() + 5.0):
+        log.error("descendants of group %s survive SIGKILL", pgid)
+
+
+def _escaped(pgid: int) -> list[psutil.Process]:
+    """The group leader's live descendants outside its group. (While the group has members no
+    new process takes its id, so ``pgid`` is still that leader, or no process.)"""
+    try:
+        descendants = psutil.Process(pgid).children(recursive=True)
+    except psutil.Error:
+        return []
+    outside = []
+    for process in descendants:
+        try:
+            if os.getpgid(process.pid) != pgid:
+                outside.append(process)
+        except OSError:
+            continue
+    return _alive(outside)
+
+
+async def _gone(processes: list[psutil.Process], deadline: float) -> bool:
+    """Poll until none of ``processes`` lives or the loop time passes ``deadline``."""
+    loop = asyncio.get_running_loop()
+    while _alive(processes):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
 
 
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
