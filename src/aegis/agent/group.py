@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 
 import psutil
 
@@ -81,8 +82,13 @@ def members(pgid: int) -> list[psutil.Process]:
 
 async def wait_group_gone(pgid: int, deadline: float) -> bool:
     """Poll until the group is empty or the loop time passes ``deadline``."""
+    return await _until(lambda: not group_alive(pgid), deadline)
+
+
+async def _until(done: Callable[[], bool], deadline: float) -> bool:
+    """Poll ``done`` until it holds (True) or the loop time passes ``deadline`` (False)."""
     loop = asyncio.get_running_loop()
-    while group_alive(pgid):
+    while not done():
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(POLL_S)
@@ -132,12 +138,7 @@ def _escaped(pgid: int) -> list[psutil.Process]:
 
 async def _gone(processes: list[psutil.Process], deadline: float) -> bool:
     """Poll until none of ``processes`` lives or the loop time passes ``deadline``."""
-    loop = asyncio.get_running_loop()
-    while _alive(processes):
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(POLL_S)
-    return True
+    return await _until(lambda: not _alive(processes), deadline)
 
 
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
