@@ -117,7 +117,8 @@ async def test_linked_agent_forwards_signals_to_its_group_and_stops_on_sigterm(
 
 async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path) -> None:
     """A crashed link task (logged and raised by the agent) does not cut the clean-up short:
-    the link is closed, the saver's memory removed and the training stopped all the same."""
+    the link is closed, the training stopped, the saver stopped and its memory removed all the
+    same."""
     calls: list[str] = []
 
     class _Link:
@@ -134,7 +135,10 @@ async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path)
     crashed = asyncio.create_task(crash())
     await asyncio.wait({crashed})
     shm = tmp_path / "shm"
-    shm.mkdir()
-    daemon = process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
-    await linked._shut_down(_Link(), [crashed], _Sup(), daemon)  # type: ignore[arg-type]
-    assert calls == ["link closed", "training stopped"] and not shm.exists()
+    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "c"))
+    supervising = asyncio.create_task(daemon.supervise())
+    await async_wait_until(lambda: daemon.alive, 60, "the saver daemon")
+    saver = daemon, supervising
+    await linked._shut_down(_Link(), [crashed], _Sup(), saver, asyncio.Event())  # type: ignore[arg-type]
+    assert calls == ["link closed", "training stopped"]
+    assert not shm.exists() and not daemon.alive and supervising.done()

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_ERROR_EXIT = 2
 
+Saver = tuple[process.DaemonProcess, asyncio.Task[None]]  # the checkpoint saver, supervised
+
 
 async def run_linked(
     sup_settings: supervisor.SupervisorSettings,
@@ -64,24 +66,31 @@ async def run_linked(
         supervisor.Supervisor(argv, sup_settings, the_reaper, the_link, env=env) as sup,
     ):
         orders = executor.OrderExecutor(the_link, sup, host)
-        with pid1.signals(sup.send_signal, lambda: the_link.finish(128 + signal.SIGTERM)):
+        terminated = asyncio.Event()  # a SIGTERM: the agent ends now, nothing waits on the saver
+
+        def on_sigterm() -> None:
+            terminated.set()
+            the_link.finish(128 + signal.SIGTERM)
+
+        with pid1.signals(sup.send_signal, on_sigterm):
             tasks = [
                 asyncio.create_task(executor.beat(the_link, sup), name="heartbeat"),
                 asyncio.create_task(the_link.resend(), name="resend"),
                 asyncio.create_task(orders.run(), name="orders"),
             ]
+            saver: Saver | None = None
             if daemon_settings is not None:
-                saver = process.DaemonProcess(
+                daemon = process.DaemonProcess(
                     daemon_settings,
                     spawner=the_reaper,
                     on_commit=the_link.checkpoint_committed,
                     on_store=the_link.checkpoint_store,
                 )
-                tasks.append(asyncio.create_task(saver.supervise(), name="ckpt-saver"))
+                saver = daemon, asyncio.create_task(daemon.supervise(), name="ckpt-saver")
             try:
-                code = await _wait_done(the_link, tasks)
+                code = await _wait_done(the_link, [*tasks, *([saver[1]] if saver else [])])
             finally:
-                await _shut_down(the_link, tasks, sup, daemon_settings)
+                await _shut_down(the_link, tasks, sup, saver, terminated)
     return code
 
 
@@ -137,20 +146,33 @@ async def _shut_down(
     the_link: link.MasterLink,
     tasks: list[asyncio.Task[None]],
     sup: supervisor.Supervisor,
-    daemon_settings: process.DaemonSettings | None,
+    saver: Saver | None,
+    terminated: asyncio.Event,
 ) -> None:
-    """The link's tasks cancelled, the link closed, the saver's memory removed, then the training
-    group stopped (SIGTERM, grace, SIGKILL) while the signals are still handled: a SIGINT during
-    the grace period goes to the group, a second SIGTERM changes nothing."""
+    """The link's tasks cancelled, the link closed, then the training group stopped (SIGTERM,
+    grace, SIGKILL) while the signals are still handled: a SIGINT during the grace period goes
+    to the group, a second SIGTERM changes nothing. On the master's exit order (not on a
+    SIGTERM, and no longer once one comes) what the training handed to the saver is persisted
+    first (its last save returned once in shared memory; at most ``flush_s``); then the saver
+    is stopped and its memory removed."""
     for task in tasks:
         task.cancel()
     # (a task that crashed was logged and re-raised by ``_wait_done``: its error must not cut
     # the clean-up short)
     await asyncio.gather(*tasks, return_exceptions=True)
     await the_link.close()
-    if daemon_settings is not None:
-        shutil.rmtree(daemon_settings.shm_dir, ignore_errors=True)
-    await sup.stop()
+    try:
+        await sup.stop()
+    finally:
+        if saver is not None:
+            daemon, supervising = saver
+            try:
+                if not terminated.is_set():
+                    await daemon.flush(terminated)
+            finally:
+                supervising.cancel()
+                await asyncio.gather(supervising, return_exceptions=True)
+                shutil.rmtree(daemon.settings.shm_dir, ignore_errors=True)
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

@@ -35,10 +35,6 @@ from aegis.checkpoint.dcp import slot as dcp_slot
 log = logging.getLogger(__name__)
 
 
-def pending(shm: Path) -> list[int]:
-    return [s for s in lay.slot_steps(shm) if not lay.committed_marker(shm, s).exists()]
-
-
 def commit_one(
     shm: Path,
     ckpt: Path,
@@ -165,7 +161,7 @@ def serve(shm: Path, ckpt: Path, poll_s: float, max_write_mb_s: float, keep: int
     except OSError as exc:  # a read-only or vanished store: each attempt reports it
         log.error("checkpoint directory %s not usable: %s", ckpt, exc)
     while True:
-        steps = pending(shm)
+        steps = lay.pending(shm)
         if not steps:
             time.sleep(poll_s)
             continue

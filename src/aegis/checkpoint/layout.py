@@ -103,6 +103,11 @@ def slot_steps(shm: Path) -> list[int]:
     return _numbered(shm, _SLOT)
 
 
+def pending(shm: Path) -> list[int]:
+    """Steps handed off and not yet committed (the daemon's work still to do), ascending."""
+    return [s for s in slot_steps(shm) if not committed_marker(shm, s).exists()]
+
+
 def disk_steps(ckpt: Path) -> list[int]:
     """Steps with a ``step-<N>`` directory under ``ckpt``, complete or not, ascending."""
     return _numbered(ckpt, _STEP)

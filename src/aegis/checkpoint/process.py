@@ -39,6 +39,7 @@ class DaemonSettings:
     max_write_mb_s: float = 0.0
     keep: int = 3
     restart_delay_s: float = 0.2
+    flush_s: float = 120.0  # at the job's end, how long the last handed-off save may persist
 
     def argv(self) -> list[str]:
         return [
@@ -67,6 +68,7 @@ class DaemonProcess:
         self._store_offset = 0
         self.last_committed: int | None = None
         self.restarts = 0
+        self._supervised = False  # supervise() runs: a dead daemon is started again
 
     @property
     def pid(self) -> int | None:
@@ -145,6 +147,7 @@ class DaemonProcess:
 
     async def supervise(self) -> None:
         """Run until cancelled: keep the daemon alive and report commits (kills it on exit)."""
+        self._supervised = True
         try:
             if not self.alive:
                 await self.start()
@@ -158,7 +161,47 @@ class DaemonProcess:
                     await asyncio.sleep(self.settings.restart_delay_s)
                     await self.restart()
         finally:
+            self._supervised = False
             await asyncio.shield(self.stop())
+
+    async def flush(self, interrupted: asyncio.Event | None = None) -> list[int]:
+        """Wait until every handed-off save is persisted (a training's save returns once it is
+        in shared memory), at most ``flush_s``; see :func:`flush_given_up` for when it stops
+        waiting. The steps still not persisted (none: all is on disk)."""
+        shm, loop = self.settings.shm_dir, asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.flush_s
+        while left := lay.pending(shm):
+            why = flush_given_up(
+                store_down=(shm / outage.STORE_DOWN).exists(),
+                saver_running=self.alive or self._supervised,
+                interrupted=interrupted is not None and interrupted.is_set(),
+                timed_out=loop.time() >= deadline,
+            )
+            if why is not None:
+                log.error("checkpoint step(s) %s not persisted: %s", left, why)
+                return left
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_s * 5):  # the daemon's own pace
+                    await (interrupted or asyncio.Event()).wait()
+        return []
+
+
+def flush_given_up(
+    *, store_down: bool, saver_running: bool, interrupted: bool, timed_out: bool
+) -> str | None:
+    """Why waiting for a handed-off save to persist ends now, if it does: the durable directory
+    is down (the daemon retries with backoff, the memory copy is all there is), no daemon runs
+    to persist it, the agent was told to stop (a SIGTERM: the platform's grace period is not
+    spent on it), or ``flush_s`` passed."""
+    if interrupted:
+        return "the agent was stopped (SIGTERM)"
+    if store_down:
+        return "the checkpoint store is down"
+    if not saver_running:
+        return "no saver daemon runs"
+    if timed_out:
+        return "timed out"
+    return None
 
 
 def _tail(path: Path, offset: int) -> tuple[bytes, int]:
