@@ -10,6 +10,8 @@ once), and a SIGTERM during the wait ends it. A real daemon process and the real
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 
 from aegis.agent import linked
 from aegis.checkpoint import api, outage, process
+from aegis.spawn import spawner as spawning
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -153,3 +156,49 @@ def test_when_the_flush_gives_up() -> None:
     assert why(store_down=True) == "the checkpoint store is down"
     assert why(saver_running=False) == "no saver daemon runs"
     assert why(timed_out=True) == "timed out"
+
+
+async def test_a_link_that_fails_to_close_cuts_nothing_short(tmp_path: Path, shm: Path) -> None:
+    """The master is gone and closing its connection raises: the training is stopped, the
+    last save persisted, the saver stopped (while the agent's reaper still collects it) and its
+    memory removed all the same. Before, the saver was left running into the event loop's
+    teardown, where nothing collected it any more, and the agent never ended (found by the
+    emulated cluster's SIGKILLed-run test)."""
+    calls: list[str] = []
+
+    class _FailingLink(_Link):
+        async def close(self) -> None:
+            await super().close()
+            raise ConnectionError("nats: unexpected EOF")
+
+    ckpt = tmp_path / "ckpt"
+    daemon, supervising = await _saver_with_a_save(shm, ckpt, mb_s=20.0)
+    await linked._shut_down(_FailingLink(calls), [], _Sup(calls), (daemon, supervising),  # type: ignore[arg-type]
+                            asyncio.Event())  # fmt: skip
+    assert calls == ["link closed", "training stopped"]
+    assert not daemon.alive and supervising.done() and not shm.exists()
+    assert _on_disk(ckpt, tmp_path) == 7
+
+
+async def test_stopping_a_daemon_nothing_collects_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spawner that never reports the killed daemon's end (its reaper closed) does not hold
+    ``stop`` for ever: it gives up after ``STOP_WAIT_S``."""
+
+    class _Deaf(spawning.LocalSpawner):
+        async def wait(self, pid: int) -> int:
+            await asyncio.Event().wait()  # never
+            return 0
+
+    monkeypatch.setattr(process, "STOP_WAIT_S", 0.5)
+    settings = process.DaemonSettings(shm_dir=tmp_path / "shm", ckpt_dir=tmp_path / "ckpt")
+    daemon = process.DaemonProcess(settings, spawner=_Deaf())
+    await daemon.start()
+    pid = daemon.pid
+    assert pid is not None
+    try:
+        await daemon.stop()
+    finally:
+        with contextlib.suppress(ChildProcessError):  # the spawner's part, done here
+            os.waitpid(pid, 0)

@@ -154,25 +154,27 @@ async def _shut_down(
     to the group, a second SIGTERM changes nothing. On the master's exit order (not on a
     SIGTERM, and no longer once one comes) what the training handed to the saver is persisted
     first (its last save returned once in shared memory; at most ``flush_s``); then the saver
-    is stopped and its memory removed."""
+    is stopped and its memory removed. Whatever fails on the way, the rest is done (the saver
+    always stopped while the reaper still collects it)."""
     for task in tasks:
         task.cancel()
     # (a task that crashed was logged and re-raised by ``_wait_done``: its error must not cut
     # the clean-up short)
     await asyncio.gather(*tasks, return_exceptions=True)
-    await the_link.close()
     try:
+        try:
+            await the_link.close()
+        except Exception as exc:  # a dead master's connection: nothing left to close
+            log.warning("closing the link to the master: %r", exc)
         await sup.stop()
+        if saver is not None and not terminated.is_set():
+            await saver[0].flush(terminated)
     finally:
         if saver is not None:
             daemon, supervising = saver
-            try:
-                if not terminated.is_set():
-                    await daemon.flush(terminated)
-            finally:
-                supervising.cancel()
-                await asyncio.gather(supervising, return_exceptions=True)
-                shutil.rmtree(daemon.settings.shm_dir, ignore_errors=True)
+            supervising.cancel()
+            await asyncio.gather(supervising, return_exceptions=True)
+            shutil.rmtree(daemon.settings.shm_dir, ignore_errors=True)
 
 
 async def _wait_done(the_link: link.MasterLink, tasks: list[asyncio.Task[None]]) -> int:

@@ -27,6 +27,8 @@ from aegis.spawn import spawner as spawning
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 10.0  # a killed daemon is collected by then (the reaper runs on SIGCHLD)
+
 OnCommit = Callable[[int], Awaitable[None]]
 OnStore = Callable[[outage.StoreReport], Awaitable[None]]
 
@@ -96,10 +98,17 @@ class DaemonProcess:
         log.warning("checkpoint saver daemon %s exited (raw status %s)", pid, raw)
 
     async def stop(self) -> None:
+        """SIGKILL the daemon and wait until it is collected (at most ``STOP_WAIT_S``: a
+        spawner that no longer collects its children must not hold the agent's end)."""
         if self.alive and self._pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
-            await self._exited.wait()
+            try:
+                async with asyncio.timeout(STOP_WAIT_S):
+                    await self._exited.wait()
+            except TimeoutError:
+                log.error("checkpoint saver daemon %s killed, not collected in %g s",
+                          self._pid, STOP_WAIT_S)  # fmt: skip
 
     async def restart(self) -> None:
         await self.stop()
