@@ -74,16 +74,29 @@ def _on_disk(ckpt: Path, tmp_path: Path) -> int | None:
     return loaded[0]
 
 
+class _FailingLink(_Link):
+    async def close(self) -> None:
+        await super().close()
+        raise ConnectionError("nats: unexpected EOF")
+
+
+@pytest.mark.parametrize("link", [_Link, _FailingLink], ids=["link-closes", "link-close-fails"])
 async def test_on_the_exit_order_the_last_save_is_persisted_before_the_saver_stops(
-    tmp_path: Path, shm: Path
+    tmp_path: Path, shm: Path, link: type[_Link]
 ) -> None:
     """16 MiB at 20 MB/s: about 0.8 s of writing after the save returned. The shut-down waits
     for it, then stops the daemon and removes the memory: the step is on disk, whole. Without
-    the wait the daemon was killed mid-write and the only copy removed."""
+    the wait the daemon was killed mid-write and the only copy removed.
+
+    Also when the master is gone and closing its connection raises: the training is stopped,
+    the save persisted, the saver stopped (while the agent's reaper still collects it) and its
+    memory removed all the same. Before, the saver was left running into the event loop's
+    teardown, where nothing collected it any more, and the agent never ended (found by the
+    emulated cluster's SIGKILLed-run test)."""
     calls: list[str] = []
     ckpt = tmp_path / "ckpt"
     daemon, supervising = await _saver_with_a_save(shm, ckpt, mb_s=20.0)
-    await linked._shut_down(_Link(calls), [], _Sup(calls), (daemon, supervising),  # type: ignore[arg-type]
+    await linked._shut_down(link(calls), [], _Sup(calls), (daemon, supervising),  # type: ignore[arg-type]
                             asyncio.Event())  # fmt: skip
     assert calls == ["link closed", "training stopped"]
     assert not daemon.alive and supervising.done() and not shm.exists()
@@ -156,28 +169,6 @@ def test_when_the_flush_gives_up() -> None:
     assert why(store_down=True) == "the checkpoint store is down"
     assert why(saver_running=False) == "no saver daemon runs"
     assert why(timed_out=True) == "timed out"
-
-
-async def test_a_link_that_fails_to_close_cuts_nothing_short(tmp_path: Path, shm: Path) -> None:
-    """The master is gone and closing its connection raises: the training is stopped, the
-    last save persisted, the saver stopped (while the agent's reaper still collects it) and its
-    memory removed all the same. Before, the saver was left running into the event loop's
-    teardown, where nothing collected it any more, and the agent never ended (found by the
-    emulated cluster's SIGKILLed-run test)."""
-    calls: list[str] = []
-
-    class _FailingLink(_Link):
-        async def close(self) -> None:
-            await super().close()
-            raise ConnectionError("nats: unexpected EOF")
-
-    ckpt = tmp_path / "ckpt"
-    daemon, supervising = await _saver_with_a_save(shm, ckpt, mb_s=20.0)
-    await linked._shut_down(_FailingLink(calls), [], _Sup(calls), (daemon, supervising),  # type: ignore[arg-type]
-                            asyncio.Event())  # fmt: skip
-    assert calls == ["link closed", "training stopped"]
-    assert not daemon.alive and supervising.done() and not shm.exists()
-    assert _on_disk(ckpt, tmp_path) == 7
 
 
 async def test_stopping_a_daemon_nothing_collects_ends(
