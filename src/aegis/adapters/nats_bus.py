@@ -169,6 +169,13 @@ class NatsBus:
         return NatsSubscription(await self.client.subscribe(subject, cb=on_message))
 
     async def flush(self, timeout_s: float = 5.0) -> None:
+        """Return once everything sent before it has reached the server. nats-py's own flush
+        writes its PING straight to the socket, ahead of the commands still queued for its
+        flusher task: its PONG could come back before a SUB just made had left, and a message
+        another client published next was lost (about one in 40 here). So the queue is
+        written out first (nats-py has no public call for that), then the PING goes."""
+        async with asyncio.timeout(timeout_s):
+            await self.client._flush_pending(force_flush=True)
         await self.client.flush(timeout=max(1, round(timeout_s)))
 
     async def close(self) -> None:
