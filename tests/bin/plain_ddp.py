@@ -68,6 +68,13 @@ def resume(ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -
     return int(state["step"])
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Other ranks read these markers while this one writes them: never show a torn file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def wait_for(gate: str) -> None:
     while gate and not os.path.exists(gate):
         time.sleep(0.01)
@@ -130,16 +137,17 @@ def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bo
     target = data.sum(dim=1, keepdim=True)
     for step in range(start + 1, last + 1):
         times = ckpt_dir / f".crashes-rank-{args.crash_rank}"
-        count = int(times.read_text()) if times.exists() else 0
+        mine = rank == args.crash_rank
+        count = int(times.read_text()) if mine and times.exists() else 0
         at = args.crash_at_step + args.crash_step_shift * count
-        due = step >= at and args.crash_at_step >= 0 and rank == args.crash_rank
+        due = step >= at and args.crash_at_step >= 0 and mine
         if (
             due
             and count < args.crash_times
             and (not args.crash_when or Path(args.crash_when).exists())
         ):
-            crashed.write_text(str(step))
-            times.write_text(str(count + 1))
+            write_atomic(crashed, str(step))
+            write_atomic(times, str(count + 1))
             log(rank, f"crashing at step {step}")
             raise RuntimeError(f"injected crash of rank {rank} at step {step}")
         exited = ckpt_dir / f".exited-rank-{rank}"
