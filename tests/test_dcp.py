@@ -121,7 +121,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         sc.run("load:expect=step2.pt,report=restart.json", shms=pods)
         sc.restart_left_disk_alone = not sc.root.exists()
         hidden.rename(sc.root)
-        flip_a_data_byte(sc.root / "step-2", "__0_0.distcp")
+        flip_a_data_byte(sc.root / "step-2", shard_files(sc.root / "step-2")[0])
         sc.run("load:expect=step1.pt,report=fallback.json",
                f"load:reader=fs,id={sc.root / 'step-1'},expect=step1.pt,report=fs.json",
                shms=replacement)  # fmt: skip
@@ -145,9 +145,15 @@ def test_dcp_steps_are_committed_by_every_pod_in_dcp_format_when_daemons_persist
     scenario: Scenario,
 ) -> None:
     assert scenario.committed() == [2, 2]  # what the agent tails and reports to the master
+    saves = []
     for step in (1, 2):
         names = sorted(p.name for p in (scenario.root / f"step-{step}").iterdir())
-        assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert names[0] == ".metadata" and len(names) == 3, names
+        (save,) = {name.removesuffix(".distcp").split("_")[-1] for name in names[1:]}
+        assert names[1:] == [f"__0_{save}.distcp", f"__1_{save}.distcp"]
+        assert shard_files(scenario.root / f"step-{step}") == names[1:]
+        saves.append(save)
+    assert saves[0] != saves[1]  # each save names its own files
 
 
 def test_dcp_aegis_checkpoint_loads_with_filesystem_reader_when_read_by_dcp_alone(
@@ -176,7 +182,17 @@ def test_dcp_load_falls_back_to_previous_step_and_reshards_when_newest_shard_is_
 ) -> None:
     assert scenario.report("fallback.json") == {
         "differences": [], "step": 1, "source": "disk", "world": 1}  # fmt: skip
-    assert "DCP checkpoint step 2 skipped: __0_0.distcp: checksum mismatch" in scenario.logs
+    shard = shard_files(scenario.root / "step-2")[0]
+    assert f"DCP checkpoint step 2 skipped: {shard}: checksum mismatch" in scenario.logs
+
+
+def shard_files(where: Path) -> list[str]:
+    """The files ``.metadata`` names, rank 0's first."""
+    import torch  # noqa: F401  (the metadata pickle holds torch types)
+
+    with (where / ".metadata").open("rb") as src:
+        meta = pickle.load(src)
+    return sorted({i.relative_path for i in meta.storage_data.values()})
 
 
 def flip_a_data_byte(where: Path, name: str) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aegis.checkpoint.dcp import slot, torchsave, zipimage
+from aegis.checkpoint import store
+from aegis.checkpoint.dcp import slot, torchsave, writer, zipimage
 
 
 def fill(pieces: list[zipimage.Piece], raw: bytes) -> bytes:
@@ -125,3 +126,62 @@ def test_coordinator_slot_is_abandoned_when_other_ranks_files_never_come(tmp_pat
     assert not (where / slot.METADATA).exists()
     data = (where / "__0_0.distcp").read_bytes()
     assert data == b"literal-bytes" + b"\0" * 8 + zlib.crc32(b"\0" * 8).to_bytes(4, "little")
+
+
+def _slot(where: Path, *, coordinator: bool, wait_for: tuple[str, ...] = ()) -> slot.DcpSlot:
+    return slot.DcpSlot(
+        step=3, buffer=0, data_bytes=64, directory=where,
+        files=(slot.FileSpec(writer.file_name(0 if coordinator else 1, "b"),
+                             (("lit", 0, 13), ("buf", 0, 8), ("crc", 0, 8))),),
+        index=(0, 0), metadata=(13, 8) if coordinator else None, wait_for=wait_for,
+    )  # fmt: skip
+
+
+def _shm(tmp_path: Path) -> Path:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "buf-0").write_bytes(b"\0" * 64)
+    return shm
+
+
+def test_the_coordinator_never_takes_an_earlier_saves_file_for_its_peers(tmp_path: Path) -> None:
+    """Step 3 saved again after a restart: the peer's file of the first, unfinished save is
+    still there, and it is not the file the coordinator waits for."""
+    shm, where = _shm(tmp_path), tmp_path / "dcp" / "step-3"
+    where.mkdir(parents=True)
+    (where / writer.file_name(1, "a")).write_bytes(b"the first save's")
+    dcp = _slot(where, coordinator=True, wait_for=(writer.file_name(1, "b"),))
+    slot.hand_off(shm, dcp, b"literal-bytes" + b"METADATA")
+    with pytest.raises(slot.AbandonedStepError):
+        slot.persist(shm, dcp, keep=3, wait_s=0.0)
+    assert not (where / slot.METADATA).exists()
+    assert writer.file_name(1, "a") != writer.file_name(1, "b")
+
+
+def test_a_file_of_a_replaced_slot_never_goes_into_place(tmp_path: Path) -> None:
+    """What was read of a slot replaced meanwhile may mix two saves: no file of it is left
+    where the coordinator would take it; read whole, it goes into place."""
+    shm, where = _shm(tmp_path), tmp_path / "dcp" / "step-3"
+    dcp = _slot(where, coordinator=False)
+    slot.hand_off(shm, dcp, b"literal-bytes")
+    with pytest.raises(store.SlotReplacedError):
+        slot.persist(shm, dcp, keep=3, still_handed=lambda: False)
+    assert list(where.iterdir()) == []  # neither the file nor its temporary copy
+    assert slot.persist(shm, dcp, keep=3, still_handed=lambda: True) == where
+    assert [p.name for p in where.iterdir()] == [writer.file_name(1, "b")]
+
+
+def test_the_coordinator_writes_no_metadata_when_its_slot_is_replaced_while_it_waits(
+    tmp_path: Path,
+) -> None:
+    shm, where = _shm(tmp_path), tmp_path / "dcp" / "step-3"
+    where.mkdir(parents=True)
+    (where / writer.file_name(1, "b")).write_bytes(b"the peer's")
+    dcp = _slot(where, coordinator=True, wait_for=(writer.file_name(1, "b"),))
+    slot.hand_off(shm, dcp, b"literal-bytes" + b"METADATA")
+    answers = iter([True, False])  # its own file read whole; replaced before .metadata
+    with pytest.raises(store.SlotReplacedError):
+        slot.persist(shm, dcp, keep=3, still_handed=lambda: next(answers))
+    assert sorted(p.name for p in where.iterdir()) == sorted(
+        [writer.file_name(0, "b"), writer.file_name(1, "b")]
+    )  # no .metadata, and no temporary copy of it

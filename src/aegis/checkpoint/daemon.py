@@ -48,8 +48,8 @@ def commit_one(
     if dcp is None:
         final = store.persist(shm, ckpt, step, max_write_mb_s, still_handed)
     else:  # a torch distributed checkpoint: DCP's own format, in its directory
-        final = dcp_slot.persist(shm, dcp, keep)
-        if still_handed is not None and not still_handed():
+        final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed)
+        if still_handed is not None and not still_handed():  # after .metadata: not in shm
             raise store.SlotReplacedError(step)
     store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
     older = [s for s in lay.slot_steps(shm) if s < step]

@@ -20,12 +20,13 @@ import os
 import shutil
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aegis.checkpoint import layout as lay
+from aegis.checkpoint.store import SlotReplacedError
 from aegis.core.errors import AegisError
 
 METADATA = ".metadata"
@@ -108,16 +109,27 @@ def hand_off(shm: Path, slot: DcpSlot, blob: bytes) -> None:
                      durable=False)  # fmt: skip
 
 
-def persist(shm: Path, slot: DcpSlot, keep: int, wait_s: float = 600.0) -> Path:
+def persist(
+    shm: Path,
+    slot: DcpSlot,
+    keep: int,
+    wait_s: float = 600.0,
+    still_handed: Callable[[], bool] | None = None,
+) -> Path:
     """Write this rank's files of ``slot`` into its directory (each fsync'd, renamed into place),
     then, on the coordinator, wait for the other ranks' files and write ``.metadata`` last
-    (:class:`AbandonedStepError` when they are not there within ``wait_s``)."""
+    (:class:`AbandonedStepError` when they are not there within ``wait_s``). A file goes into
+    place, and ``.metadata`` is written, only while ``still_handed()`` says the slot was not
+    replaced since it was read (:class:`SlotReplacedError`, nothing of it left): a save that
+    went on meanwhile may have overwritten the buffer, and the coordinator takes any file
+    there as this save's."""
     blob = lay.slot_pkl(shm, slot.step).read_bytes()
     where = slot.directory
     where.mkdir(parents=True, exist_ok=True)
     with _mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
         for spec in slot.files:
             _write_file(where, spec.name, spec.pieces, blob, data)
+            _place(where, spec.name, slot.step, still_handed)
     lay.fsync_dir(where)
     if slot.metadata is None:
         return where
@@ -129,6 +141,7 @@ def persist(shm: Path, slot: DcpSlot, keep: int, wait_s: float = 600.0) -> Path:
         raise AbandonedStepError(f"step {slot.step} abandoned, not committed: {exc}") from None
     at, n = slot.metadata
     _write_file(where, METADATA, [("lit", at, n)], blob, memoryview(b""))
+    _place(where, METADATA, slot.step, still_handed)
     lay.fsync_dir(where)
     prune(where.parent, keep)
     return where
@@ -147,9 +160,23 @@ def _mapped(path: Path, size: int) -> Any:
             view.release()
 
 
+def _tmp(where: Path, name: str) -> Path:
+    return where / f".{name}.tmp-{os.getpid()}"
+
+
+def _place(where: Path, name: str, step: int, still_handed: Callable[[], bool] | None) -> None:
+    """Rename the written file into place, unless the slot was replaced since it was read."""
+    tmp = _tmp(where, name)
+    if still_handed is not None and not still_handed():
+        tmp.unlink(missing_ok=True)
+        raise SlotReplacedError(step)
+    tmp.rename(where / name)
+
+
 def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
                 data: memoryview) -> None:  # fmt: skip
-    tmp = where / f".{name}.tmp-{os.getpid()}"
+    """Write the file beside its place (``_place`` puts it there)."""
+    tmp = _tmp(where, name)
     crcs: dict[tuple[int, int], bytes] = {}
     with tmp.open("wb") as out:
         for kind, at, n in pieces:
@@ -166,7 +193,6 @@ def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
                 raise ValueError(f"unknown piece {kind!r} in the slot of {where / name}")
         out.flush()
         os.fsync(out.fileno())
-    tmp.rename(where / name)
 
 
 def _wait_for(where: Path, names: Sequence[str], wait_s: float) -> None:

@@ -46,10 +46,19 @@ class _Assignment:
     step: int
     rank: int
     ranks: int
+    save: str  # the coordinator's id of this save: in every file name
 
     @property
     def file(self) -> str:
-        return f"__{self.rank}_0{SUFFIX}"
+        return file_name(self.rank, self.save)
+
+
+def file_name(rank: int, save: str) -> str:
+    """A rank's file of one save. The save's id is in the name because a step can be saved
+    again (after a restart resumed from an earlier one) into a directory where files of the
+    unfinished first save are left: the coordinator waits for this save's files, never for
+    those, and its ``.metadata`` names only this save's."""
+    return f"__{rank}_{save}{SUFFIX}"
 
 
 @dataclasses.dataclass
@@ -120,7 +129,8 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
 
     def prepare_global_plan(self, plans: list[dpl.SavePlan]) -> list[dpl.SavePlan]:
         step = max(p.storage_data.step for p in plans)
-        return [dataclasses.replace(p, storage_data=_Assignment(step, i, len(plans)))
+        save = uuid.uuid4().hex[:12]  # fresh each save (DCP resets a writer only given an id)
+        return [dataclasses.replace(p, storage_data=_Assignment(step, i, len(plans), save))
                 for i, p in enumerate(plans)]  # fmt: skip
 
     def write_data(
@@ -153,7 +163,7 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
         slot = sl.DcpSlot(
             step=assignment.step, buffer=buffer, data_bytes=base, directory=directory,
             files=(sl.FileSpec(assignment.file, tuple(pieces)),), index=spot,
-            wait_for=tuple(f"__{r}_0{SUFFIX}" for r in range(assignment.ranks)
+            wait_for=tuple(file_name(r, assignment.save) for r in range(assignment.ranks)
                            if r != assignment.rank),
         )  # fmt: skip
         self._staged = None
