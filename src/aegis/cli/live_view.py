@@ -27,6 +27,7 @@ from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
 from aegis.platforms.local import LocalPlatform
 from aegis.wire import messages as m
+from aegis.wire.logsafe import terminal_safe
 
 PHASE_STYLE = {
     Phase.PENDING: "dim", Phase.BOOT_CHECKING: "cyan", Phase.RUN_COMMAND: "green",
@@ -102,7 +103,7 @@ def render(state: ViewState, now: float | None = None) -> RenderableType:
         step = state.steps.get(pod)
         table.add_row(
             pod, info.node or "-", Text(info.inner_phase.value, PHASE_STYLE[info.inner_phase]),
-            str(info.retries), "-" if step is None else str(step), Text(last),
+            str(info.retries), "-" if step is None else str(step), Text(terminal_safe(last)),
         )  # fmt: skip
     parts: list[RenderableType] = [header, table]
     if state.steps:
@@ -114,7 +115,8 @@ def render(state: ViewState, now: float | None = None) -> RenderableType:
         else:
             parts.append(Text(f"step {slowest} (slowest pod)"))
     if status.error_nodes:
-        parts.append(Text("error nodes: " + ", ".join(e.node for e in status.error_nodes)))
+        nodes = ", ".join(e.node for e in status.error_nodes)
+        parts.append(Text(terminal_safe(f"error nodes: {nodes}")))
     return Group(*parts)
 
 
@@ -140,7 +142,7 @@ class ConsoleLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.console.print(Text(self.format(record)))
+            self.console.print(Text(terminal_safe(self.format(record))))
         except Exception:
             self.handleError(record)
 

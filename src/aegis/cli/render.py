@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus, pods_by_rank, retries_of
+from aegis.wire import logsafe
 
 
 def pod_table(spec: JobSpec, status: JobStatus, title: str = "") -> Table:
@@ -71,7 +75,16 @@ def describe_actions(actions: tuple[act.Action, ...], event: ev.Event | None = N
     return "; ".join(parts) if parts else "-"
 
 
+class PeerSafeConsole(Console):
+    """A console whose strings (printed, or cells of a table) are escaped for the terminal
+    (:func:`logsafe.terminal_safe`): reasons and names come from peers and tracebacks."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(logsafe.terminal_safe(text), **kwargs)
+
+
 def make_console(stderr: bool = False) -> Console:
-    """A console that prints text as it is: reasons and names come from peers and tracebacks
-    (gloo's ``[/path/pair.cc:537]`` is no markup tag), so no markup is read in them."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False)
+    """A console that prints text as it is, but escaped for the terminal: reasons and names
+    come from peers and tracebacks (gloo's ``[/path/pair.cc:537]`` is no markup tag), so no
+    markup is read in them and no control character reaches the terminal."""
+    return PeerSafeConsole(stderr=stderr, highlight=False, soft_wrap=True, markup=False)

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from aegis.adapters import netns
-from aegis.cli import live_view, options, run_view
+from aegis.cli import live_view, options, render, run_view
 from aegis.core.model import name_problem
 from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
@@ -284,7 +284,8 @@ def _view_and_logging(
 ) -> run_view.PlainView | live_view.LiveView:
     if view not in ("auto", "live", "plain"):
         raise typer.BadParameter("one of auto, live, plain", param_hint="--view")
-    the_view = choose_view(view, Console(markup=False, highlight=False), total_steps)  # type: ignore[arg-type]
+    console = render.PeerSafeConsole(markup=False, highlight=False)
+    the_view = choose_view(view, console, total_steps)  # type: ignore[arg-type]
     logging.basicConfig(
         handlers=[log_handler(the_view, verbose=verbose)],
         level=logging.INFO if verbose else logging.WARNING,

@@ -13,6 +13,7 @@ from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
 from aegis.platforms.local import LocalPlatform
+from aegis.wire.logsafe import terminal_safe
 
 
 class WatchedJob(Protocol):
@@ -93,4 +94,4 @@ class PlainView:
 
     def _line(self, text: str) -> None:
         now = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
-        print(f"{now} aegis: {text}", file=self.out, flush=True)
+        print(f"{now} aegis: {terminal_safe(text)}", file=self.out, flush=True)

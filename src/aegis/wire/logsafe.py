@@ -1,7 +1,8 @@
 """Peer-supplied text in the logs: truncated and escaped (``shown``), and warnings about
 peer input at a bounded rate (``RateLimitedLog``), so no peer can forge a log line (a newline)
 or fill the disk (a megabyte pod name, a flood of bad messages). Counts are kept elsewhere,
-exactly; these only bound what is written."""
+exactly; these only bound what is written. On a terminal, peer text is escaped too
+(``terminal_safe``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ def shown(text: str, limit: int = SHOWN_MAX) -> str:
     but printable ASCII escaped (``\\n``, ``\\x1b``, ``\\u202e``); a longer one says its length."""
     head = ascii(text[:limit])
     return head if len(text) <= limit else f"{head}... ({len(text)} characters)"
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` fit for a terminal: every character that is not printable (control characters
+    but newline and tab, DEL, the C1 range, bidi overrides and other format characters)
+    escaped as ``\\x1b``, ``\\u202e``: a peer's string (a traceback line, a check's result)
+    cannot move the cursor, clear the screen, set the title or reorder what is shown."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
 
 
 class RateLimitedLog:
