@@ -1,7 +1,7 @@
 """Peer text on the operator's terminal: a traceback line or a check's result that carries
 escape sequences (clear the screen, set the title, a C1 CSI, a bidi override) is shown escaped
-by ``aegis replay``, ``aegis status``, ``aegis incidents`` and both views of ``aegis run``;
-the text itself stays readable."""
+by ``aegis replay``, ``aegis status``, ``aegis incidents``, both views of ``aegis run`` and
+its log lines; the text itself stays readable."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aegis.cli import live_view, run_view
+from aegis.cli import live_view, run_cmd, run_view
 from aegis.cli import main as cli
 from aegis.core import actions as act
 from aegis.core import events as ev
@@ -87,3 +87,15 @@ def test_the_plain_view_shows_a_peers_escape_sequences_escaped() -> None:
     view.on_event(runner, ev.SlowdownReported(f"slow{HOSTILE}"), (record,))  # type: ignore[arg-type]
     assert not [c for c in RAW if c in out.getvalue()], out.getvalue()
     assert f"fault: demo-1: boom{SHOWN} (counted)" in out.getvalue()
+
+
+def test_the_log_lines_of_a_plain_run_show_a_peers_escape_sequences_escaped() -> None:
+    handler = run_cmd.log_handler(run_view.PlainView(io.StringIO()), verbose=True)
+    assert isinstance(handler, logging.StreamHandler)
+    assert isinstance(handler.stream, run_view.TerminalSafeStream)
+    out = io.StringIO()
+    handler.stream.inner = out
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.emit(logging.makeLogRecord({"msg": "job %s: fault of %s (%s)",
+                                        "args": ("demo", "demo-1", f"boom{HOSTILE}")}))  # fmt: skip
+    assert out.getvalue() == f"job demo: fault of demo-1 (boom{SHOWN})\n"

@@ -136,7 +136,7 @@ def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool)
     handler = (
         view.log_handler()
         if isinstance(view, live_view.LiveView)
-        else logging.StreamHandler(sys.stderr)
+        else logging.StreamHandler(run_view.TerminalSafeStream(sys.stderr))
     )
     if not verbose:
         handler.addFilter(run_view.NotShownByTheView())

@@ -43,6 +43,20 @@ SHOWN_BY_THE_VIEW = frozenset({
 })  # fmt: skip
 
 
+class TerminalSafeStream:
+    """What is written goes to ``inner`` escaped (:func:`terminal_safe`): the log lines of
+    ``aegis run`` on stderr carry peers' reasons."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        return self.inner.write(terminal_safe(text))
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
 class NotShownByTheView(logging.Filter):
     """Lets through the log records that a view does not already show (``SHOWN_BY_THE_VIEW``)."""
 
