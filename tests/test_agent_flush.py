@@ -193,3 +193,24 @@ async def test_stopping_a_daemon_nothing_collects_ends(
     finally:
         with contextlib.suppress(ChildProcessError):  # the spawner's part, done here
             os.waitpid(pid, 0)
+
+
+async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path) -> None:
+    """A crashed link task (logged and raised by the agent) does not cut the clean-up short:
+    the link is closed, the training stopped, the saver stopped and its memory removed all the
+    same."""
+    calls: list[str] = []
+
+    async def crash() -> None:
+        raise RuntimeError("a link task crashed")
+
+    crashed = asyncio.create_task(crash())
+    await asyncio.wait({crashed})
+    shm = tmp_path / "shm"
+    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "c"))
+    supervising = asyncio.create_task(daemon.supervise())
+    await async_wait_until(lambda: daemon.alive, 60, "the saver daemon")
+    saver = daemon, supervising
+    await linked._shut_down(_Link(calls), [crashed], _Sup(calls), saver, asyncio.Event())  # type: ignore[arg-type]
+    assert calls == ["link closed", "training stopped"]
+    assert not shm.exists() and not daemon.alive and supervising.done()

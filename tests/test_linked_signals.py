@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from aegis.agent import linked, pid1
-from aegis.checkpoint import process
+from aegis.agent import pid1
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.master.job_runner import JobRunner
@@ -113,32 +112,3 @@ async def test_linked_agent_forwards_signals_to_its_group_and_stops_on_sigterm(
     finally:
         if not job.done():
             job.cancel()
-
-
-async def test_the_shut_down_cleans_up_after_a_task_that_crashed(tmp_path: Path) -> None:
-    """A crashed link task (logged and raised by the agent) does not cut the clean-up short:
-    the link is closed, the training stopped, the saver stopped and its memory removed all the
-    same."""
-    calls: list[str] = []
-
-    class _Link:
-        async def close(self) -> None:
-            calls.append("link closed")
-
-    class _Sup:
-        async def stop(self) -> None:
-            calls.append("training stopped")
-
-    async def crash() -> None:
-        raise RuntimeError("a link task crashed")
-
-    crashed = asyncio.create_task(crash())
-    await asyncio.wait({crashed})
-    shm = tmp_path / "shm"
-    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "c"))
-    supervising = asyncio.create_task(daemon.supervise())
-    await async_wait_until(lambda: daemon.alive, 60, "the saver daemon")
-    saver = daemon, supervising
-    await linked._shut_down(_Link(), [crashed], _Sup(), saver, asyncio.Event())  # type: ignore[arg-type]
-    assert calls == ["link closed", "training stopped"]
-    assert not shm.exists() and not daemon.alive and supervising.done()
