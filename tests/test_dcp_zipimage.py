@@ -185,3 +185,17 @@ def test_the_coordinator_writes_no_metadata_when_its_slot_is_replaced_while_it_w
     assert sorted(p.name for p in where.iterdir()) == sorted(
         [writer.file_name(0, "b"), writer.file_name(1, "b")]
     )  # no .metadata, and no temporary copy of it
+
+
+def test_the_coordinator_stops_waiting_for_its_peers_when_its_slot_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """After a restart the step is saved anew: the first save's peers' files will never come,
+    and the coordinator's daemon goes on with the new save at once, not after ``wait_s``."""
+    shm, where = _shm(tmp_path), tmp_path / "dcp" / "step-3"
+    dcp = _slot(where, coordinator=True, wait_for=(writer.file_name(1, "b"),))
+    slot.hand_off(shm, dcp, b"literal-bytes" + b"METADATA")
+    answers = iter([True, True, False])  # its own file read whole; replaced while it waits
+    with pytest.raises(store.SlotReplacedError):
+        slot.persist(shm, dcp, keep=3, wait_s=120.0, still_handed=lambda: next(answers))
+    assert [p.name for p in where.iterdir()] == [writer.file_name(0, "b")]

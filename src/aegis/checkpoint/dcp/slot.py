@@ -134,7 +134,7 @@ def persist(
     if slot.metadata is None:
         return where
     try:
-        _wait_for(where, slot.wait_for, wait_s)
+        _wait_for(where, slot.wait_for, wait_s, lambda: _check_handed(slot.step, still_handed))
     except TimeoutError as exc:  # a peer's copy is gone (its pod replaced): never complete
         for path in (lay.slot_json(shm, slot.step), lay.slot_pkl(shm, slot.step)):
             path.unlink(missing_ok=True)
@@ -167,9 +167,11 @@ def _tmp(where: Path, name: str) -> Path:
 def _place(where: Path, name: str, step: int, still_handed: Callable[[], bool] | None) -> None:
     """Rename the written file into place, unless the slot was replaced since it was read."""
     tmp = _tmp(where, name)
-    if still_handed is not None and not still_handed():
+    try:
+        _check_handed(step, still_handed)
+    except SlotReplacedError:
         tmp.unlink(missing_ok=True)
-        raise SlotReplacedError(step)
+        raise
     tmp.rename(where / name)
 
 
@@ -195,9 +197,17 @@ def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
         os.fsync(out.fileno())
 
 
-def _wait_for(where: Path, names: Sequence[str], wait_s: float) -> None:
+def _check_handed(step: int, still_handed: Callable[[], bool] | None) -> None:
+    if still_handed is not None and not still_handed():
+        raise SlotReplacedError(step)
+
+
+def _wait_for(where: Path, names: Sequence[str], wait_s: float, check: Callable[[], None]) -> None:
+    """Until every file is there; ``check`` raises to stop waiting (the slot was replaced: after
+    a restart the step is saved anew, under other names, and this save will never complete)."""
     deadline = time.monotonic() + wait_s
     while missing := [n for n in names if not (where / n).exists()]:
+        check()
         if time.monotonic() > deadline:
             raise TimeoutError(f"{where}: other ranks' files {missing} not written in {wait_s} s")
         time.sleep(0.02)
