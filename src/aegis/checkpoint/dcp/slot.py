@@ -113,6 +113,7 @@ def persist(
     shm: Path,
     slot: DcpSlot,
     keep: int,
+    *,
     wait_s: float = 600.0,
     still_handed: Callable[[], bool] | None = None,
 ) -> Path:
