@@ -186,22 +186,23 @@ def test_dcp_load_falls_back_to_previous_step_and_reshards_when_newest_shard_is_
     assert f"DCP checkpoint step 2 skipped: {shard}: checksum mismatch" in scenario.logs
 
 
-def shard_files(where: Path) -> list[str]:
-    """The files ``.metadata`` names, rank 0's first."""
+def storage_infos(where: Path) -> list[Any]:
+    """Where ``.metadata`` says each item is (file, offset, length)."""
     import torch  # noqa: F401  (the metadata pickle holds torch types)
 
     with (where / ".metadata").open("rb") as src:
         meta = pickle.load(src)
-    return sorted({i.relative_path for i in meta.storage_data.values()})
+    return list(meta.storage_data.values())
+
+
+def shard_files(where: Path) -> list[str]:
+    """The files ``.metadata`` names, rank 0's first."""
+    return sorted({i.relative_path for i in storage_infos(where)})
 
 
 def flip_a_data_byte(where: Path, name: str) -> None:
     """Flip one byte in the middle of the largest tensor's data (``data/0``) in file ``name``."""
-    import torch  # noqa: F401  (the metadata pickle holds torch types)
-
-    with (where / ".metadata").open("rb") as src:
-        meta = pickle.load(src)
-    info = max((i for i in meta.storage_data.values() if i.relative_path == name),
+    info = max((i for i in storage_infos(where) if i.relative_path == name),
                key=lambda i: i.length)  # fmt: skip
     path = where / name
     raw = bytearray(path.read_bytes())
