@@ -29,6 +29,13 @@ late in at least ``persist`` of the last ``windows`` windows, and it is the only
 whichever rank the scheduler happens to hold up, now one, now another, and is no straggler.
 ``min_late`` is a quarter of a step: on a machine loaded to six times its cores the scheduler
 alone kept one healthy rank about 0.2 steps behind for several 3-s windows.
+A figure is the median of the pod's samples in its window, at most one a heartbeat and one a
+step. With short steps a window wants about ten (``window_s`` of ten heartbeats, as the
+defaults give): under a 2-core busy loop, with steps of 65 ms, a single step end was up to
+several steps off, and the median of three put a healthy rank 0.3 to 0.8 steps behind in
+about one 3-s window in six; the median of twelve, never more than 0.16. With long steps a
+window holds fewer (one a step), but a scheduler's delay is then a small part of a step, so
+``min_samples`` only keeps out a pod with next to none.
 The score exported per node is the median of the pod's figures over those windows.
 
 What this signal sees and what it does not: it sees a rank that ends its steps after its peers,
