@@ -104,6 +104,25 @@ def test_a_pod_that_ends_its_steps_late_is_named_after_several_windows(pods: int
     assert "steps behind its peers, late in" in named[-1].why
 
 
+def test_long_steps_make_long_enough_windows_to_name_a_straggler() -> None:
+    """Steps of 5 s in 5-s windows: a window holds one or two step ends a pod, fewer than
+    ``min_samples`` (3), so windows of ``window_s`` alone would judge nobody ever. A window
+    lasts ``min_samples`` + 1 step periods instead; the pod half a step late is named, and a
+    healthy job of the same pace names nobody."""
+    s = settings()
+    assert stragglers.window_length_s(s, None) == s.window_s
+    assert stragglers.window_length_s(s, PERIOD_S) == s.window_s
+    assert stragglers.window_length_s(s, 5.0) == 20.0
+    watch = StragglerWatch(s)
+    late = straggler_from("j-1", 30.0, 2.5)
+    named = simulate(watch, 4, 0.0, 400.0, late, period_at=lambda t: 5.0, jitter_s=0.05)
+    assert named[-1] is not None and named[-1].pod == "j-1", list(watch.history)
+    assert watch.period is not None and 4.9 < watch.period < 5.1
+    healthy = StragglerWatch(s)
+    assert set(simulate(healthy, 4, 0.0, 400.0, period_at=lambda t: 5.0, jitter_s=0.05)) == {None}
+    assert len(healthy.history) == s.windows  # judged, not silent
+
+
 def test_clocks_of_different_hosts_need_no_synchronisation() -> None:
     """Each pod's clock is off by up to an hour: the offsets are estimated from the beats
     (the least delayed one), and the straggler is still named, nobody else."""

@@ -34,8 +34,9 @@ step. With short steps a window wants about ten (``window_s`` of ten heartbeats,
 defaults give): under a 2-core busy loop, with steps of 65 ms, a single step end was up to
 several steps off, and the median of three put a healthy rank 0.3 to 0.8 steps behind in
 about one 3-s window in six; the median of twelve, never more than 0.16. With long steps a
-window holds fewer (one a step), but a scheduler's delay is then a small part of a step, so
-``min_samples`` only keeps out a pod with next to none.
+window holds fewer (one a step), but a scheduler's delay is then a small part of a step; a
+window lasts at least ``min_samples`` + 1 step periods (:func:`window_length_s`), or a job
+with steps longer than a third of ``window_s`` would never get a figure.
 The score exported per node is the median of the pod's figures over those windows.
 
 What this signal sees and what it does not: it sees a rank that ends its steps after its peers,
@@ -121,6 +122,15 @@ class Straggler:
             f"{self.score:.2f} steps {behind}, late in {self.late_windows} of the "
             f"last {self.windows} windows"
         )
+
+
+def window_length_s(settings: StragglerSettings, period: float | None) -> float:
+    """How long a window lasts: ``window_s``, or with long steps (``period`` s; None: not known
+    yet) ``min_samples`` + 1 step periods, so that every pod can end ``min_samples`` steps in
+    it (a window holds at most one sample a step) with one to spare."""
+    if period is None or period <= 0:
+        return settings.window_s
+    return max(settings.window_s, (settings.min_samples + 1) * period)
 
 
 def median_mad(values: Sequence[float]) -> tuple[float, float]:

@@ -171,6 +171,7 @@ class StragglerWatch:
     # the input times' windows (a rank slow before the collective)
     input_history: collections.deque[stragglers.Window] = field(default_factory=collections.deque)
     named: stragglers.Straggler | None = None  # the straggler, as of the last window
+    period: float | None = None  # the last window's step period (long steps: longer windows)
     # for the job record (``aegis status``): {"scores": {pod: score}, "named": pod, "why": ...},
     # a new dict at each window; ``named_changed`` until the job runner took the change
     summary: dict[str, Any] = field(default_factory=dict)
@@ -193,7 +194,7 @@ class StragglerWatch:
         if s.window_s <= 0:
             return
         if seq != self.seq:
-            self.seq, self.window_start = seq, None
+            self.seq, self.window_start, self.period = seq, None, None
             self._name(None)
             self.summary = {}
             self.pods.clear()
@@ -208,14 +209,15 @@ class StragglerWatch:
             ends.append((step, step_ts, now))
             if input_s is not None:
                 steps.inputs.append((input_s, now))
-        while ends and ends[0][2] < now - KEPT_WINDOWS * s.window_s:
+        length = stragglers.window_length_s(s, self.period)
+        while ends and ends[0][2] < now - KEPT_WINDOWS * length:
             ends.popleft()
         inputs = steps.inputs
-        while inputs and inputs[0][1] < now - KEPT_WINDOWS * s.window_s:
+        while inputs and inputs[0][1] < now - KEPT_WINDOWS * length:
             inputs.popleft()
         if self.window_start is None:
             self.window_start = now
-        elif now - self.window_start >= s.window_s:
+        elif now - self.window_start >= length:
             self._close_window(now)
 
     def _close_window(self, now: float) -> None:
@@ -228,6 +230,7 @@ class StragglerWatch:
         window = stragglers.window(timelines, since, s.min_samples)
         self.window_start = now
         period = window.period_s if window is not None else stragglers.period_s(timelines)
+        self.period = period if period is not None else self.period
         inputs = {
             str(pod): [v for v, arrived in steps.inputs if arrived >= since]
             for pod, steps in self.pods.items()
