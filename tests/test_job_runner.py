@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -301,3 +302,46 @@ async def test_a_drains_checkpoint_request_waits_for_steps_and_a_heartbeat_place
     )
     [order] = [o.data for o in harness.orders if o.data.order is Order.CHECKPOINT]  # type: ignore[union-attr]
     assert int(order.env[m.CKPT_STEP_ENV]) > 20  # type: ignore[union-attr]
+
+
+async def test_a_cancellation_that_a_write_swallowed_still_stops_the_job_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.11 nats-py's reply wait (``wait_for``) returns the reply when the task's
+    cancellation comes with it: the status write under way when a master's service closed
+    returned as if nothing had happened, and the job's loop went on deciding (a CI run hung,
+    then named a pod lost 60 s later). The loop stops at its next turn all the same."""
+    spec = JobSpec("job", "ns", 2, 1)
+    bus, store = memory.MemoryBus(), memory.MemoryStore()
+    runner = JobRunner(
+        spec, initial_status(spec, [NodeName("node-0"), NodeName("node-1")]), bus=bus,
+        store=store, platform=RecordingPlatform(), settings=JobSettings(order_resend_s=60),
+        log_dir=tmp_path,
+    )  # fmt: skip
+    await runner.start(["node-0", "node-1"])
+    writing, put = asyncio.Event(), store.put
+
+    async def put_that_swallows(key: str, value: bytes, *, expected_revision: int | None) -> int:
+        if not writing.is_set():  # the first write
+            writing.set()
+            # its reply is on its way, and arrives with the cancellation: 3.11's wait_for
+            # returns the reply
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+        return await put(key, value, expected_revision=expected_revision)
+
+    monkeypatch.setattr(store, "put", put_that_swallows)
+    task = asyncio.create_task(runner.run())
+    msg = m.Message(job="job", namespace="ns", pod="job-0", type=m.MessageType.ACK,
+                    phase=Phase.PENDING, seq=0, ts=0.0, data=m.AckData())  # fmt: skip
+    await bus.publish(worker_subject(runner.prefix, "job-0"), codec.encode(msg))
+    await async_wait_until(writing.is_set, what="the ACK's status write")
+    task.cancel()
+    try:
+        await async_wait_until(task.done, what="the job's loop to stop")
+    finally:
+        runner.close()  # (the loop went on) stop it all the same
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert task.cancelled()
+    assert runner.status.outstanding == 1  # the ACK was taken; nothing after it was decided

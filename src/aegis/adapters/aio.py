@@ -9,7 +9,10 @@ teardown that way. Such loops call ``raise_if_cancelled`` each time round: the t
 remembers that it was asked to stop (``Task.cancelling``). They compare against the count at
 their start (``cancellations``), because 3.11's ``TaskGroup`` can leave one behind that nobody
 meant for them (a child that fails while the group is waiting for it, after a cancellation it
-swallowed).
+swallowed). nats-py's forced flush (``NatsBus.flush``) drops a ``CancelledError`` outright. The
+job runner's loop is such a loop too: a swallowed cancellation left a master deciding after its
+service had closed (one test in five, here). Aegis' own timed waits use ``asyncio.timeout``,
+which keeps both kinds of cancellation apart in 3.11.
 """
 
 from __future__ import annotations

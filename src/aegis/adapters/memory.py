@@ -122,8 +122,9 @@ class MemoryLeaseStore:
             return
         left = min(timeout_s, max(0.0, self._expires_at - self.clock()))
         async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see adapters.aio
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
 
     async def stop_watching(self) -> None:
         return None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from aegis.adapters.aio import cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore, Subscription
@@ -245,10 +246,15 @@ class JobRunner:
     # -- the loop ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Until the job ends, ``close`` or a cancellation. A cancellation that a write or a
+        publish swallowed (nats-py's replies on Python 3.11, see ``adapters.aio``) still stops
+        the loop at its next turn: a CI run's master kept deciding after its service closed."""
+        since = cancellations()
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch_heartbeats(), name=f"heartbeats:{self.spec.job}")
             group.create_task(self._resend_orders(), name=f"resend:{self.spec.job}")
             while not self.done.is_set():
+                raise_if_cancelled(since)
                 batch = [await self.queue.get()]
                 while not self.queue.empty() and len(batch) < BATCH_MAX:
                     batch.append(self.queue.get_nowait())
@@ -384,7 +390,8 @@ class JobRunner:
 
 
 async def _sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
-    try:
-        await asyncio.wait_for(done.wait(), timeout=delay_s)
-    except TimeoutError:
-        return
+    """``asyncio.timeout``, not ``wait_for``: 3.11's ``wait_for`` turns a cancellation that meets
+    its own timeout into ``TimeoutError``, which this would take for the end of a sleep."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await done.wait()

@@ -84,8 +84,9 @@ class PlatformServer:
                 self.quits_sent += 1
             except Exception as exc:  # the connection is back soon: try again
                 log.warning("platform: the quit was not published: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ended.wait(), REPEAT_QUIT_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see adapters.aio
+                async with asyncio.timeout(REPEAT_QUIT_S):
+                    await self.ended.wait()
 
     async def _on(self, subject: str, payload: bytes) -> None:
         try:
