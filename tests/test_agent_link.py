@@ -1,4 +1,5 @@
-"""The agent under a master: fallback to independent mode, refusal of a wrong token."""
+"""The agent under a master: fallback to independent mode, refusal of a wrong token, a hostile
+master's refusal shown on one line."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from aegis.adapters.grpc import creds as grpc_creds
+from aegis.adapters.grpc._generated import aegis_pb2_grpc
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats, free_port
 from aegis.wire import messages as m
@@ -155,3 +158,30 @@ def test_a_traceback_is_the_fault_only_when_it_is_what_ended_the_process(
     assert kind is m.MessageType.ERROR and isinstance(error, m.ErrorData)
     assert error.fault_class == sent_class and error.exit_code == exit_status
     assert "python_traceback: KeyError: 3" in error.lines  # the evidence travels in any case
+
+
+class _HostileCreds(aegis_pb2_grpc.CredentialsServicer):
+    """A 'master' whose refusal carries a newline, a forged agent line and escape sequences."""
+
+    async def SyncWorkerCreds(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, FORGED)
+
+
+FORGED = "no\naegis agent: forged line\x1b[2J\x1b]0;owned\x07\u202e"
+
+
+async def test_a_masters_refusal_is_shown_on_one_line_escaped(tmp_path: Path) -> None:
+    server = grpc.aio.server()
+    aegis_pb2_grpc.add_CredentialsServicer_to_server(_HostileCreds(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        result = await asyncio.to_thread(_agent, tmp_path, f"127.0.0.1:{port}", "t", "echo never")
+    finally:
+        await server.stop(grace=None)
+    assert result.returncode == 2
+    assert "never" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aegis agent: error: the master refused"), lines
+    assert "no\\naegis agent: forged line\\x1b[2J\\x1b]0;owned\\x07\\u202e" in lines[0]
+    assert not any(c in result.stderr for c in ("\x1b", "\x07", "\u202e"))

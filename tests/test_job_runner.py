@@ -100,10 +100,25 @@ def healthy() -> m.ChecksData:
     return m.ChecksData(m.CheckResponse([result]))
 
 
+def _runner(
+    tmp_path: Path, bus: Any, store: Any, platform: RecordingPlatform, **settings: float
+) -> JobRunner:
+    """A runner of a two-pod job (one retry) on nodes node-0 and node-1."""
+    spec = JobSpec("job", "ns", 2, 1)
+    return JobRunner(
+        spec,
+        initial_status(spec, [NodeName("node-0"), NodeName("node-1")]),
+        bus=bus,
+        store=store,
+        platform=platform,
+        settings=JobSettings(order_resend_s=60, **settings),
+        log_dir=tmp_path,
+    )
+
+
 @pytest.fixture
 async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     """The runner on the in-memory bus, or (``indirect`` param "nats") on a real nats-server."""
-    spec = JobSpec("job", "ns", 2, 1)
     server = None
     if getattr(request, "param", "memory") == "nats":
         server = EmbeddedNats(None)
@@ -112,15 +127,7 @@ async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
     else:
         bus = memory.MemoryBus()
     store, platform = memory.MemoryStore(), RecordingPlatform()
-    runner = JobRunner(
-        spec,
-        initial_status(spec, [NodeName("node-0"), NodeName("node-1")]),
-        bus=bus,
-        store=store,
-        platform=platform,
-        settings=JobSettings(heartbeat_timeout_s=0.5, order_resend_s=60),
-        log_dir=tmp_path,
-    )
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5)
     h = Harness(runner, bus, store, platform)
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
@@ -311,13 +318,8 @@ async def test_a_cancellation_that_a_write_swallowed_still_stops_the_job_loop(
     cancellation comes with it: the status write under way when a master's service closed
     returned as if nothing had happened, and the job's loop went on deciding (a CI run hung,
     then named a pod lost 60 s later). The loop stops at its next turn all the same."""
-    spec = JobSpec("job", "ns", 2, 1)
     bus, store = memory.MemoryBus(), memory.MemoryStore()
-    runner = JobRunner(
-        spec, initial_status(spec, [NodeName("node-0"), NodeName("node-1")]), bus=bus,
-        store=store, platform=RecordingPlatform(), settings=JobSettings(order_resend_s=60),
-        log_dir=tmp_path,
-    )  # fmt: skip
+    runner = _runner(tmp_path, bus, store, RecordingPlatform())
     await runner.start(["node-0", "node-1"])
     writing, put = asyncio.Event(), store.put
 

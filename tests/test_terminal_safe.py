@@ -18,7 +18,7 @@ from aegis.cli import main as cli
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
-from aegis.wire.logsafe import terminal_safe
+from aegis.wire.logsafe import one_line, terminal_safe
 
 TRACE = Path(__file__).parent.parent / "examples" / "traces" / "seed-worked-example.jsonl"
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\u202e\x9b\r"
@@ -31,6 +31,12 @@ def test_terminal_safe_escapes_what_is_not_printable_and_keeps_the_rest() -> Non
     kept = "训练 step 7: ValueError('x')\n\tat line 3 \\ done"
     assert terminal_safe(kept) == kept
     assert terminal_safe("\x00\x7f\u2066") == r"\x00\x7f\u2066"
+
+
+def test_one_line_escapes_newlines_too_and_says_what_it_cut() -> None:
+    assert one_line(f"a\n\tb{HOSTILE}") == rf"a\n\tb{SHOWN}"
+    assert one_line("训练 step 7 \\ done") == "训练 step 7 \\ done"
+    assert one_line("x" * 10 + "\n", limit=4) == "xxxx... (11 characters)"
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ their start (``cancellations``), because 3.11's ``TaskGroup`` can leave one behi
 meant for them (a child that fails while the group is waiting for it, after a cancellation it
 swallowed). nats-py's forced flush (``NatsBus.flush``) drops a ``CancelledError`` outright. The
 job runner's loop is such a loop too: a swallowed cancellation left a master deciding after its
-service had closed (one test in five, here). Aegis' own timed waits use ``asyncio.timeout``,
-which keeps both kinds of cancellation apart in 3.11.
+service had closed (in 7 runs of 26 of one test, here). Aegis' own timed waits use
+``asyncio.timeout``, which keeps both kinds of cancellation apart in 3.11.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
 from aegis.agent import executor, link, link_settings, pid1, reaper, supervisor, transport
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
+from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +103,19 @@ async def _connect(the_link: link.MasterLink) -> int | None:
         await the_link.connect()
     except transport.LinkUnavailableError as exc:
         print(
-            f"aegis agent: warning: master {target} unreachable ({exc}); "
+            f"aegis agent: warning: master {target} unreachable ({one_line(str(exc))}); "
             "running the command independently, without fault tolerance",
             file=sys.stderr,
             flush=True,
         )
         return None
     except TlsRefusedError as exc:
-        print(f"aegis agent: error: no TLS session with the master: {exc.detail}",
+        print(f"aegis agent: error: no TLS session with the master: {one_line(exc.detail)}",
               file=sys.stderr)  # fmt: skip
         return CONFIG_ERROR_EXIT
     except CredsRefusedError as exc:
-        print(f"aegis agent: error: the master refused credentials: {exc}", file=sys.stderr)
+        print(f"aegis agent: error: the master refused credentials: {one_line(str(exc))}",
+              file=sys.stderr)  # fmt: skip
         return CONFIG_ERROR_EXIT
     return 0
 

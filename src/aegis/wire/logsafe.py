@@ -2,7 +2,7 @@
 peer input at a bounded rate (``RateLimitedLog``), so no peer can forge a log line (a newline)
 or fill the disk (a megabyte pod name, a flood of bad messages). Counts are kept elsewhere,
 exactly; these only bound what is written. On a terminal, peer text is escaped too
-(``terminal_safe``)."""
+(``terminal_safe``; ``one_line`` where it must stay one line)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 SHOWN_MAX = 64
+LINE_MAX = 400
 
 
 def shown(text: str, limit: int = SHOWN_MAX) -> str:
@@ -25,9 +26,21 @@ def terminal_safe(text: str) -> str:
     but newline and tab, DEL, the C1 range, bidi overrides and other format characters)
     escaped as ``\\x1b``, ``\\u202e``: a peer's string (a traceback line, a check's result)
     cannot move the cursor, clear the screen, set the title or reorder what is shown."""
+    return _escaped(text, keep="\n\t")
+
+
+def one_line(text: str, limit: int = LINE_MAX) -> str:
+    """``text`` fit for one line of a terminal or a log, unquoted: as ``terminal_safe``, with
+    newlines and tabs escaped too, so a peer's reason (a master's refusal) cannot forge the
+    next line; at most ``limit`` characters of it (a longer one says its length)."""
+    head = _escaped(text[:limit], keep="")
+    return head if len(text) <= limit else f"{head}... ({len(text)} characters)"
+
+
+def _escaped(text: str, keep: str) -> str:
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in text)
 
 
 class RateLimitedLog:
