@@ -1,6 +1,8 @@
 """Restart or stop (issue 18): the same error at the same step in ``repeat_limit`` incarnations
 in a row ends the job Failed with that verdict, long before the budget is spent; a fault at
-another step, another error, or a fault of another kind in between starts the count again."""
+another step, another error, or a fault of another kind in between starts the count again. A
+peer's closed connection at the same step (the same crash, seen by another rank first) neither
+starts it again nor hides the error that the run is about."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 from aegis.core import actions as act
 from aegis.core import events as ev
 from aegis.core.phases import Phase
+from aegis.core.recovery import NO_RUN, FaultClass, Run, run_after
 from aegis.wire import eventlog, status_json
 from tests.core_helpers import Driver
 
@@ -19,6 +22,16 @@ TRACEBACK = "python_traceback"
 
 def _crash(d: Driver, step: int | None, reason: str = "ValueError: bad sample 4711") -> None:
     d.feed(ev.PodErrored(d.pod(1), d.status.phase, d.status.seq, reason, TRACEBACK, step))
+
+
+def _peer_saw_it(d: Driver, step: int, port: int) -> None:
+    """Rank 0's report of rank 1's crash reaches the master first: its connection closed (gloo
+    names the peer's port, another each incarnation). It gets a round of checks; all pass."""
+    reason = f"RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:{port}"
+    d.feed(ev.PodErrored(d.pod(0), d.status.phase, d.status.seq, reason, FaultClass.CONNECTION,
+                         step))  # fmt: skip
+    assert d.status.phase is Phase.TROUBLESHOOTING
+    d.answer_all()
 
 
 def test_the_same_error_at_the_same_step_three_times_stops_the_job() -> None:
@@ -105,3 +118,54 @@ def test_when_the_budget_is_spent_by_the_same_fault_the_budget_says_it() -> None
         _crash(d, 150)
     assert d.status.phase is Phase.FAILED and d.status.recover_count == 3  # max_retry + 1
     assert any(isinstance(a, act.EndJob) and "budget" in a.reason for a in d.actions)
+
+
+def test_a_peers_closed_connection_first_does_not_hide_the_repeated_error() -> None:
+    d = Driver(max_retry=10)
+    d.to_running()
+    _crash(d, 150)
+    _peer_saw_it(d, 150, 40001)  # the second incarnation's crash, as rank 0 saw it
+    assert d.status.phase is Phase.RUN_COMMAND and d.status.repeat_count == 2
+    _crash(d, 150)
+    assert d.status.phase is Phase.FAILED
+    [end] = [a for a in d.actions if isinstance(a, act.EndJob)]
+    assert end.reason.startswith(
+        "the same fault 3 times in a row at step 150 (ValueError: bad sample 4711)"
+    )
+
+
+def test_a_run_that_peers_began_takes_the_errors_name_and_another_step_begins_anew() -> None:
+    d = Driver(max_retry=10)
+    d.to_running()
+    _peer_saw_it(d, 150, 40001)
+    _peer_saw_it(d, 150, 40002)
+    assert (d.status.repeat_step, d.status.repeat_reason, d.status.repeat_count) == (150, "", 2)
+    _peer_saw_it(d, 151, 40003)  # another step: a run of one
+    assert d.status.repeat_count == 1
+    _peer_saw_it(d, 151, 40004)
+    _crash(d, 151)  # the error itself, at the run's step: the run's third, and its name
+    assert d.status.phase is Phase.FAILED
+    [end] = [a for a in d.actions if isinstance(a, act.EndJob)]
+    assert "3 times in a row at step 151 (ValueError: bad sample 4711)" in end.reason
+
+
+CONN, TB = FaultClass.CONNECTION.value, TRACEBACK
+
+
+@pytest.mark.parametrize(
+    ("run", "fault", "after"),
+    [
+        (NO_RUN, (7, "E", TB), (7, "E", 1)),
+        (NO_RUN, (7, "closed", CONN), (7, "", 1)),
+        ((7, "E", 1), (7, "E", TB), (7, "E", 2)),
+        ((7, "E", 2), (7, "closed", CONN), (7, "E", 3)),
+        ((7, "", 2), (7, "E", TB), (7, "E", 3)),
+        ((7, "E", 2), (7, "F", TB), (7, "F", 1)),  # another error
+        ((7, "E", 2), (8, "closed", CONN), (8, "", 1)),  # another step
+        ((7, "E", 2), (None, "E", TB), NO_RUN),  # no step known
+        ((7, "E", 2), (7, "E", FaultClass.NCCL_TIMEOUT.value), (7, "E", 3)),
+        ((7, "E", 2), (7, "E", FaultClass.GPU_XID.value), (7, "E", 3)),  # (its own words)
+    ],
+)
+def test_the_run_after_a_fault(run: Run, fault: tuple[int | None, str, str], after: Run) -> None:
+    assert run_after(run, *fault) == after

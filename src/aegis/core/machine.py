@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from aegis.core import actions as act
-from aegis.core import departures, resolution, rounds, updates
+from aegis.core import departures, recovery, resolution, rounds, updates
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus, PodInfo, PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Order, Phase
@@ -95,9 +95,10 @@ def _on_round_message(spec: JobSpec, status: JobStatus, msg: ev.RoundMessage, no
             return _count_fault(spec, status, msg.pod, f"exit code {code}", now, leaving=None)
         case ev.PodErrored(reason=reason, fault_class=cls, step=step) if phase is Phase.RUN_COMMAND:
             checks = _needs_checks(spec, cls)
-            key = None if step is None else (step, reason)
+            last = (status.repeat_step, status.repeat_reason, status.repeat_count)
+            run = recovery.run_after(last, step, reason, cls)
             return _count_fault(
-                spec, status, msg.pod, reason, now, leaving=None, checks=checks, repeat=key
+                spec, status, msg.pod, reason, now, leaving=None, checks=checks, repeat=run
             )
         case ev.HangReported(reason=reason, blame=blame) if phase is Phase.RUN_COMMAND:
             marked = rounds.mark_slow(status, msg.pod, info) if blame else status
@@ -171,23 +172,21 @@ def _count_fault(
     *,
     leaving: Phase | None,
     checks: bool = True,
-    repeat: tuple[int, str] | None = None,
+    repeat: recovery.Run = recovery.NO_RUN,
 ) -> Result:
     """Transition 5: one fault of ``pod`` in RunCommand. ``leaving``: the pod's inner phase when
     it is gone (Restarting: awaiting a replacement; Pending: restarted, must ACK again).
     ``checks``: whether a present pod's fault needs a troubleshooting round (a software fault
-    does not: every pod restarts in place at once). ``repeat``: (step, what it said) of an
-    error at a known step: the same one ``spec.repeat_limit`` times in a row stops the job."""
+    does not: every pod restarts in place at once). ``repeat``: the run of the same error at
+    the same step that this fault makes (``recovery.run_after``; none for a fault of another
+    kind): ``spec.repeat_limit`` in a row stops the job."""
     info = status.pod_infos[pod]
-    count = 0
-    if repeat is not None:
-        same = (status.repeat_step, status.repeat_reason) == repeat
-        count = status.repeat_count + 1 if same else 1
+    at, said, count = repeat
     verdict = ""
     spent = info.retries + 1 > spec.max_retry or rounds.budget_exhausted(spec, status)
-    if repeat is not None and spec.repeat_limit and count >= spec.repeat_limit and not spent:
-        verdict = (f"the same fault {count} times in a row at step {repeat[0]} "
-                   f"({repeat[1]}): a restart does not fix it; stopping")  # fmt: skip
+    if spec.repeat_limit and count >= spec.repeat_limit and not spent:
+        verdict = (f"the same fault {count} times in a row at step {at} "
+                   f"({said or reason}): a restart does not fix it; stopping")  # fmt: skip
     counted = updates.pod(
         info, retries=info.retries + 1, last_failed_reason=verdict or reason, updated_ts=now
     )
@@ -195,8 +194,8 @@ def _count_fault(
         status,
         pod_infos=status.pod_infos.set(pod, counted),
         recover_count=_capped_recover_count(spec, status),
-        repeat_step=repeat[0] if repeat is not None else -1,
-        repeat_reason=repeat[1] if repeat is not None else "",
+        repeat_step=at,
+        repeat_reason=said,
         repeat_count=count,
     )
     record = act.RecordFault(pod=pod, reason=reason, counted=True)

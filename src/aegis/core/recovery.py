@@ -115,6 +115,34 @@ def fault_rank(fault_class: str) -> int:
 # lost pod still gets the round.
 SOFTWARE_FAULT_CLASSES: frozenset[str] = frozenset({FaultClass.PYTHON_TRACEBACK})
 
+# Fault classes that another pod's fault causes: when one rank dies, its peers see their
+# connections close or their collectives time out, and such a report may reach the master
+# before the one that names the cause.
+CONSEQUENTIAL_FAULT_CLASSES: frozenset[str] = frozenset(
+    {FaultClass.CONNECTION, FaultClass.NCCL_TIMEOUT}
+)
+
+Run = tuple[int, str, int]  # the same fault in a row: (step, what it said, how many times)
+NO_RUN: Run = (-1, "", 0)
+
+
+def run_after(run: Run, step: int | None, reason: str, fault_class: str) -> Run:
+    """The run of the same fault after one more error (restart or stop). A fault at no known
+    step ends the run. A consequential fault at the run's step continues it, and says nothing
+    of what the fault was (``""`` when it starts a run): it is the same incarnation's crash
+    seen by a peer first. A fault that names itself continues a run at its step that said the
+    same, or that only consequential faults made; anything else starts a run of one."""
+    last_step, said, count = run
+    if step is None:
+        return NO_RUN
+    consequential = fault_class in CONSEQUENTIAL_FAULT_CLASSES
+    if count == 0 or step != last_step:
+        return step, "" if consequential else reason, 1
+    if consequential:
+        return step, said, count + 1
+    return step, reason, count + 1 if said in ("", reason) else 1
+
+
 # Exit code of an agent told to restart its container (level 2); level 3 exits 1.
 CONTAINER_RESTART_EXIT_CODE = 75
 NODE_BAD_EXIT_CODE = 1

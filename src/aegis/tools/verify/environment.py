@@ -1,6 +1,7 @@
 """What the world may do to a job at any point: the environment of the model checker.
 
-Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error, report a hang,
+Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error (a software
+error, the same one at the same step, a peer's closed connection at that step), report a hang,
 lose its heartbeat or restart, or be drained (and the drain's deadline pass); any message may
 come again (duplicate) or carry the previous or the next round's seq (stale, forged); the user
 may quit; a checkpoint may commit. Disruptive events spend a bounded fault budget so that the
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodInfo
 from aegis.core.phases import Phase
-from aegis.core.recovery import SOFTWARE_FAULT_CLASSES, Classification
+from aegis.core.recovery import SOFTWARE_FAULT_CLASSES, Classification, FaultClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
                 # the same error at the same step again and again: restart or stop
                 repeated = ev.PodErrored(pod, phase, s, "exception", cls, step=7)
                 yield Move(repeated, fault=True, cooperative=False)
+            # a peer's crash at that step, seen as a closed connection: it continues the run
+            peer = ev.PodErrored(pod, phase, s, "closed", FaultClass.CONNECTION, step=7)
+            yield Move(peer, fault=True, cooperative=False)
             yield Move(ev.HangReported(pod, phase, s), fault=True, cooperative=False)
             unnamed = ev.HangReported(pod, phase, s, "hang, no suspect", blame=False)
             yield Move(unnamed, fault=True, cooperative=False)
