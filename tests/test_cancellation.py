@@ -17,6 +17,9 @@ import pytest
 
 from aegis.adapters.aio import raise_if_cancelled
 from aegis.adapters.memory import MemoryLeaseStore
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.master.lease import Lease, LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.platforms.kubernetes import master_side
@@ -140,3 +143,26 @@ async def test_a_cancellation_left_over_from_before_the_loop_does_not_stop_it() 
         return await lease.wait_for_lead()
 
     assert await asyncio.wait_for(asyncio.ensure_future(standby()), 10) == 7
+
+
+async def test_a_store_call_whose_reply_swallowed_the_cancellation_raises_it(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """The write landed (or the read came back) as the caller was cancelled: the status bucket
+    raises the cancellation all the same, as asyncio would had nats-py not swallowed it, so no
+    caller goes on as if it had not been cancelled (the job loop once did)."""
+    bus = await NatsBus.connect(nats_server.url, authority.master_creds())
+    try:
+        kv = await bus.client.jetstream().create_key_value(bucket="swallowed", history=1)
+        store = KvStore(kv, client=bus.client)  # the bucket whose replies we swallow
+        revision = await store.put("k", b"v1", expected_revision=None)
+        for verb, call, result in (
+            ("update", store.put("k", b"v2", expected_revision=revision), revision + 1),
+            ("create", store.put("new", b"v", expected_revision=None), revision + 2),
+            ("get", store.get("k"), await kv.get("k")),  # type: ignore[attr-defined]
+        ):
+            swallower = Swallower(result=result)
+            setattr(kv, verb, swallower)
+            await stops_when_cancelled(call, swallower)
+    finally:
+        await bus.close()

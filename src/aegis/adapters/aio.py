@@ -11,7 +11,9 @@ their start (``cancellations``), because 3.11's ``TaskGroup`` can leave one behi
 meant for them (a child that fails while the group is waiting for it, after a cancellation it
 swallowed). nats-py's forced flush (``NatsBus.flush``) drops a ``CancelledError`` outright. The
 job runner's loop is such a loop too: a swallowed cancellation left a master deciding after its
-service had closed (in 7 runs of 26 of one test, here). Aegis' own timed waits use
+service had closed (in 7 runs of 26 of one test, here). The status bucket (``KvStore``) checks
+too, after each write and read: one whose reply swallowed the caller's cancellation raises it
+(the write may have landed, as with any cancelled write). Aegis' own timed waits use
 ``asyncio.timeout``, which keeps both kinds of cancellation apart in 3.11.
 """
 

@@ -252,8 +252,11 @@ class KvStore:
         while True:
             try:
                 if expected_revision is None:
-                    return int(await self._kv.create(key, value))  # type: ignore[attr-defined]
-                return int(await self._kv.update(key, value, last=expected_revision))  # type: ignore[attr-defined]
+                    revision = int(await self._kv.create(key, value))  # type: ignore[attr-defined]
+                else:
+                    revision = int(await self._kv.update(key, value, last=expected_revision))  # type: ignore[attr-defined]
+                raise_if_cancelled(since)  # written, and the reply swallowed our cancellation
+                return revision
             except KeyWrongLastSequenceError as exc:
                 if retried:  # did the try whose ack was lost land? then it is done
                     stored = await self._get_retrying(key, deadline)
@@ -272,7 +275,9 @@ class KvStore:
         since = cancellations()
         while True:
             try:
-                return await self._get_once(key)
+                found = await self._get_once(key)
+                raise_if_cancelled(since)  # (as in ``put``)
+                return found
             except TRANSIENT:
                 raise_if_cancelled(since)
                 if time.monotonic() > deadline:
