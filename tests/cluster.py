@@ -71,8 +71,10 @@ async def run_cluster(
     *,
     during: Scenario | None = None,
     timeout_s: float = 240.0,
+    cwd: Path | None = None,
 ) -> ClusterRun:
-    """``aegis run --isolate-nodes RUN_ARGS -- COMMAND``, to its end (``during`` meanwhile)."""
+    """``aegis run --isolate-nodes RUN_ARGS -- COMMAND`` started in ``cwd``, to its end
+    (``during`` meanwhile)."""
     require_namespaces()
     log_dir, status_file, out = tmp_path / "logs", tmp_path / "status.json", tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -80,7 +82,7 @@ async def run_cluster(
             "--status-file", str(status_file), *run_args, "--", *command]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL, cwd=cwd,
     )  # fmt: skip
     assert proc.stdout is not None
     reading = asyncio.ensure_future(proc.stdout.read())

@@ -124,12 +124,15 @@ dist.destroy_process_group()
 async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> None:
     """A script that never imports aegis, under ``torchrun --nproc-per-node 2`` in each pod
     (torchrun reads the PET_* variables): 4 ranks on 2 hosts; one worker fails once, both
-    pods restart in place, and every rank meets on rank 0's pod each time."""
+    pods restart in place, and every rank meets on rank 0's pod each time. The command names
+    its script and output relatively, as typed in the working directory: every node works there
+    (entering a node's mount namespace alone would put it at ``/``)."""
     script, out = tmp_path / "tr.py", tmp_path / "out"
     script.write_text(TORCHRUN_SCRIPT)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               str(script), str(out)]  # fmt: skip
-    run = await run_cluster(tmp_path, ["--nodes", "2", "--spare-nodes", "0", "--job", "t"], command)
+               "tr.py", "out"]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "2", "--spare-nodes", "0", "--job", "t"], command,
+                            cwd=tmp_path)  # fmt: skip
     assert run.rc == 0, run.output
     assert run.status["status"]["recover_count"] == 1
     assert _ips(run.pods) == [address_of(0), address_of(1)]

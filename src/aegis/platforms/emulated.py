@@ -7,10 +7,11 @@ the bridge's 198.18.0.1. Each node is a process holding a network namespace of i
 loopback and one address on the bridge), a mount namespace with a private ``/dev/shm`` (tmpfs)
 and an ``/etc/hosts`` that resolves every node's name to its address (gloo picks its interface
 from the hostname), and a UTS namespace with the node's name as hostname. A node's agent (and
-everything it starts) runs there through ``nsenter``. The file system is shared, as a cluster
-file system would be; ``/dev/shm`` is not. No PID namespace: every process is visible to ``ps``
-and killable from the host. Every holder dies with the run (parent-death signal), and with the
-last process in them the namespaces go too: a SIGKILLed run leaves nothing behind.
+everything it starts) runs there through ``nsenter``, in the run's working directory. The file
+system is shared, as a cluster file system would be; ``/dev/shm`` is not. No PID namespace:
+every process is visible to ``ps`` and killable from the host. Every holder dies with the run
+(parent-death signal), and with the last process in them the namespaces go too: a SIGKILLed run
+leaves nothing behind.
 
 :func:`run_outside` is the part on the host: it starts the run again inside a new network
 namespace, forwards SIGINT/SIGTERM to it, serves ``--metrics-port`` on the host through a
@@ -114,9 +115,12 @@ class EmulatedCluster:
                 self.nodes[node] = await self._make(node)
 
     def wrap(self, node: str, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside ``node``'s namespaces (after ``prepare``)."""
+        """``argv`` run inside ``node``'s namespaces (after ``prepare``), in the run's working
+        directory (the file system is shared; entering a mount namespace alone moves a process
+        to its ``/``, where a relative ``python train.py`` finds nothing)."""
         pid = str(self.nodes[node].holder.pid)
-        return ["nsenter", "-t", pid, "--net", "--mount", "--uts", "--", *argv]
+        return ["nsenter", "-t", pid, "--net", "--mount", "--uts", f"--wd={os.getcwd()}", "--",
+                *argv]  # fmt: skip
 
     async def _make(self, node: str) -> _Node:
         address = self.table[node]
