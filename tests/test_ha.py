@@ -96,6 +96,7 @@ async def test_leader_killed_in_run_command_training_never_restarts(
     run.masters[leader].send_signal(signal.SIGKILL)
     result = await run.wait()
     assert result.status.phase is Phase.SUCCEED
+    assert result.ended == "every pod finished with exit code 0"  # as the new leader stored it
     assert [i.retries for _, i in sorted(result.status.pod_infos.items())] == [0, 0, 0]
     assert run.agent_pids() == agents  # no pod was replaced
     assert _incarnations(tmp_path) == [1, 1, 1]  # and no training process restarted

@@ -15,12 +15,14 @@ from aegis.adapters import memory
 from aegis.adapters.nats_auth import worker_subject
 from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
+from aegis.core import events as ev
+from aegis.core.endings import Ending
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
 from aegis.master import inbox, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
-from aegis.wire import codec
+from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
 from tests.scrape import parse, value
 from tests.waits import async_wait_until
@@ -269,6 +271,28 @@ async def test_events_log_replays_to_the_same_status(harness: Harness, tmp_path:
     await harness.settle()
     _, final = replay.final_status((tmp_path / "events.jsonl").read_text().splitlines())
     assert final == harness.runner.status
+
+
+async def test_the_stored_record_says_why_the_job_ended(harness: Harness) -> None:
+    """The status write that ends the job carries the master's words for it: ``aegis status
+    --nats``, a standby that takes over and an AegisJob's condition read them there."""
+    await _to_running(harness)
+    stored = await harness.store.get(status_key(harness.runner.spec))
+    assert stored is not None and "ended" not in json.loads(stored[0])  # it runs
+    harness.runner.platform_event(ev.QuitRequested("no healthy node left for job-1"))
+
+    async def record() -> dict[str, Any]:
+        got = await harness.store.get(status_key(harness.runner.spec))
+        assert got is not None
+        return dict(json.loads(got[0]))
+
+    async def ended() -> bool:
+        return (await record())["status"]["phase"] == "Failed"
+
+    await async_wait_until(ended, what="the job's last status write")
+    summary = job_summary.from_record(await record())
+    assert (summary.ending, summary.ended) == (Ending.STOPPED, "no healthy node left for job-1")
+    assert summary.outcome == "Failed: no healthy node left for job-1"
 
 
 async def test_an_observer_that_fails_never_stops_the_job(harness: Harness) -> None:

@@ -244,7 +244,8 @@ async def test_master_learns_an_aegisjob_and_writes_its_status_back_through_a_re
     assert status["should_quit"] is True
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "Stopped")
-    assert conditions["Failed"]["message"] == USER_LINE_0
+    assert conditions["Failed"]["message"] == f"stopped by the test; {USER_LINE_0}"  # and why
+    assert status["ended"] == "stopped by the test"
     assert conditions["Running"]["status"] == "False"
     assert manifests.view(k8s.job()).failed_or_stopped  # what the operator acts on
 

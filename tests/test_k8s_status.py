@@ -158,6 +158,22 @@ def test_failed_condition_says_why_when_the_job_failed(
     assert conditions(out)["Succeeded"] == ("False", "Failed")
 
 
+def test_a_job_stopped_by_the_repeat_rule_says_so_and_why() -> None:
+    """Restart or stop ended the job with budget left: not ``Stopped`` (nobody stopped it) but
+    ``RepeatedFault``, with the master's verdict in the condition and ``.status.ended``."""
+    verdict = "the same fault 3 times in a row at step 29 (ValueError: bad): a restart ..."
+    record = record_of(started(), ended=verdict)
+    run = {"step": 29, "reason": "ValueError: bad", "count": 3}
+    record["status"].update(phase="Failed", recover_count=2, should_quit=True, repeat=run)
+    out = crd_status.cr_status(record, now=T0)
+    assert conditions(out)["Failed"] == ("True", "RepeatedFault")
+    failed = next(c for c in out["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith(f"{verdict}; max restarts 2, restarted 2 times")
+    assert out["ended"] == verdict
+    running = crd_status.cr_status(record_of(started()), now=T0)
+    assert running["ended"] == "" and conditions(running)["Failed"] == ("False", "Pending")
+
+
 def test_condition_keeps_its_transition_time_while_its_status_holds() -> None:
     record = record_of(started())
     record["status"]["phase"] = "RunCommand"

@@ -263,7 +263,7 @@ def test_status_and_incidents_when_hangs_exhaust_the_budget(hang_run: Run) -> No
     assert result.status.phase is Phase.FAILED and result.status.should_quit, result.log_dir
     out = aegis("status", "stuck", "--log-dir", str(result.log_dir))
     assert out.stdout.splitlines()[:2] == [
-        "job stuck: Failed (should_quit)",
+        "job stuck: Failed: fault budget exhausted",
         "max restarts 1, restarted 1 times; hardware problems rescheduled 0 times",
     ]
     found = json.loads(aegis("incidents", "stuck", "--log-dir", str(result.log_dir),

@@ -46,6 +46,11 @@ async def test_the_same_crash_at_the_same_step_stops_the_job_after_three(tmp_pat
     )
     shown = json.loads(_cli("status", "r", "--log-dir", str(run.log_dir), "--json"))
     assert verdict in shown["pods"][1]["last_failed_reason"]
+    assert shown["ending"] == "RepeatedFault" and shown["ended"].startswith(verdict), shown
+    said = _cli("status", "r", "--log-dir", str(run.log_dir)).splitlines()[0]
+    assert said.startswith(f"job r: Failed: {verdict}"), said
+    last = run.output.splitlines()[-1]  # aegis run's own last line says why too
+    assert last.startswith(f"aegis run: job r Failed ({verdict}"), last
     found = json.loads(_cli("incidents", "r", "--log-dir", str(run.log_dir), "--json"))
     decisions = [d["text"] for incident in found for d in incident["decisions"]]
     assert any(text.startswith(f"job Failed: {verdict}") for text in decisions), decisions

@@ -16,11 +16,13 @@ from rich.console import Console
 from aegis.adapters import netns
 from aegis.cli import live_view, options, render, run_view
 from aegis.core.model import name_problem
+from aegis.core.phases import Phase
 from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
 from aegis.platforms import emulated, job_files, local_run, replicated_run, run_settings
 from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import LocalPlatform
+from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +328,10 @@ def _run_and_report(
                 server.close()
     status = result.status
     retries = ",".join(str(i.retries) for _, i in sorted(status.pod_infos.items()))
+    # (the master's words may quote a pod's error: one line, escaped)
+    why = f" ({one_line(result.ended)})" if result.ended and status.phase is Phase.FAILED else ""
     print(
-        f"aegis run: job {result.spec.job} {status.phase.value}; recover_count "
+        f"aegis run: job {result.spec.job} {status.phase.value}{why}; recover_count "
         f"{status.recover_count}/{result.spec.max_retry}, retries ({retries}); "
         f"error nodes: {', '.join(e.node for e in status.error_nodes) or 'none'}; "
         f"logs in {result.log_dir}"

@@ -165,8 +165,7 @@ def status(  # noqa: PLR0913 (a typer command: one parameter per option)
         print(json.dumps(summary.to_dict(), indent=2))
         raise typer.Exit(0)
     out = render.make_console()
-    quit_note = " (should_quit)" if summary.should_quit else ""
-    out.print(f"job {summary.job}: {summary.phase.value}{quit_note}")
+    out.print(f"job {summary.job}: {summary.outcome}")
     out.print(summary.user_line)
     if summary.error_nodes:
         out.print(f"error nodes: {', '.join(summary.error_nodes)}")

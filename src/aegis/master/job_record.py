@@ -31,6 +31,7 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     watchdogs: dict[str, str] = msgspec.field(default_factory=dict)  # pod -> hang timeout
     # the straggler scores of the round (``pace.StragglerWatch.summary``; empty: none yet)
     stragglers: dict[str, Any] = msgspec.field(default_factory=dict)
+    ended: str = ""  # why the job ended, in the master's words (the EndJob reason; "": it runs)
 
 
 class JobRecord(JobNotes, kw_only=True, omit_defaults=True):

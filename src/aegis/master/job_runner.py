@@ -311,6 +311,9 @@ class JobRunner:
         self._materialise_orders(actions, before.phase, slowdown)
         moved = sum(isinstance(a, act.EvictPod) and a.level is RecoveryLevel.NODE for a in actions)
         self.notes.hardware_rescheduled += moved  # the K of ``aegis status --nats``
+        for action in actions:
+            if isinstance(action, act.EndJob):  # why, in the status write that ends the job
+                self.notes.ended = action.reason
         return actions, self.status is not before
 
     def _materialise_orders(

@@ -80,6 +80,7 @@ async def _run_job(
         placements=[(str(p), n) for p, n in platform.placements],
         agent_pids_seen=pids_seen,
         drops=dict(runner.drops.counts),
+        ended=runner.notes.ended,
     )
 
 

@@ -39,6 +39,7 @@ from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import SLOW, Hosts, LocalPlatform, SharedHost
 from aegis.platforms.run_settings import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
+from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,8 @@ class ReplicatedRun:
 
     async def finish(self) -> RunResult:
         try:
-            status = await self.status()
+            record = await self.served.record()
+            status = status_json.from_dict(record)[1]
             self._stop_following.set()
             if self._following is not None:
                 try:
@@ -233,6 +235,7 @@ class ReplicatedRun:
             placements=[(str(p), n) for p, n in self.platform.placements],
             agent_pids_seen={str(p): [pid] for p, pid in self.platform.agent_pids().items()},
             drops={},
+            ended=str(record.get("ended") or ""),
         )
 
     async def close(self) -> None:

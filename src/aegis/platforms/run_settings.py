@@ -116,6 +116,7 @@ class RunResult:
     placements: list[tuple[str, str]]
     agent_pids_seen: dict[str, list[int]]
     drops: dict[str, int]
+    ended: str = ""  # why the job ended, in the master's words
 
     @property
     def exit_code(self) -> int:

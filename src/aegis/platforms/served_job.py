@@ -13,6 +13,7 @@ import asyncio
 import json
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.core.model import JobSpec, JobStatus
@@ -57,11 +58,16 @@ class ServedJob:
         """The bootstrap secret to hand pod ``pod``'s agent (``--token-file``), and no other."""
         return pod_token(self.token, self.spec.namespace, self.spec.job, pod)
 
-    async def status(self) -> JobStatus:
+    async def record(self) -> dict[str, Any]:
+        """The job's record as the leader last stored it (``job_record``'s fields)."""
         got = await self.store.get(status_key(self.spec))
         if got is None:
             raise LookupError(f"job {self.spec.job} is not in the store")
-        return status_json.from_dict(json.loads(got[0]))[1]
+        record: dict[str, Any] = json.loads(got[0])
+        return record
+
+    async def status(self) -> JobStatus:
+        return status_json.from_dict(await self.record())[1]
 
     async def wait(self, stop: asyncio.Event | None = None, poll_s: float = 0.2) -> JobStatus:
         """The status once the job is over, or once ``stop`` is set (whichever is first)."""

@@ -13,6 +13,10 @@ number of ErrorNodes (every node left by a level-3 eviction is one, but so is a 
 slow-node eviction). ``aegis.tools.status_summary`` builds the same summary from a log
 directory.
 
+A summary says why an ended job ended: its kind (``ending``, :mod:`aegis.core.endings`, from the
+status) and the master's words (``ended``: a record's ``ended``, or the ``EndJob`` reason a log
+replay finds; "" where neither says).
+
 A running master's record also carries the straggler scores (``stragglers``: each pod's score
 in steps behind its peers, the pod named a straggler and why; :class:`aegis.master.pace.
 StragglerWatch`), shown per pod.
@@ -23,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aegis.core.endings import Ending, ending
 from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
 from aegis.wire import status_json
@@ -52,6 +57,15 @@ class Summary:
     status: dict[str, Any]
     straggler: str = ""  # "<node> (pod P, why)" when the master names one
     straggler_pod: str = ""
+    ending: Ending | None = None  # how it ended (None: it runs)
+    ended: str = ""  # why, in the master's words ("" where unknown)
+
+    @property
+    def outcome(self) -> str:
+        """The phase, and for an ended job why: ``Failed: fault budget exhausted``."""
+        if self.ending is None or self.ending is Ending.SUCCEEDED:
+            return self.phase.value
+        return f"{self.phase.value}: {self.ended or self.ending.value}"
 
     @property
     def user_line(self) -> str:
@@ -72,6 +86,8 @@ class Summary:
             "error_nodes": list(self.error_nodes),
             "pods": [_row(p) for p in self.pods],
             "straggler": self.straggler,
+            "ending": self.ending.value if self.ending is not None else None,
+            "ended": self.ended,
             **self.status,
         }
 
@@ -88,9 +104,10 @@ def summarize(
     hardware_rescheduled: int,
     watchdogs: dict[str, str] | None = None,
     stragglers: StragglerScores | None = None,
+    ended: str = "",
 ) -> Summary:
     """``watchdogs``: each pod's hang watchdog as its agent last said; ``stragglers``: the
-    straggler scores (both a running master's)."""
+    straggler scores (both a running master's); ``ended``: why it ended, as the master said."""
     said = watchdogs or {}
     scored = stragglers or StragglerScores({}, "", "")
     rows = tuple(
@@ -122,6 +139,8 @@ def summarize(
         status=status_json.to_dict(spec, status),
         straggler=named,
         straggler_pod=scored.named,
+        ending=ending(spec, status),
+        ended=ended,
     )
 
 
@@ -141,6 +160,7 @@ def from_record(record: dict[str, Any]) -> Summary:
         rescheduled,
         watchdogs if isinstance(watchdogs, dict) else None,
         straggler_scores(record.get("stragglers")),
+        str(record.get("ended") or ""),
     )
 
 

@@ -7,7 +7,9 @@ Conditions (``type``: ``True`` when):
 - ``Recovering``: a fault is being handled (``Troubleshooting``, ``Restarting``);
 - ``Succeeded``: the job ended ``Succeed``;
 - ``Failed``: the job ended ``Failed``; reason ``BudgetExhausted`` (more faults than
-  ``max_retry``), ``Stopped`` (``aegis ctl stop``) or ``Failed``.
+  ``max_retry``), ``RepeatedFault`` (the same fault ``repeat_limit`` times in a row),
+  ``Stopped`` (``aegis ctl stop``, a pod no node could take) or ``Failed``
+  (:mod:`aegis.core.endings`); its message, and ``.status.ended``, say why in the master's words.
 A condition's ``lastTransitionTime`` changes only when its ``status`` does.
 """
 
@@ -146,6 +148,7 @@ def cr_status(
         "restarted": summary.restarted,
         "hardware_rescheduled": summary.hardware_rescheduled,
         "message": summary.user_line,
+        "ended": summary.ended,
         "pod_infos": pods,
         "error_nodes": [dict(e) for e in raw["error_nodes"]],
         "replacing": dict(replacing or {}),
@@ -167,20 +170,18 @@ def conditions(
         status = "True" if holds else "False"
         old = before.get(kind)
         since = old.get("lastTransitionTime") if old and old.get("status") == status else None
-        out.append({"type": kind, "status": status, "reason": reason,
-                    "message": summary.user_line if holds else "",
+        message = summary.user_line if holds else ""
+        if holds and kind == "Failed" and summary.ended:
+            message = f"{summary.ended}; {message}"
+        out.append({"type": kind, "status": status, "reason": reason, "message": message,
                     "lastTransitionTime": since or now})  # fmt: skip
     return out
 
 
 def _wanted(summary: job_summary.Summary) -> list[tuple[str, bool, str]]:
     phase = summary.phase
-    failed_reason = phase.value
-    if phase is Phase.FAILED:
-        if summary.status["status"]["recover_count"] > summary.max_restarts:
-            failed_reason = "BudgetExhausted"
-        elif summary.should_quit:
-            failed_reason = "Stopped"
+    ending = summary.ending if phase is Phase.FAILED else None
+    failed_reason = ending.value if ending is not None else phase.value
     return [
         ("Running", phase is Phase.RUN_COMMAND, phase.value),
         ("Recovering", phase in (Phase.TROUBLESHOOTING, Phase.RESTARTING), phase.value),

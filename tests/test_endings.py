@@ -1,0 +1,79 @@
+"""How a job ended, read from its final status (``aegis.core.endings``), on statuses the real
+state machine made: every pod done, the budget spent, the repeat rule, a stop from outside."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aegis.core import events as ev
+from aegis.core.endings import Ending, ending
+from aegis.core.phases import Phase
+from tests.core_helpers import Driver
+
+TRACEBACK = "python_traceback"
+
+
+def _crash(d: Driver, step: int | None) -> None:
+    d.feed(ev.PodErrored(d.pod(1), d.status.phase, d.status.seq, "ValueError: bad", TRACEBACK,
+                         step))  # fmt: skip
+
+
+def test_a_running_job_has_not_ended_and_one_whose_pods_all_finished_succeeded() -> None:
+    d = Driver()
+    assert ending(d.spec, d.status) is None
+    d.to_running()
+    assert ending(d.spec, d.status) is None
+    for rank in range(3):
+        d.finish(rank)
+    assert d.status.phase is Phase.SUCCEED
+    assert ending(d.spec, d.status) is Ending.SUCCEEDED
+
+
+def test_faults_past_the_budget_exhaust_it() -> None:
+    d = Driver(max_retry=1)
+    d.to_running()
+    for _ in range(10):
+        if d.status.phase is Phase.FAILED:
+            break
+        if d.status.phase is Phase.RUN_COMMAND:
+            d.error(1)
+        else:
+            d.answer_all()
+    assert d.status.phase is Phase.FAILED
+    assert ending(d.spec, d.status) is Ending.BUDGET_EXHAUSTED
+
+
+def test_the_same_fault_in_a_row_with_budget_left_is_the_repeat_rule() -> None:
+    d = Driver(max_retry=10)
+    d.to_running()
+    for _ in range(3):
+        assert ending(d.spec, d.status) is None
+        _crash(d, 150)
+    assert d.status.phase is Phase.FAILED
+    assert ending(d.spec, d.status) is Ending.REPEATED_FAULT
+
+
+def test_a_fault_that_spends_the_budget_and_completes_a_run_spent_the_budget() -> None:
+    d = Driver(max_retry=2)
+    d.to_running()
+    for _ in range(3):
+        _crash(d, 150)
+    assert d.status.phase is Phase.FAILED and d.status.repeat_count == 3
+    assert ending(d.spec, d.status) is Ending.BUDGET_EXHAUSTED  # as the core says it first
+
+
+def test_a_stop_from_outside_is_stopped_even_during_a_run_of_the_same_fault() -> None:
+    d = Driver(max_retry=10)
+    d.to_running()
+    _crash(d, 150)
+    _crash(d, 150)
+    d.feed(ev.QuitRequested("stopped by aegis ctl"))
+    assert d.status.phase is Phase.FAILED
+    assert ending(d.spec, d.status) is Ending.STOPPED
+
+
+def test_a_failed_status_without_should_quit_is_only_failed() -> None:
+    """Not a status the core makes (FailedMeansShouldQuit): a hand-made or damaged record."""
+    d = Driver()
+    broken = dataclasses.replace(d.status, phase=Phase.FAILED, recover_count=1)
+    assert ending(d.spec, broken) is Ending.FAILED
