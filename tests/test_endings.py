@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from aegis.core import events as ev
 from aegis.core.endings import Ending, ending
 from aegis.core.phases import Phase
@@ -43,33 +45,26 @@ def test_faults_past_the_budget_exhaust_it() -> None:
     assert ending(d.spec, d.status) is Ending.BUDGET_EXHAUSTED
 
 
-def test_the_same_fault_in_a_row_with_budget_left_is_the_repeat_rule() -> None:
-    d = Driver(max_retry=10)
+@pytest.mark.parametrize(
+    ("max_retry", "crashes", "stop", "expected"),
+    [
+        (10, 3, False, Ending.REPEATED_FAULT),  # the same fault three times, budget left
+        (2, 3, False, Ending.BUDGET_EXHAUSTED),  # the third spends the budget: said first
+        (10, 2, True, Ending.STOPPED),  # a stop from outside during a run of the same fault
+    ],
+)
+def test_a_run_of_the_same_fault_ends_by_the_repeat_rule_only_with_budget_left(
+    max_retry: int, crashes: int, stop: bool, expected: Ending
+) -> None:
+    d = Driver(max_retry=max_retry)
     d.to_running()
-    for _ in range(3):
+    for _ in range(crashes):
         assert ending(d.spec, d.status) is None
         _crash(d, 150)
+    if stop:
+        d.feed(ev.QuitRequested("stopped by aegis ctl"))
     assert d.status.phase is Phase.FAILED
-    assert ending(d.spec, d.status) is Ending.REPEATED_FAULT
-
-
-def test_a_fault_that_spends_the_budget_and_completes_a_run_spent_the_budget() -> None:
-    d = Driver(max_retry=2)
-    d.to_running()
-    for _ in range(3):
-        _crash(d, 150)
-    assert d.status.phase is Phase.FAILED and d.status.repeat_count == 3
-    assert ending(d.spec, d.status) is Ending.BUDGET_EXHAUSTED  # as the core says it first
-
-
-def test_a_stop_from_outside_is_stopped_even_during_a_run_of_the_same_fault() -> None:
-    d = Driver(max_retry=10)
-    d.to_running()
-    _crash(d, 150)
-    _crash(d, 150)
-    d.feed(ev.QuitRequested("stopped by aegis ctl"))
-    assert d.status.phase is Phase.FAILED
-    assert ending(d.spec, d.status) is Ending.STOPPED
+    assert ending(d.spec, d.status) is expected
 
 
 def test_a_failed_status_without_should_quit_is_only_failed() -> None:
