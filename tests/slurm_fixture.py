@@ -183,11 +183,15 @@ class SlurmCluster:
         env.pop(emulated.CLUSTER_ENV, None)
         return env
 
-    def _ns(self, argv: Sequence[str], node: str | None = None) -> list[str]:
-        """``argv`` in slurmctld's namespaces, or in ``node``'s."""
+    def _ns(
+        self, argv: Sequence[str], node: str | None = None, cwd: Path | None = None
+    ) -> list[str]:
+        """``argv`` in slurmctld's namespaces, or in ``node``'s, working in ``cwd`` (this
+        process's by default: the file system is shared, and a user submits from a directory;
+        entering a mount namespace alone would start it at ``/``)."""
         assert self.holder is not None
         pid = self.holder.pid if node is None else self.node_pids[node]
-        return ["nsenter", "-t", str(pid), *NS, "--", *argv]
+        return ["nsenter", "-t", str(pid), *NS, f"--wd={cwd or os.getcwd()}", "--", *argv]
 
     def run(
         self,
@@ -196,10 +200,11 @@ class SlurmCluster:
         env: Mapping[str, str] | None = None,
         check: bool = True,
         node: str | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         merged = self.env | dict(env or {})
         result = subprocess.run(
-            self._ns(argv, node), capture_output=True, text=True, env=merged, check=False,
+            self._ns(argv, node, cwd), capture_output=True, text=True, env=merged, check=False,
             timeout=60,
         )  # fmt: skip
         if check and result.returncode != 0:

@@ -54,17 +54,20 @@ def _idle(cluster: SlurmCluster) -> bool:
     return all(cluster.node_state(node)[0] == "idle" for node in NODES)
 
 
-def _submit(slurm: SlurmCluster, state: Path, *args: str) -> str:
+def _submit(slurm: SlurmCluster, state: Path, *args: str, relative: bool = False) -> str:
+    """``aegis slurm submit``; ``relative``: as a user in the task's directory types it
+    (``python slurm_task.py``: every step must work there)."""
     out = state.parent / f"{state.name}-out"
     out.mkdir()
+    task = TASK.name if relative else str(TASK)
     argv = [sys.executable, "-m", "aegis", "slurm", "submit", "--job", state.name,
             "--state-dir", str(state), "--max-retry", "2", "--nodes", "2", "--spare-nodes", "1",
-            *args, "--", sys.executable, str(TASK), str(out)]  # fmt: skip
+            *args, "--", sys.executable, task, str(out)]  # fmt: skip
     for task_flag in ("--crash-once", "--wait", "--meet"):
         if task_flag in argv:
             argv.remove(task_flag)
             argv.append(task_flag)
-    result = slurm.run(argv)
+    result = slurm.run(argv, cwd=TASK.parent if relative else None)
     job_id = result.stdout.split("submitted job ")[1].split()[0]
     return job_id
 
@@ -100,10 +103,11 @@ def _nodes(record: dict[str, Any]) -> dict[str, str]:
 def test_slurm_job_runs_under_aegis_and_a_crash_is_recovered_in_place(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Submitted through sbatch, the job runs under Aegis (one srun step per pod, inside the
-    allocation) and rank 0's crash costs one in-place restart on the same nodes."""
+    """Submitted through sbatch from the script's directory (a relative ``slurm_task.py``),
+    the job runs under Aegis (one srun step per pod, inside the allocation) and rank 0's crash
+    costs one in-place restart on the same nodes."""
     state = tmp_path / "crash"
-    job_id = _submit(slurm, state, "--crash-once")
+    job_id = _submit(slurm, state, "--crash-once", relative=True)
     record = _finished(slurm, state, job_id)
     assert record["status"]["phase"] == "Succeed", _diagnostics(slurm, state)
     assert record["status"]["recover_count"] == 1
