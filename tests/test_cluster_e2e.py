@@ -108,7 +108,7 @@ out = sys.argv[1]
 restart = os.environ.get("AEGIS_RESTART_COUNT", "0")
 host = socket.gethostname()
 with open(os.path.join(out, f"r{rank}-i{restart}"), "w") as f:
-    f.write(f"{host} {os.environ['MASTER_ADDR']} {world}\\n")
+    f.write(f"{host} {os.environ['HOSTNAME']} {os.environ['MASTER_ADDR']} {world}\\n")
     f.write("\\n".join(os.listdir("/dev/shm")))
 value = torch.ones(1)
 for step in range(20):
@@ -139,8 +139,9 @@ async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> 
     for incarnation in (0, 1):
         for rank in range(4):
             first, *shm = (out / f"r{rank}-i{incarnation}").read_text().splitlines()
-            host, master, world = first.split()
-            assert (host, master, world) == (f"node-{rank // 2}", address_of(0), "4")
+            host, named, master, world = first.split()
+            node = f"node-{rank // 2}"  # its pod's host, by name and by $HOSTNAME
+            assert (host, named, master, world) == (node, node, address_of(0), "4")
             other = f"-t-{1 - rank // 2}-"  # the other pod's shared memory is not visible
             assert shm and not [name for name in shm if other in name], shm
     assert leftovers(run.log_dir) == []

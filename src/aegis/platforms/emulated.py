@@ -117,10 +117,11 @@ class EmulatedCluster:
     def wrap(self, node: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside ``node``'s namespaces (after ``prepare``), in the run's working
         directory (the file system is shared; entering a mount namespace alone moves a process
-        to its ``/``, where a relative ``python train.py`` finds nothing)."""
+        to its ``/``, where a relative ``python train.py`` finds nothing), with ``HOSTNAME`` the
+        node's name (as Slurm and Kubernetes set it; not the host's, inherited by every node)."""
         pid = str(self.nodes[node].holder.pid)
         return ["nsenter", "-t", pid, "--net", "--mount", "--uts", f"--wd={os.getcwd()}", "--",
-                *argv]  # fmt: skip
+                "env", f"HOSTNAME={node}", *argv]  # fmt: skip
 
     async def _make(self, node: str) -> _Node:
         address = self.table[node]
