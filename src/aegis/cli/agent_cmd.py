@@ -12,6 +12,7 @@ import typer
 
 from aegis.adapters import tls
 from aegis.agent import runner, signatures, supervisor, warm
+from aegis.cli import paths
 
 LOG_LEVEL_VAR = "AEGIS_LOG_LEVEL"
 
@@ -45,7 +46,9 @@ HangTimeout = Annotated[
 Master = Annotated[str | None, typer.Option(help="The master, HOST:PORT.")]
 Job = Annotated[str | None, typer.Option(help="This pod's job.")]
 Pod = Annotated[str | None, typer.Option(help="This pod's name.")]
-TokenFile = Annotated[str | None, typer.Option(help="The bootstrap token file.")]
+TokenFile = Annotated[
+    str | None, typer.Option(help="The bootstrap token file.", callback=paths.readable_file)
+]
 TlsCa = Annotated[
     Path | None,
     typer.Option(

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from aegis.adapters.nats_auth import Authority, write_secret
+from aegis.cli import paths
 
 AUTH_FILE = "auth.json"
 NATS_FRAGMENT = "nats-auth.conf"
@@ -55,7 +56,10 @@ def manifests(authority: Authority, keys: str, namespace: str) -> dict[str, Any]
 
 @auth_app.command("init")
 def init(
-    out: Annotated[Path, typer.Option(help="The directory to write the files into.")],
+    out: Annotated[
+        Path,
+        typer.Option(help="The directory to write the files into.", callback=paths.made_dir),
+    ],
     namespace: Annotated[
         str, typer.Option(help="The namespace of the Kubernetes objects (aegis-auth.json).")
     ] = "aegis-system",

@@ -23,6 +23,7 @@ from aegis.cli import (
     verify_cmd,
     webhook_cmd,
 )
+from aegis.core.errors import SetupError
 
 app = typer.Typer(
     name="aegis",
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except click_errors.ClickException as exc:
         print(f"aegis: error: {exc.format_message()}", file=sys.stderr)
         return exc.exit_code
+    except SetupError as exc:
+        print(f"aegis: error: {exc}", file=sys.stderr)
+        return 1
     return result if isinstance(result, int) else 0
 
 

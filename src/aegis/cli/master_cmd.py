@@ -28,7 +28,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.tls import TlsConfigError, TlsDir
-from aegis.cli import options
+from aegis.cli import options, paths
 from aegis.core import retention
 from aegis.core.rendezvous import TORCH_PORT, RendezvousRule
 from aegis.master import chaos, metrics
@@ -75,7 +75,9 @@ LeaseS = Annotated[
     float | None,
     typer.Option(min=0.5, help="Leader lease (default: 2 s; 12 s with --replicas above 1)."),
 ]
-LogDir = Annotated[Path | None, typer.Option(help="Where events.jsonl goes.")]
+LogDir = Annotated[
+    Path | None, typer.Option(help="Where events.jsonl goes.", callback=paths.made_dir)
+]
 Replicas = Annotated[int, typer.Option(min=1, help="JetStream replicas of the buckets.")]
 MetricsHost = Annotated[
     str, typer.Option(help="Address /metrics binds (0.0.0.0 in a pod, to be scraped).")
@@ -263,6 +265,7 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
     from aegis.platforms.kubernetes import cluster, master_side, wrapped_source
 
     assert isinstance(kubernetes, master_side.KubernetesSettings)
+    api = cluster.KubernetesCluster(cluster.load_config())  # without credentials: before NATS
     creds = replica.authority.master_creds() if replica.authority else None
     bus = await NatsBus.connect(replica.nats_url, creds, name=f"{replica.settings.replica_id}-k8s",
                                 tls_ca=replica.settings.nats_ca)  # fmt: skip
@@ -270,7 +273,6 @@ async def _run(replica: Replica, kubernetes: object | None) -> None:
         replicas = replica.settings.lease.replicas
         store = await KvStore.open(bus, STATUS_BUCKET, replicas=replicas)
         record = DrainedNodes(await KvStore.open(bus, DRAINED_BUCKET, replicas=replicas))
-        api = cluster.KubernetesCluster(cluster.load_config())
         side = master_side.KubernetesSide(api, bus, store, kubernetes, drained=record,
                                           leading=replica.leading.is_set)  # fmt: skip
         # The PyTorchJobs/JobSets whose pods the webhook wraps (none where not installed).

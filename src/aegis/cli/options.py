@@ -26,6 +26,8 @@ PaceDrop = Annotated[
 HeartbeatTimeout = Annotated[
     float, typer.Option(min=0.5, help="A pod without a heartbeat for this long is lost.")
 ]
+
+
 MetricsPort = Annotated[
     int,
     typer.Option(

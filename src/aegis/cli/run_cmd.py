@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from aegis.adapters import netns
-from aegis.cli import live_view, options, render, run_view
+from aegis.cli import live_view, options, paths, render, run_view
 from aegis.core.model import name_problem
 from aegis.core.phases import Phase
 from aegis.master import faultlog, metrics
@@ -192,8 +192,13 @@ ChecksOnEveryFault = Annotated[
 ]
 Grace = Annotated[float, typer.Option(min=0)]
 Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=_job_name)]
-StatusFile = Annotated[Path | None, typer.Option(help="Write the final status here.")]
-LogDir = Annotated[Path | None, typer.Option(help="events.jsonl, pod logs.")]
+StatusFile = Annotated[
+    Path | None,
+    typer.Option(help="Write the final status here.", callback=paths.writable_file),
+]
+LogDir = Annotated[
+    Path | None, typer.Option(help="events.jsonl, pod logs.", callback=paths.made_dir)
+]
 Nats = Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")]
 InjectFault = Annotated[
     list[str] | None,
@@ -266,6 +271,8 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
         metrics_port=metrics_port if masters > 1 else 0, metrics_addr=metrics_addr,
         isolate_nodes=isolate_nodes,
     )  # fmt: skip
+    if (unknown := run_settings.unknown_injected(settings)) is not None:
+        raise typer.BadParameter(unknown, param_hint="--inject-fault")
     the_view = _view_and_logging(view, total_steps, verbose=verbose)
     raise typer.Exit(_run_and_report(settings, the_view, metrics_port))
 

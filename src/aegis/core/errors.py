@@ -18,3 +18,8 @@ class RemoteError(AegisError):
 
 class LocalError(AegisError):
     """One of our own invariants broke: crash loudly and let the supervisor restart us."""
+
+
+class SetupError(AegisError):
+    """What a command needs from where it runs is not there (no cluster credentials, say): the
+    command says what, in one line, and exits 1; nothing has started."""

@@ -58,6 +58,19 @@ def node_names(settings: RunSettings) -> tuple[list[str], list[str]]:
     )
 
 
+def unknown_injected(settings: RunSettings) -> str | None:
+    """Why ``settings.inject`` names a node this run does not have (a typo would otherwise run
+    the job without the fault asked for), or None."""
+    nodes, spares = node_names(settings)
+    unknown = sorted(set(settings.inject) - set(nodes) - set(spares))
+    if not unknown:
+        return None
+    have = f"{nodes[0]}..{nodes[-1]}" if len(nodes) > 1 else nodes[0]
+    if spares:
+        have += f", {spares[0]}..{spares[-1]}" if len(spares) > 1 else f", {spares[0]}"
+    return f"no node {', '.join(unknown)} in this run (it has {have})"
+
+
 def job_spec(settings: RunSettings) -> JobSpec:
     return JobSpec(
         settings.job, settings.namespace, settings.nodes, settings.max_retry,

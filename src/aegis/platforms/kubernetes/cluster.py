@@ -11,7 +11,9 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client import exceptions as k8s_errors
 
+from aegis.core.errors import SetupError
 from aegis.platforms.kubernetes import manifests
+from aegis.wire.logsafe import one_line
 
 Body = dict[str, Any]
 
@@ -22,13 +24,21 @@ CORDONED_BY_AEGIS = "aegis.dev/cordoned"
 
 
 def load_config() -> client.ApiClient:
-    """In a pod: the service account; elsewhere: ``$KUBECONFIG`` or ``~/.kube/config``."""
+    """In a pod: the service account; elsewhere: ``$KUBECONFIG`` or ``~/.kube/config``. Neither
+    is a ``SetupError`` saying so."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
+    except config.ConfigException as in_pod:
         path = os.environ.get("KUBECONFIG")  # read now, not at the client's import
-        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        try:
+            config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the user's file: its parser raises anything
+            where = f"$KUBECONFIG={path}" if path else "~/.kube/config"
+            raise SetupError(
+                f"no Kubernetes credentials: not in a pod ({in_pod}) and no usable kubeconfig "
+                f"({where}: {one_line(str(exc))})"
+            ) from None
     return client.ApiClient(configuration)
 
 

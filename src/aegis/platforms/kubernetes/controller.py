@@ -91,5 +91,6 @@ async def serve(
 
 
 def run(*, namespaces: Collection[str], standalone: bool, liveness: str | None) -> None:
-    registry = build_registry(real_cluster)
+    api = real_cluster()  # now: without credentials, one line before kopf starts
+    registry = build_registry(lambda: api)
     asyncio.run(serve(registry, namespaces=namespaces, standalone=standalone, liveness=liveness))
