@@ -147,6 +147,64 @@ async def test_torchrun_with_two_workers_in_each_of_two_pods(tmp_path: Path) -> 
     assert leftovers(run.log_dir) == []
 
 
+ORPHANING_SCRIPT = """\
+import os, signal, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), sys.argv[1]
+restart = os.environ["AEGIS_RESTART_COUNT"]
+earlier = []
+if restart == "1":  # which worker of the first attempt still lives?
+    for name in os.listdir(out):
+        if name.startswith("pid-i0-"):
+            pid = int(open(os.path.join(out, name)).read())
+            try:
+                os.kill(pid, 0)
+                earlier.append(pid)
+            except ProcessLookupError:
+                pass
+with open(os.path.join(out, f"pid-i{restart}-r{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+with open(os.path.join(out, f"alive-i{restart}-r{rank}"), "w") as f:
+    f.write(" ".join(map(str, earlier)))
+value = torch.ones(1)
+for step in range(20):
+    if restart == "0" and step == 5 and rank >= 2:  # node-1: its torchrun dies (OOM-killed,
+        if rank == 2:                               # say), its workers hang on, holding the
+            os.kill(os.getppid(), signal.SIGKILL)   # GPU, in sessions of their own
+        time.sleep(600)
+    dist.all_reduce(value)
+    value /= value.item()
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+async def test_workers_orphaned_by_their_torchrun_are_stopped_before_the_restart(
+    tmp_path: Path,
+) -> None:
+    """torchrun SIGKILLed on node-1 (a script that never imports aegis, two workers a pod): its
+    workers, in sessions of their own, outlive it and are re-parented to the agent. The agent
+    stops them before it reports the exit, so no worker of the first attempt lives while the
+    second runs (it would hold the GPU's memory and the old round's sockets), nor after."""
+    script, out = tmp_path / "orphans.py", tmp_path / "out"
+    script.write_text(ORPHANING_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "orphans.py", "out"]  # fmt: skip
+    run = await run_cluster(tmp_path, ["--nodes", "2", "--spare-nodes", "0", "--job", "o",
+                                       "--grace-s", "3"], command, cwd=tmp_path)  # fmt: skip
+    assert run.rc == 0, run.output
+    assert run.status["status"]["recover_count"] == 1
+    first = {int((out / f"pid-i0-r{rank}").read_text()) for rank in range(4)}
+    for rank in range(4):  # the second attempt saw none of the first alive
+        assert (out / f"alive-i1-r{rank}").read_text() == "", rank
+    assert not [pid for pid in first if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    agent_log = (run.log_dir / "pods" / "o-1.log").read_text()
+    assert "stopping 2 process(es) the command left behind outside its group" in agent_log
+    assert leftovers(run.log_dir) == []
+
+
 @pytest.mark.timing
 async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_counted(
     tmp_path: Path,

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import psutil
 
@@ -162,12 +162,42 @@ def _signal_all(processes: list[psutil.Process], sig: int) -> None:
 
 async def terminate_descendants(grace_s: float) -> None:
     """SIGTERM every descendant of this process (orphans included), SIGKILL after ``grace_s``."""
-    loop = asyncio.get_running_loop()
     processes = _alive(psutil.Process().children(recursive=True))
-    if not processes:
-        return
-    log.warning("terminating %d leftover process(es)", len(processes))
+    if processes:
+        log.warning("terminating %d leftover process(es)", len(processes))
+        await _terminate_all(processes, grace_s)
+
+
+def adopted(started: Container[int]) -> list[psutil.Process]:
+    """The live processes under this process's children that it did not start (``started``: the
+    pids it did): orphans re-parented to it as PID 1 or child subreaper, and theirs. A command
+    whose processes left its group in sessions of their own (a ``setsid`` daemon, torchrun's
+    workers once torchrun died) leaves them here when it ends."""
+    found = []
+    for child in psutil.Process().children():
+        if child.pid in started:
+            continue
+        try:
+            found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return _alive(found)
+
+
+async def terminate_adopted(started: Container[int], grace_s: float) -> int:
+    """Stop what :func:`adopted` finds (SIGTERM, SIGKILL after ``grace_s``); how many there were."""
+    processes = adopted(started)
+    if processes:
+        log.warning("stopping %d process(es) the command left behind outside its group: %s",
+                    len(processes), ", ".join(str(p.pid) for p in processes[:8]))  # fmt: skip
+        await _terminate_all(processes, grace_s)
+    return len(processes)
+
+
+async def _terminate_all(processes: list[psutil.Process], grace_s: float) -> None:
+    loop = asyncio.get_running_loop()
     _signal_all(processes, signal.SIGTERM)
+    _signal_all(processes, signal.SIGCONT)  # a stopped one would never see the SIGTERM
     for sig, deadline in (
         (signal.SIGKILL, loop.time() + grace_s),
         (None, loop.time() + grace_s + 5.0),
@@ -178,3 +208,4 @@ async def terminate_descendants(grace_s: float) -> None:
             return
         if sig is not None:
             _signal_all(processes, sig)
+    log.error("%d process(es) survive SIGKILL", len(processes))

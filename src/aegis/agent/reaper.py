@@ -22,6 +22,7 @@ from aegis.spawn import spawner
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 def exit_status(raw: int) -> int:
@@ -39,6 +40,15 @@ def become_subreaper() -> bool:
         log.warning("cannot become a child subreaper: %s", os.strerror(ctypes.get_errno()))
         return False
     return True
+
+
+def adopts_orphans() -> bool:
+    """Whether orphaned descendants re-parent to this process (PID 1, or a child subreaper)."""
+    if os.getpid() == 1:
+        return True
+    flag = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
 
 
 class Reaper:
@@ -95,6 +105,12 @@ class Reaper:
                 log.debug("reaped orphan %s (status %s)", pid, exit_status(raw))
             elif not future.done():
                 future.set_result(raw)
+
+    def started(self) -> frozenset[int] | None:
+        """The children started by :meth:`spawn` whose status has not been forgotten, where any
+        other child is an orphan re-parented to this process; None where orphans do not come
+        here (not PID 1 nor a subreaper: another child is someone else's, as in a test)."""
+        return frozenset(self._waiters) if adopts_orphans() else None
 
     def forget(self, pid: int) -> None:
         """Drop the bookkeeping of a child whose status has been read."""

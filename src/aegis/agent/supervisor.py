@@ -295,6 +295,10 @@ class Supervisor:
             self._reaper.forget(inc.pid)
         if inc.terminator is not None or group.group_alive(inc.pid):
             await self._terminate(inc)
+        # Before the exit is reported (and a restart starts anew): nothing of this incarnation
+        # may still hold a GPU, a port or a checkpoint file.
+        if (started := self._reaper.started()) is not None:
+            await group.terminate_adopted(started, self._settings.grace_s)
         await self._drain(inc)
         if inc.watchdog is not None:
             inc.watchdog.cancel()
