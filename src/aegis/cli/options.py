@@ -26,8 +26,6 @@ PaceDrop = Annotated[
 HeartbeatTimeout = Annotated[
     float, typer.Option(min=0.5, help="A pod without a heartbeat for this long is lost.")
 ]
-
-
 MetricsPort = Annotated[
     int,
     typer.Option(
