@@ -184,14 +184,13 @@ def adopted(started: Container[int]) -> list[psutil.Process]:
     return _alive(found)
 
 
-async def terminate_adopted(started: Container[int], grace_s: float) -> int:
-    """Stop what :func:`adopted` finds (SIGTERM, SIGKILL after ``grace_s``); how many there were."""
+async def terminate_adopted(started: Container[int], grace_s: float) -> None:
+    """Stop what :func:`adopted` finds (SIGTERM, SIGKILL after ``grace_s``)."""
     processes = adopted(started)
     if processes:
         log.warning("stopping %d process(es) the command left behind outside its group: %s",
                     len(processes), ", ".join(str(p.pid) for p in processes[:8]))  # fmt: skip
         await _terminate_all(processes, grace_s)
-    return len(processes)
 
 
 async def _terminate_all(processes: list[psutil.Process], grace_s: float) -> None:
