@@ -182,3 +182,33 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
     assert second is not None and second.shm_dir != first.shm_dir
     assert not first.shm_dir.exists()  # the earlier submission's memory is gone
     assert (other_pod.shm_dir / "slot-0").exists()  # another pod's is not touched
+
+
+def _local(shm: Path, ckpt: Path, rank: int) -> api.SaverSettings:
+    """A rank's saver settings in a pod whose command runs two ranks (torchrun's environment)."""
+    env = {"AEGIS_CKPT_SHM": str(shm), "AEGIS_CKPT_DIR": str(ckpt),
+           "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
+    return api.SaverSettings.from_env(env)
+
+
+async def test_a_step_is_the_pods_commit_only_once_every_local_rank_committed_it(
+    shm: Path, tmp_path: Path, daemons: list[process.DaemonProcess]
+) -> None:
+    """Two local ranks save into their own slots; the daemon persists each into its own
+    directory, and reports the step for the pod (what the agent tails) after the second."""
+    ckpt = tmp_path / "ckpt"
+    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=ckpt))
+    daemons.append(daemon)
+    await daemon.start()
+    first, second = (api.Saver(_local(shm, ckpt, rank)) for rank in (0, 1))
+    assert first.settings.shm_dir == shm / "local-0"
+    assert second.settings.ckpt_dir == ckpt / "local-1"
+    first.save(2, {"w": torch.full((256,), 2.0)})
+    await async_wait_until(lambda: first.committed_steps() == [2])
+    assert await daemon.poll_commits() == []  # rank 1 has not saved step 2 yet
+    second.save(2, {"w": torch.full((256,), 1002.0)})
+    assert await async_wait_until(daemon.poll_commits, what="the pod's commit") == [2]
+    loaded = [api.Saver(_local(tmp_path / "no-shm", ckpt, rank)).load_latest() for rank in (0, 1)]
+    got = [(step, float(state["w"][0])) for step, state in filter(None, loaded)]
+    assert got == [(2, 2.0), (2, 1002.0)]  # from disk: each rank's own copy
+    await daemon.stop()

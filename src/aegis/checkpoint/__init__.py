@@ -10,7 +10,9 @@ while the previous one is being persisted the default policy ``wait`` blocks (``
 reports it, :mod:`aegis.checkpoint.outage`) a save goes on and replaces the unpersisted slot, so
 shared memory keeps the newest save, which is persisted when the store works again. Configured
 by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY``,
-``AEGIS_CKPT_WAIT_S``. Importing this package does not import torch.
+``AEGIS_CKPT_WAIT_S``; where the pod runs several ranks (``LOCAL_WORLD_SIZE`` over 1, as
+under ``torchrun --nproc-per-node``) local rank k uses ``local-<k>/`` of both directories
+(:mod:`aegis.checkpoint.layout`). Importing this package does not import torch.
 
 ``save_if_requested(step, state)``, called every step, saves only when the master asked for a
 checkpoint (a drain, or a slow node's eviction) and the step it named is reached: every rank

@@ -50,22 +50,34 @@ class SaverSettings:
     wait_timeout_s: float = 600.0
     poll_s: float = 0.005
     resume_step: int | None = None  # the job's committed step: never resume past it
+    local_world: int = 0  # >1: one of that many ranks of the pod, in its own local-<k>/ slots
+
+    @property
+    def pod_shm_dir(self) -> Path:
+        """The pod's shared memory (the daemon's outage records, ``local-world-size``)."""
+        return self.shm_dir.parent if self.local_world > 1 else self.shm_dir
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None) -> SaverSettings:
         """``AEGIS_CKPT_SHM`` (default ``/dev/shm/aegis-<AEGIS_JOB>-<AEGIS_POD>``),
         ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`` (wait|raise), ``AEGIS_CKPT_WAIT_S``,
         ``AEGIS_RESUME_STEP`` (set by the master on a restart: the newest step every pod
-        committed, so that all ranks resume from the same one)."""
+        committed, so that all ranks resume from the same one). Where the pod runs several
+        ranks (``LOCAL_WORLD_SIZE`` over 1), local rank k uses ``local-<k>/`` of both."""
         env = dict(os.environ if environ is None else environ)
-        shm = env.get("AEGIS_CKPT_SHM") or default_shm_dir(env)
-        ckpt = env.get("AEGIS_CKPT_DIR")
+        shm = Path(env.get("AEGIS_CKPT_SHM") or default_shm_dir(env))
+        ckpt = Path(env["AEGIS_CKPT_DIR"]) if env.get("AEGIS_CKPT_DIR") else None
+        local, local_world = lay.local_rank_of(env), 0
+        if local is not None:
+            shm, local_world = lay.local_dir(shm, local), int(env["LOCAL_WORLD_SIZE"])
+            ckpt = lay.local_dir(ckpt, local) if ckpt is not None else None
         return SaverSettings(
-            shm_dir=Path(shm),
-            ckpt_dir=Path(ckpt) if ckpt else None,
+            shm_dir=shm,
+            ckpt_dir=ckpt,
             policy=BusyPolicy(env.get("AEGIS_CKPT_POLICY", BusyPolicy.WAIT.value)),
             wait_timeout_s=float(env.get("AEGIS_CKPT_WAIT_S", "600")),
             resume_step=int(env["AEGIS_RESUME_STEP"]) if env.get("AEGIS_RESUME_STEP") else None,
+            local_world=local_world,
         )
 
 
@@ -81,10 +93,10 @@ class Saver:
     def __init__(self, settings: SaverSettings) -> None:
         self.settings = settings
         self._buffers: dict[int, tuple[int, Any]] = {}  # buffer -> (bytes, uint8 tensor)
+        self._said_local_world = False
 
     def committed_steps(self) -> list[int]:
-        shm = self.settings.shm_dir
-        return [s for s in lay.slot_steps(shm) if lay.committed_marker(shm, s).exists()]
+        return lay.committed(self.settings.shm_dir)
 
     def pending_steps(self) -> list[int]:
         shm = self.settings.shm_dir
@@ -92,7 +104,7 @@ class Saver:
 
     def store_down(self) -> bool:
         """The saver daemon cannot persist (its durable directory is full, read-only or gone)."""
-        return (self.settings.shm_dir / ckpt_outage.STORE_DOWN).exists()
+        return (self.settings.pod_shm_dir / ckpt_outage.STORE_DOWN).exists()
 
     def wait_idle(self, step: int) -> None:
         """Wait until the previous save is persisted; not while the store is down: the save
@@ -148,6 +160,10 @@ class Saver:
         self.wait_idle(step)
         shm = self.settings.shm_dir
         shm.mkdir(parents=True, exist_ok=True)
+        if self.settings.local_world > 1 and not self._said_local_world:
+            world = str(self.settings.local_world).encode()
+            lay.write_atomic(self.settings.pod_shm_dir / lay.LOCAL_WORLD, world, durable=False)
+            self._said_local_world = True
         self.drop_from(step)
         for unpersisted in self.pending_steps():  # only while the store is down (wait_idle)
             _drop_slot(shm, unpersisted)

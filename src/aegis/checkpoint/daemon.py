@@ -13,6 +13,12 @@ A durable directory that fails (full, read-only, vanished) stalls nothing: each 
 is recorded in ``store.jsonl`` (the agent forwards it to the master) and ``store-down`` stays in
 the shared-memory directory while it lasts, so saves go on from memory; the daemon retries the
 newest pending slot with backoff (:mod:`aegis.checkpoint.outage`) and commits it when it can.
+
+A pod whose command runs several ranks has a ``local-<k>/`` slot directory for each (see
+:mod:`aegis.checkpoint.layout`): each is served by a thread of its own (a DCP coordinator's slot
+waits on disk for its local peers' files, which another thread writes), persisted into
+``<ckpt>/local-<k>/`` (a DCP slot: into its step's directory), and a step goes into the pod's
+``commits.jsonl`` once every local rank has committed it. The outage records stay the pod's.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.checkpoint import layout as lay
@@ -42,7 +50,9 @@ def commit_one(
     max_write_mb_s: float,
     keep: int,
     still_handed: Callable[[], bool] | None = None,
-) -> None:
+) -> Path:
+    """Persist ``step`` of the slot directory ``shm``, mark it committed there, append it to
+    that directory's ``commits.jsonl``; where it went."""
     started = time.monotonic()
     dcp = dcp_slot.read(shm, step)
     if dcp is None:
@@ -64,6 +74,54 @@ def commit_one(
     with (shm / lay.COMMITS_LOG).open("a") as out:
         out.write(line + "\n")
     log.info("step %s committed to %s in %.2f s", step, final, time.monotonic() - started)
+    return final
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """One slot directory the daemon serves: the pod's shared memory (its outage records and
+    commits), the directory of the slots (the pod's own, or a local rank's) and their durable
+    directory."""
+
+    pod: Path
+    slots: Path
+    ckpt: Path
+
+
+@dataclass(slots=True)
+class Shared:
+    """What the threads of one daemon share: the store's outage state, the last pod commit
+    announced for local ranks (the identities of the markers it was announced on)."""
+
+    state: outage.StoreState
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    announced: tuple[tuple[int, int], ...] = ()
+
+
+def announce(where: Where, step: int, final: Path, shared: Shared) -> None:
+    """After a local rank's commit (``shared.lock`` held): the pod's commit of ``step`` once
+    every local rank committed it (said once per set of commit markers)."""
+    if where.slots == where.pod:
+        return  # commit_one wrote the pod's own line
+    dirs = lay.local_dirs(where.pod)
+    if not lay.pod_committed(step, lay.expected_local_ranks(where.pod), map(lay.committed, dirs)):
+        return
+    try:
+        markers = tuple(_identity(lay.committed_marker(d, step)) for d in dirs)
+    except FileNotFoundError:  # a rank rolled back meanwhile: its next commit says it
+        return
+    if markers == shared.announced:
+        return
+    shared.announced = markers
+    line = json.dumps({"step": step, "path": str(final), "ts": time.time()})
+    with (where.pod / lay.COMMITS_LOG).open("a") as out:
+        out.write(line + "\n")
+    log.info("step %s committed by all %d local ranks", step, len(dirs))
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_ino, info.st_mtime_ns
 
 
 def handed_identity(shm: Path, step: int) -> tuple[int, int] | None:
@@ -75,32 +133,36 @@ def handed_identity(shm: Path, step: int) -> tuple[int, int] | None:
     return info.st_ino, info.st_mtime_ns
 
 
-def attempt(
-    shm: Path, ckpt: Path, step: int, state: outage.StoreState, max_write_mb_s: float, keep: int
-) -> tuple[outage.StoreState, float]:
-    """Persist and commit ``step`` once: the store's new state and the wait before the next
-    attempt. A slot dropped or replaced meanwhile (a save went on while the store was down)
-    is not committed and is no failure of the store."""
+def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep: int) -> float:
+    """Persist and commit ``step`` of ``where`` once; the wait before the next attempt. A slot
+    dropped or replaced meanwhile (a save went on while the store was down) is not committed
+    and is no failure of the store."""
+    shm, ckpt = where.slots, where.ckpt
     handed = handed_identity(shm, step)
     if handed is None:
-        return state, 0.0
+        return 0.0
 
     def still_handed() -> bool:
         return handed_identity(shm, step) == handed
 
     try:
-        commit_one(shm, ckpt, step, max_write_mb_s, keep, still_handed)
+        final = commit_one(shm, ckpt, step, max_write_mb_s, keep, still_handed)
     except store.SlotReplacedError:
         log.info("step %s replaced by a newer save while persisting; not committed", step)
-        return state, 0.0
+        return 0.0
     except OSError as exc:
         if not still_handed():  # the slot was replaced while we read it: try again
             log.warning("step %s vanished while persisting (%s); retrying", step, exc)
-            return state, 0.0
+            return 0.0
         with contextlib.suppress(OSError):
             store.discard_torn(ckpt, step)
-        return store_failed(shm, ckpt, step, state, exc)
-    return store_worked(shm, ckpt, step, state), 0.0
+        with shared.lock:
+            shared.state, wait_s = store_failed(where.pod, ckpt, step, shared.state, exc)
+        return wait_s
+    with shared.lock:
+        shared.state = store_worked(where.pod, ckpt, step, shared.state)
+        announce(where, step, final, shared)
+    return 0.0
 
 
 def store_failed(
@@ -153,21 +215,43 @@ def resumed_state(shm: Path) -> outage.StoreState:
 
 
 def serve(shm: Path, ckpt: Path, poll_s: float, max_write_mb_s: float, keep: int) -> None:
+    """Serve the pod's slot directory, and each local rank's as it appears (a thread each)."""
     shm.mkdir(parents=True, exist_ok=True)
-    state = resumed_state(shm)
+    shared = Shared(resumed_state(shm))
     try:
         ckpt.mkdir(parents=True, exist_ok=True)
         store.clean_tmp(ckpt)
     except OSError as exc:  # a read-only or vanished store: each attempt reports it
         log.error("checkpoint directory %s not usable: %s", ckpt, exc)
+    served: set[Path] = set()
     while True:
-        steps = lay.pending(shm)
-        if not steps:
-            time.sleep(poll_s)
-            continue
-        state, wait_s = attempt(shm, ckpt, steps[-1], state, max_write_mb_s, keep)
-        if wait_s > 0:
+        for slots in lay.slot_dirs(shm):
+            if slots not in served:
+                served.add(slots)
+                where = Where(shm, slots, ckpt if slots == shm else ckpt / slots.name)
+                args = (where, shared, poll_s, max_write_mb_s, keep)
+                threading.Thread(target=serve_slots, args=args, daemon=True).start()
+        time.sleep(poll_s * 5)
+
+
+def serve_slots(
+    where: Where, shared: Shared, poll_s: float, max_write_mb_s: float, keep: int
+) -> None:
+    """One slot directory's loop. What it does not expect ends the whole daemon, as it did
+    before threads (the agent starts a new one), rather than leave the directory unserved."""
+    try:
+        if where.slots != where.pod:
+            with contextlib.suppress(OSError):
+                where.ckpt.mkdir(parents=True, exist_ok=True)
+                store.clean_tmp(where.ckpt)
+        while True:
+            steps = lay.pending(where.slots)
+            wait_s = attempt(where, steps[-1], shared, max_write_mb_s, keep) if steps else poll_s
             time.sleep(wait_s)
+    except BaseException:
+        log.exception("serving %s failed", where.slots)
+        logging.shutdown()
+        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

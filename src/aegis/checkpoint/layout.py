@@ -10,6 +10,12 @@ Shared-memory directory (owned by the agent, survives a restart of the training 
 - ``committed-<step>``: written by the daemon once the step is durable on disk;
 - ``commits.jsonl``: one ``{"step", "path", "ts"}`` line per commit (the agent tails it).
 
+A pod whose command starts several ranks (``torchrun --nproc-per-node N``: ``LOCAL_WORLD_SIZE``
+over 1) gives each its own slots: local rank ``k`` saves into ``local-<k>/`` (the same names
+inside, and ``<checkpoint directory>/local-<k>/`` on disk) and writes ``local-world-size``
+beside; the daemon persists every ``local-<k>/`` on its own, and a step is the pod's commit (a
+line of the pod's ``commits.jsonl``) once every local rank committed it (:func:`pod_committed`).
+
 A torch distributed checkpoint's slot (:mod:`aegis.checkpoint.dcp.slot`) uses the same names and
 buffers; its ``slot-<step>.json`` has a ``"dcp"`` section and is persisted in DCP's own format.
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +38,9 @@ ALIGN = 64
 FORMAT = 1
 COMMIT = "COMMIT"
 COMMITS_LOG = "commits.jsonl"
+LOCAL_WORLD = "local-world-size"
 _SLOT = re.compile(r"^slot-(\d+)\.json$")
+_LOCAL = re.compile(r"^local-(\d+)$")
 _STEP = re.compile(r"^step-(\d+)$")
 
 
@@ -106,6 +115,57 @@ def slot_steps(shm: Path) -> list[int]:
 def pending(shm: Path) -> list[int]:
     """Steps handed off and not yet committed (the daemon's work still to do), ascending."""
     return [s for s in slot_steps(shm) if not committed_marker(shm, s).exists()]
+
+
+def committed(shm: Path) -> list[int]:
+    """Steps with a slot the daemon has committed, ascending."""
+    return [s for s in slot_steps(shm) if committed_marker(shm, s).exists()]
+
+
+def local_rank_of(env: Mapping[str, str]) -> int | None:
+    """The local rank whose own slots a process uses: ``LOCAL_RANK`` where the pod runs more
+    than one rank (``LOCAL_WORLD_SIZE`` over 1); None where it runs one (the pod's directory)."""
+    try:
+        if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1:
+            return int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return None
+    return None
+
+
+def local_dir(base: Path, local_rank: int) -> Path:
+    return base / f"local-{local_rank}"
+
+
+def local_dirs(shm: Path) -> list[Path]:
+    """The local ranks' slot directories in a pod's shared memory, by local rank."""
+    return [local_dir(shm, k) for k in _numbered(shm, _LOCAL)]
+
+
+def slot_dirs(shm: Path) -> list[Path]:
+    """Every directory of the pod's shared memory that holds slots: its own, then the local
+    ranks'."""
+    return [shm, *local_dirs(shm)]
+
+
+def pending_anywhere(shm: Path) -> list[int]:
+    """Steps handed off and not yet committed in any slot directory of the pod, ascending."""
+    return sorted({s for d in slot_dirs(shm) for s in pending(d)})
+
+
+def expected_local_ranks(shm: Path) -> int:
+    """How many local ranks the pod's command runs, as they wrote it (0: not said)."""
+    try:
+        return int((shm / LOCAL_WORLD).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def pod_committed(step: int, expected: int, committed: Iterable[Iterable[int]]) -> bool:
+    """Whether ``step`` is committed for the pod: every one of the ``expected`` local ranks
+    (each entry of ``committed`` the steps one local rank has committed) has committed it."""
+    per_rank = [set(steps) for steps in committed]
+    return expected > 0 and len(per_rank) >= expected and all(step in c for c in per_rank)
 
 
 def disk_steps(ckpt: Path) -> list[int]:

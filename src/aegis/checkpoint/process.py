@@ -179,7 +179,7 @@ class DaemonProcess:
         waiting. The steps still not persisted (none: all is on disk)."""
         shm, loop = self.settings.shm_dir, asyncio.get_running_loop()
         deadline = loop.time() + self.settings.flush_s
-        while left := lay.pending(shm):
+        while left := lay.pending_anywhere(shm):
             why = flush_given_up(
                 store_down=(shm / outage.STORE_DOWN).exists(),
                 saver_running=self.alive or self._supervised,
