@@ -212,3 +212,27 @@ async def test_a_step_is_the_pods_commit_only_once_every_local_rank_committed_it
     got = [(step, float(state["w"][0])) for step, state in filter(None, loaded)]
     assert got == [(2, 2.0), (2, 1002.0)]  # from disk: each rank's own copy
     await daemon.stop()
+
+
+def test_a_pod_where_one_local_rank_never_saves_commits_nothing_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``if local_rank == 0: save(...)`` under torchrun: the pod's commit would name a step
+    rank 1 cannot resume from, so none is made, and the daemon's log says why (once)."""
+    from aegis.checkpoint import daemon
+    from aegis.checkpoint import layout as lay
+
+    pod, shared = tmp_path / "shm", daemon.Shared(daemon.resumed_state(tmp_path / "shm"))
+    rank0 = lay.local_dir(pod, 0)
+    rank0.mkdir(parents=True)
+    (pod / lay.LOCAL_WORLD).write_text("2")
+    where = daemon.Where(pod, rank0, tmp_path / "ckpt" / "local-0")
+    for step in (2, 4):
+        lay.slot_json(rank0, step).write_text("{}")
+        lay.committed_marker(rank0, step).write_bytes(b"")
+        daemon.announce(where, step, where.ckpt / f"step-{step}", shared)
+    assert not (pod / lay.COMMITS_LOG).exists()
+    said = [r.getMessage() for r in caplog.records if "ever saved" in r.getMessage()]
+    assert said == ["local-0 committed its second save, but only 1 of the pod's 2 local ranks "
+                    "ever saved: no step is the pod's commit until every local rank saves it "
+                    "(every rank calls aegis.checkpoint.save)"]  # fmt: skip

@@ -96,6 +96,7 @@ class Shared:
     state: outage.StoreState
     lock: threading.Lock = field(default_factory=threading.Lock)
     announced: tuple[tuple[int, int], ...] = ()
+    warned: bool = False  # that a local rank never saves (said once)
 
 
 def announce(where: Where, step: int, final: Path, shared: Shared) -> None:
@@ -103,8 +104,14 @@ def announce(where: Where, step: int, final: Path, shared: Shared) -> None:
     every local rank committed it (said once per set of commit markers)."""
     if where.slots == where.pod:
         return  # commit_one wrote the pod's own line
-    dirs = lay.local_dirs(where.pod)
-    if not lay.pod_committed(step, lay.expected_local_ranks(where.pod), map(lay.committed, dirs)):
+    dirs, expected = lay.local_dirs(where.pod), lay.expected_local_ranks(where.pod)
+    if len(dirs) < expected and len(lay.committed(where.slots)) > 1 and not shared.warned:
+        shared.warned = True
+        log.warning("%s committed its second save, but only %d of the pod's %d local ranks "
+                    "ever saved: no step is the pod's commit until every local rank saves it "
+                    "(every rank calls aegis.checkpoint.save)", where.slots.name, len(dirs),
+                    expected)  # fmt: skip
+    if not lay.pod_committed(step, expected, map(lay.committed, dirs)):
         return
     try:
         markers = tuple(_identity(lay.committed_marker(d, step)) for d in dirs)
