@@ -226,3 +226,90 @@ def test_load_raises_clear_error_when_file_is_bad(tmp_path: Path, text: str) -> 
     path.write_text(text)
     with pytest.raises(signatures.SignatureConfigError):
         signatures.load(path)
+
+
+# What one pod's output looks like when rank 1 of `torchrun --nproc-per-node 2` raises: its
+# traceback, rank 0's broken gloo connection, torchrun's own traceback and failure report (an
+# H200 run of benchmarks/gpu/cuda_train.py, 2026-12-04; frames shortened).
+TORCHRUN_POD = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/work/cuda_train.py", line 183, in main',
+    '[rank1]:     raise RuntimeError(f"injected crash at step {step}")',
+    "[rank0]: Traceback (most recent call last):",
+    "[rank1]: RuntimeError: injected crash at step 150",
+    '[rank0]:   File "/work/cuda_train.py", line 165, in main',
+    "[rank0]:     loss.backward()",
+    "[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection "
+    "closed by peer [127.0.0.1]:61159",
+    "W1204 15:54:31.747000 844 torch/distributed/elastic/multiprocessing/api.py:1012] Sending "
+    "process 866 closing signal SIGTERM",
+    "Traceback (most recent call last):",
+    '  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/run.py", line 994',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "cuda_train.py FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "[1]:",
+    "  time      : 2026-12-04_15:54:31",
+    "  host      : localhost",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : -15 (pid: 866)",
+    "  error_file: <N/A>",
+    "  traceback : Signal 15 (SIGTERM) received by PID 866",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-12-04_15:54:31",
+    "  host      : localhost",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : 1 (pid: 867)",
+    "  error_file: <N/A>",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    "============================================================",
+]
+
+
+def _evidence(lines: list[str]) -> ports.Evidence:
+    scanner = signatures.Scanner()
+    for line in lines:
+        scanner.feed("stderr", line)
+    return scanner.evidence()
+
+
+def test_one_ranks_exception_under_torchrun_is_not_a_connection_fault_by_its_peers() -> None:
+    """Rank 1 raised: rank 0's broken connection and its SIGTERM from torchrun are what a rank
+    shows when its peer dies, not evidence. Interleaved, each rank's traceback is its own."""
+    evidence = _evidence(TORCHRUN_POD)
+    assert evidence.fault_class == FC.PYTHON_TRACEBACK
+    assert [(m.line, m.detail) for m in evidence.matches] == [
+        ("RuntimeError: injected crash at step 150",
+         'File "/work/cuda_train.py", line 183, in main'),
+        ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+         'File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/run.py", line 994'),
+    ]  # fmt: skip
+
+
+def test_the_root_cause_ranks_own_fault_class_is_kept_under_torchrun() -> None:
+    lines = [line.replace("RuntimeError: injected crash at step 150",
+                          "RuntimeError: CUDA error: an illegal memory access was encountered")
+             for line in TORCHRUN_POD]  # fmt: skip
+    assert _evidence(lines).fault_class == FC.CUDA_ERROR
+
+
+def test_what_a_peer_shows_beyond_a_dead_peer_still_counts_under_torchrun() -> None:
+    """A peer's own hardware trouble is no consequence of the root cause: it stays evidence."""
+    lines = [*TORCHRUN_POD[:8], "[rank0]: RuntimeError: CUDA error: uncorrectable ECC error "
+             "encountered", *TORCHRUN_POD[8:]]  # fmt: skip
+    assert _evidence(lines).fault_class == FC.GPU_ECC
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        pytest.param(TORCHRUN_POD[:12], id="no-report"),  # torchrun was killed before it
+        pytest.param([line.removeprefix("[rank1]: ") for line in TORCHRUN_POD], id="unprefixed"),
+    ],
+)
+def test_without_the_root_causes_own_lines_every_match_counts(lines: list[str]) -> None:
+    assert _evidence(lines).fault_class == FC.CONNECTION

@@ -11,6 +11,7 @@ machine), and the second save waited on the peer's slot until the hang watchdog 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ BIN = Path(__file__).parent / "bin"
 
 
 def _torchrun(script: str, *args: str) -> tuple[str, ...]:
+    """``script`` (under tests/bin unless a path) on two ranks of one pod."""
     return (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             str(BIN / script), *args)  # fmt: skip
 
@@ -93,3 +95,23 @@ async def test_two_ranks_of_one_pod_load_a_dcp_checkpoint_from_their_shared_memo
         names = sorted(p.name for p in save.iterdir())
         assert names[0] == ".metadata" and len(names) == 3, names
         assert names[1].startswith("__0_") and names[2].startswith("__1_"), names
+
+
+async def test_a_plain_exception_of_one_rank_under_torchrun_restarts_the_pod_at_once(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 of ``torchrun --nproc-per-node 2`` raises: its peer's broken connection does not
+    make it a ``connection`` fault, so no check round runs (a software fault, restarted in place
+    at once), and both ranks resume from the same step of their own Aegis checkpoint."""
+    train = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+    crash = ("--crash-at-step", "12", "--crash-rank", "1", "--ckpt-dir", str(tmp_path / "plain"))
+    command = _torchrun(str(train), "--steps", "30", "--ckpt-every", "5", *crash)
+    result = await _run(tmp_path, command)
+    events = [json.loads(line) for line in (result.log_dir / "events.jsonl").open()]
+    errors = [e["data"]["fault_class"] for e in events if e.get("type") == "Error"]
+    assert errors == ["python_traceback"], errors
+    assert not any(e.get("phase") == "Troubleshooting" for e in events)
+    log = (result.log_dir / "pods" / "two-0.log").read_text()
+    said = r"rank=(\d) resumed from aegis checkpoint at step (\d+) \(incarnation 1"
+    resumed = re.findall(said, log)
+    assert sorted(resumed) in ([("0", "5"), ("1", "5")], [("0", "10"), ("1", "10")]), resumed

@@ -9,6 +9,14 @@ The patterns are data (:data:`DEFAULT_SIGNATURES`); a TOML file adds more, check
 
 A Python traceback is followed across lines: its match carries the exception line and, as detail,
 the last ``File ...`` frame line.
+
+Several ranks in one command (``torchrun --nproc-per-node N``): each match is attributed to the
+rank whose line it is (torch's ``[rank1]: `` prefix, or the entry of torchrun's failure report it
+sits in). When torchrun names the root cause (its first observed failure) and that rank's own
+lines matched, what the other ranks show when a peer dies (:data:`CONSEQUENCES`: their broken
+connections, their SIGTERM from torchrun, their tracebacks, their collective timeouts) is not
+evidence: one rank's plain exception stays a software fault (restarted at once) rather than a
+``connection`` fault from its peers' sockets (the checks first). Whatever else they show counts.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -123,7 +132,52 @@ def load(path: Path) -> tuple[Signature, ...]:
 _FRAME = re.compile(r'^\s+File "')
 _TRACEBACK_START = "Traceback (most recent call last):"
 # torch.distributed prefixes an uncaught exception's lines with the rank ("[rank1]: ").
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ")
+# torchrun's failure report: an entry ("[0]:") per failed worker naming its rank, the first
+# observed failure under "Root Cause", between rules of dashes or equal signs.
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_REPORT_ENTRY = re.compile(r"^\[\d+\]:\s*$")
+_REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
+_REPORT_RULE = re.compile(r"^(?:-{20,}|={20,})\s*$")
+# What a rank shows when a peer dies: not evidence of its own once the root cause is known.
+CONSEQUENCES = frozenset({FC.CONNECTION, FC.KILLED, FC.PYTHON_TRACEBACK, FC.NCCL_TIMEOUT})
+
+
+@dataclasses.dataclass(slots=True)
+class _Report:
+    """Where the scanner is in torchrun's failure report."""
+
+    entry_rank: int | None = None  # the rank of the entry being read
+    in_root: bool = False
+    root: int | None = None  # the rank of the newest report's root cause
+
+    def attribute(self, line: str) -> int | None:
+        """The rank ``line`` belongs to, if any (and follow the report)."""
+        prefixed = _RANK_PREFIX.match(line)
+        if prefixed:
+            return int(prefixed.group(1))
+        if line.startswith(_ROOT_CAUSE):
+            self.in_root, self.entry_rank = True, None
+        elif _REPORT_RULE.match(line) or _REPORT_ENTRY.match(line):
+            self.entry_rank = None
+            self.in_root = self.in_root and not line.startswith("=")
+        elif ranked := _REPORT_RANK.match(line):
+            self.entry_rank = int(ranked.group(1))
+            if self.in_root:
+                self.root = self.entry_rank
+        return self.entry_rank
+
+
+def root_cause_evidence(
+    matches: Iterable[tuple[ports.SignatureMatch, int | None]], root: int | None
+) -> list[ports.SignatureMatch]:
+    """The matches that are evidence, given torchrun's root-cause rank: all of them, unless the
+    root cause's own lines matched; then not what the other ranks show when a peer dies."""
+    attributed = list(matches)
+    if root is None or not any(rank == root for _, rank in attributed):
+        return [m for m, _ in attributed]
+    return [m for m, rank in attributed
+            if rank in (None, root) or m.fault_class not in CONSEQUENCES]  # fmt: skip
 
 
 @dataclasses.dataclass(slots=True)
@@ -144,14 +198,16 @@ class Scanner:
     ) -> None:
         self._signatures = signatures
         self._last: collections.deque[str] = collections.deque(maxlen=keep_lines)
-        self._matches: collections.deque[ports.SignatureMatch] = collections.deque(
-            maxlen=max_matches
+        self._matches: collections.deque[tuple[ports.SignatureMatch, int | None]] = (
+            collections.deque(maxlen=max_matches)
         )
-        self._tracebacks: dict[str, _TracebackState] = {}
+        self._tracebacks: dict[tuple[str, int | None], _TracebackState] = {}
+        self._report = _Report()
 
     def feed(self, stream: str, line: str) -> tuple[ports.SignatureMatch, ...]:
         """Record one line (without its newline); return what it matched."""
         self._last.append(line)
+        rank = self._report.attribute(line)
         found: list[ports.SignatureMatch] = []
         for signature in self._signatures:
             if signature.pattern.search(line):
@@ -159,14 +215,16 @@ class Scanner:
                     ports.SignatureMatch(signature.fault_class, signature.name, stream, line)
                 )
                 break
-        traceback = self._follow_traceback(stream, line)
+        traceback = self._follow_traceback(stream, line, rank)
         if traceback is not None:
             found.append(traceback)
-        self._matches.extend(found)
+        self._matches.extend((match, rank) for match in found)
         return tuple(found)
 
-    def _follow_traceback(self, stream: str, line: str) -> ports.SignatureMatch | None:
-        state = self._tracebacks.setdefault(stream, _TracebackState())
+    def _follow_traceback(
+        self, stream: str, line: str, rank: int | None
+    ) -> ports.SignatureMatch | None:
+        state = self._tracebacks.setdefault((stream, rank), _TracebackState())
         line = _RANK_PREFIX.sub("", line, count=1)
         if line.startswith(_TRACEBACK_START):
             state.open, state.last_frame = True, ""
@@ -184,7 +242,7 @@ class Scanner:
         )
 
     def evidence(self, *, fallback_class: str | None = None) -> ports.Evidence:
-        matches = tuple(self._matches)
+        matches = tuple(root_cause_evidence(self._matches, self._report.root))
         classes = [m.fault_class for m in matches]
         if fallback_class is not None:
             classes.append(fallback_class)
