@@ -251,3 +251,38 @@ async def test_a_rank_killed_mid_training_resumes_from_shared_memory_without_a_d
         assert second["resumed_from"] >= 4 and second["found"] == second["resumed_from"]
     assert second["resumed_from"] == 4  # rank 1 died before its step 6
     assert any(p.name == "data.bin" for p in ckpt.rglob("*")), "nothing committed on disk"
+
+
+@pytest.mark.parametrize(
+    ("masters", "sig", "code"),
+    [("1", signal.SIGINT, 130), ("1", signal.SIGTERM, 143), ("2", signal.SIGINT, 130)],
+)
+def test_aegis_run_stopped_by_a_signal_exits_128_plus_its_number(
+    tmp_path: Path, masters: str, sig: signal.Signals, code: int
+) -> None:
+    """Ctrl-C (or SIGTERM) while the job trains stops it and everything it started; the exit
+    status says a signal ended it, as a shell's does (it was 1, as if the job had failed, with one
+    master, and 130 with replicas)."""
+    out = tmp_path / "out.log"
+    argv = [sys.executable, "-m", "aegis.cli.main", "run", "--nodes", "2", "--spare-nodes", "0",
+            "--masters", masters, "--view", "plain", "--log-dir", str(tmp_path / "logs"), "--",
+            sys.executable, "-c", "import time; time.sleep(300)"]  # fmt: skip
+    with out.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "phase RunCommand" in out.read_text(), 120.0, "the job to train")
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == code, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if masters == "1":  # the last line says what happened
+        assert f"Failed (aegis run got {sig.name})" in out.read_text().splitlines()[-1]
+
+    def left() -> list[int]:
+        sleeping = (p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"])
+        marks = (str(tmp_path), "time.sleep(300)")
+        return [p.pid for p in sleeping if any(m in " ".join(p.info["cmdline"]) for m in marks)]
+
+    wait_until(lambda: not left(), 30.0, "nothing of the run left")  # agents, zygotes, daemons

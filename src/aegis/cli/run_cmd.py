@@ -256,7 +256,8 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     total_steps: TotalSteps = None,
     isolate_nodes: IsolateNodes = False,
 ) -> None:
-    """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails."""
+    """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails,
+    130 (143) when Ctrl-C (SIGTERM) stopped it."""
     _exit_without_torch()
     if isolate_nodes:
         metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)

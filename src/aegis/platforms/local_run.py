@@ -70,7 +70,7 @@ async def _run_job(
         token=token,
     )
     runner.listeners.append(lambda r, event, actions: platform.turn_slow_at_commit(event))
-    pids_seen = await _until_done(runner, platform, observe)
+    pids_seen, stopped_by = await _until_done(runner, platform, observe)
     if settings.status_file is not None:
         job_files.write_status_file(settings.status_file, spec, runner.status)
     return RunResult(
@@ -81,19 +81,23 @@ async def _run_job(
         agent_pids_seen=pids_seen,
         drops=dict(runner.drops.counts),
         ended=runner.notes.ended,
+        stopped_by=stopped_by,
     )
 
 
 async def _until_done(
     runner: JobRunner, platform: LocalPlatform, observe: Observer | None
-) -> dict[str, list[int]]:
+) -> tuple[dict[str, list[int]], int | None]:
     """Start the pods and wait for the job's end (SIGINT, SIGTERM: the job is stopped); then
-    stop what is left. Returns every agent pid each pod had, first and last."""
+    stop what is left. Returns every agent pid each pod had, first and last, and the signal
+    that stopped the job, if one did."""
     pids_seen: dict[str, list[int]] = {}
+    stopped_by: list[int] = []
     loop = asyncio.get_running_loop()
 
     def quit_on_signal(sig: signal.Signals) -> None:
         log.warning("%s: stopping the job", sig.name)
+        stopped_by.append(int(sig))
         runner.platform_event(ev.QuitRequested(f"aegis run got {sig.name}"))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -112,4 +116,4 @@ async def _until_done(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await platform.stop_all()
-    return pids_seen
+    return pids_seen, (stopped_by[0] if stopped_by else None)

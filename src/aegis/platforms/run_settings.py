@@ -130,7 +130,12 @@ class RunResult:
     agent_pids_seen: dict[str, list[int]]
     drops: dict[str, int]
     ended: str = ""  # why the job ended, in the master's words
+    stopped_by: int | None = None  # the signal (SIGINT, SIGTERM) that made aegis run stop it
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.status.phase is Phase.SUCCEED else 1
+        """0 when the job succeeded, 128 + the signal's number when a signal stopped it (as a
+        shell reports a command a signal ended: 130 for Ctrl-C), else 1."""
+        if self.status.phase is Phase.SUCCEED:
+            return 0
+        return 128 + self.stopped_by if self.stopped_by is not None else 1
