@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aegis.checks import base, env, local, suites
+from aegis.checks import base, env, group, local, suites
 from aegis.core.recovery import CheckType
 
 
@@ -118,14 +118,14 @@ async def test_run_one_fails_injected_when_check_is_in_inject() -> None:
 
 
 async def test_runtime_reports_environment_and_checks_cuda_expectation() -> None:
-    outcome = await local.runtime_check(base.CheckSettings())
+    outcome = await group.runtime_check(base.CheckSettings())
     assert outcome.passed, outcome.result
     report = env.parse_report(outcome.result)
     assert (
         report is not None and report.torch.startswith("2.13") and report.python.startswith("3.11")
     )
     assert report == env.environment_report()
-    failed = await local.runtime_check(base.CheckSettings(require_gpu=True))
+    failed = await group.runtime_check(base.CheckSettings(require_gpu=True))
     assert not failed.passed and failed.result.startswith("CUDA not available, expected")
     assert env.parse_report(failed.result) == report
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from aegis.agent import reaper
-from aegis.checks import base, group, host, suites
+from aegis.checks import base, env, group, host, suites
 from aegis.core.recovery import CheckType
 from tests import forkserver_harness as harness
 from tests.waits import async_wait_until
@@ -65,8 +65,11 @@ async def test_troubleshoot_takes_both_collectives_from_one_warm_child_when_host
             assert all(r.passed and not r.not_applicable for r in (by_type[CONNECT], by_type[PERF]))
             assert by_type[CONNECT].result == "all_reduce and all_gather exact across 2 pod(s)"
             assert "compute" in by_type[PERF].result and "best pair" in by_type[PERF].result
-        for h in (h0, h1):  # one child per pod and round, asked for both rounds
-            assert [child.args[0] for child in h.forked] == ["connect,perf"]
+            report = env.parse_report(by_type[CheckType.RUNTIME].result)
+            assert by_type[CheckType.RUNTIME].passed and report is not None
+            assert report.torch.startswith("2.13")
+        for h in (h0, h1):  # one child per pod and round, asked for the three checks
+            assert [child.args[0] for child in h.forked] == ["runtime,connect,perf"]
             assert h.made == 1
 
 
@@ -76,7 +79,7 @@ async def test_collective_round_answers_both_checks_from_one_process_when_forked
     async with host.CheckHost(the_reaper) as h0, host.CheckHost(the_reaper) as h1:
         port = group.free_port()
         pods = [
-            group.CollectiveRound(settings(rank, 2, port, h, tmp_path), [CONNECT, PERF])
+            group.CheckChildRound(settings(rank, 2, port, h, tmp_path), [CONNECT, PERF])
             for rank, h in enumerate((h0, h1))
         ]
         try:
@@ -161,6 +164,43 @@ async def test_warm_child_is_killed_at_budget_and_host_serves_again_when_pod_mis
         }
         assert results[CONNECT].passed and results[PERF].passed
         assert len(h.forked) == 2 and h.made == 1
+
+
+def test_the_checks_that_need_torch_never_import_it_in_the_agent() -> None:
+    """A bootcheck and a check round as the agent runs them (with its warm check interpreter):
+    their runtime check reports torch, and the process that ran them never imported it (the
+    agent is PID 1 of its pod: no torch's memory there, no CUDA initialised)."""
+    script = """
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from aegis.agent import reaper
+from aegis.checks import base, group, host, suites
+
+async def main():
+    scratch = Path(tempfile.mkdtemp())
+    async with reaper.Reaper() as the_reaper, host.CheckHost(the_reaper) as h:
+        rounds = []
+        for run in (suites.bootcheck, suites.troubleshoot):
+            info = base.GroupInfo(0, 1, "127.0.0.1", group.free_port())
+            settings = base.CheckSettings(scratch_dir=scratch, group=info, host=h,
+                                          perf=base.PerfSettings(compute_s=0.1))
+            rounds.append([[r.check_type.value, r.passed, r.result] for r in await run(settings)])
+        print(json.dumps({"rounds": rounds, "forked": [c.args[0] for c in h.forked],
+                          "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}))
+
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["torch"] == []
+    assert out["forked"] == ["runtime,connect", "runtime,connect,perf"]  # one child a round
+    for results in out["rounds"]:
+        assert all(passed for _, passed, _ in results), results
+        [runtime] = [result for check, _, result in results if check == "runtime"]
+        report = env.parse_report(runtime)
+        assert report is not None and report.torch.startswith("2.13"), runtime
 
 
 def test_collective_child_prints_a_verdict_per_round_from_one_group_when_both_asked() -> None:

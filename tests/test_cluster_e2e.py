@@ -68,7 +68,8 @@ async def test_a_gpu_fault_on_rank_0s_node_moves_the_rendezvous_to_the_spare(
 ) -> None:
     """Rank 0 exits with no traceback, the checks find node-0's GPU broken: its pod moves to
     spare-0, every rank meets there next, and rank 0 resumes from the durable checkpoint (the
-    spare's shared memory is empty) while the others resume from their own."""
+    spare's shared memory is empty) while the others resume from their own. No agent imported
+    torch for its bootcheck or its check round: their runtime checks ran in a child."""
     command = probe(tmp_path / "out", str(tmp_path / "logs" / "checkpoints"), "--fail-rank", "0",
                     "--fail-at-step", "7", "--fail-how", "exit")  # fmt: skip
     run = await run_cluster(
@@ -92,6 +93,13 @@ async def test_a_gpu_fault_on_rank_0s_node_moves_the_rendezvous_to_the_spare(
         assert last["master"].startswith(f"{address_of(3)}:"), last  # rank 0's new node
         if rank:
             assert last["opened"] == [], last  # their own node's memory
+    for rank in range(3):
+        assert all(r["agent_torch"] == [] for r in run.records(rank)), run.records(rank)
+    runtime = [(e["phase"], r) for e in run.events() if e.get("type") == "Finish"
+               for r in e["data"].get("response", {}).get("results", [])
+               if r["check_type"] == "runtime"]  # fmt: skip
+    assert {phase for phase, _ in runtime} == {"BootChecking", "Troubleshooting"}, runtime
+    assert all(r["passed"] and "torch=2.13" in r["result"] for _, r in runtime), runtime
     faults = [json.loads(line) for line in (run.log_dir / "faults.jsonl").open()]
     on_node_0 = [f for f in faults if f["node"] == "node-0"]
     assert on_node_0 and {f["node_ip"] for f in on_node_0} == {address_of(0)}, faults

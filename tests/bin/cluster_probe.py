@@ -3,7 +3,8 @@
 Each incarnation of each rank appends one JSON line to OUT/rank-R.jsonl: where it ran (its
 hostname and the address that name resolves to), where it met (MASTER_ADDR:MASTER_PORT), what
 its node's /dev/shm held when it started, the step it resumed from and the checkpoint files it
-opened under CKPT (an audit hook: none when it restored from its agent's shared memory). Then it
+opened under CKPT (an audit hook: none when it restored from its agent's shared memory), and the
+torch libraries its agent (the nearest ``aegis agent`` above it) has mapped. Then it
 trains (gloo all_reduce every step, ``aegis.checkpoint.save`` every 2 steps) to ``--steps``.
 ``--fail-rank R --fail-at-step S --fail-how raise|exit`` makes rank R fail at step S in its first
 incarnation (raise: a Python exception; exit: ``os._exit(1)`` with no traceback).
@@ -39,6 +40,23 @@ def audit(event: str, audit_args: tuple[object, ...]) -> None:
 
 sys.addaudithook(audit)
 
+
+def agent_torch() -> list[str] | None:
+    """The torch files mapped by the nearest ``aegis agent`` process above this one (None: no
+    agent found)."""
+    pid = os.getppid()
+    for _ in range(6):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"aegis" in argv and b"agent" in argv:
+                maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+                return sorted({line.split()[-1] for line in maps if "torch" in line})
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -54,7 +72,7 @@ record = {
     "rank": rank, "incarnation": incarnation, "hostname": host,
     "address": socket.gethostbyname(host), "pod": os.environ.get("AEGIS_POD"),
     "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", "shm": shm,
-    "resumed_from": start, "opened": list(opened),
+    "resumed_from": start, "opened": list(opened), "agent_torch": agent_torch(),
 }  # fmt: skip
 with (args.out / f"rank-{rank}.jsonl").open("a") as out:
     out.write(json.dumps(record) + "\n")

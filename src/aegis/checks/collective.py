@@ -1,13 +1,16 @@
-"""The collective part of allreduce_connect / allreduce_perf, run as a child process.
+"""The checks that need torch, run as a child process: runtime, allreduce_connect, allreduce_perf.
 
-``python -m aegis.checks.collective MODES --rank R --world-size W --master-addr A
---master-port P [...]`` (MODES: ``connect``, ``perf`` or ``connect,perf``) joins one process
-group (TCP rendezvous on A:P; NCCL when CUDA is available, else gloo), runs each round in turn on
-it, and prints one JSON object ``{"mode", "passed", "result", "pid", ...}`` per round on stdout as
-soon as that round is done; after a failed ``connect`` it stops. The agent never holds a process
-group itself, and a hung collective dies with this process when the check's budget runs out.
-The same :func:`main` runs in a child forked from the agent's warm check interpreter
-(:mod:`aegis.checks.forkserver`), which has imported torch already.
+``python -m aegis.checks.collective MODES [--expect-cuda any|true|false] [--rank R --world-size W
+--master-addr A --master-port P ...]`` (MODES: some of ``runtime``, ``connect``, ``perf``, in
+that order, comma-separated) imports torch and prints one JSON object ``{"mode", "passed",
+"result", "pid", ...}`` per mode on stdout as soon as that mode is done. ``runtime`` comes first
+and needs no group: its result is the environment report (:mod:`aegis.checks.env`), or why torch
+does not import. ``connect`` and ``perf`` join one process group (TCP rendezvous on A:P; NCCL when
+CUDA is available, else gloo) and run each round in turn on it; after a failed ``connect`` it
+stops. The agent never imports torch nor holds a process group itself: its memory stays small,
+CUDA is never initialised in PID 1, and a hung collective dies with this process when the check's
+budget runs out. The same :func:`main` runs in a child forked from the agent's warm check
+interpreter (:mod:`aegis.checks.forkserver`), which has imported torch already.
 """
 
 from __future__ import annotations
@@ -20,25 +23,29 @@ import sys
 import time
 from typing import Any
 
-from aegis.checks import perf
+from aegis.checks import env, perf
 
-MODES = ("connect", "perf")
+MODES = ("runtime", "connect", "perf")
+GROUP_MODES = ("connect", "perf")
+EXPECT_CUDA = {"any": None, "true": True, "false": False}
 
 
 def _modes(text: str) -> list[str]:
     modes = text.split(",")
-    if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
-        raise argparse.ArgumentTypeError(f"modes must be among {','.join(MODES)}: {text!r}")
+    if modes != [m for m in MODES if m in modes]:
+        raise argparse.ArgumentTypeError(f"modes must be among {','.join(MODES)}, in that "
+                                         f"order: {text!r}")  # fmt: skip
     return modes
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m aegis.checks.collective")
-    parser.add_argument("mode", type=_modes, help="connect, perf or connect,perf")
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--master-addr", required=True)
-    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("mode", type=_modes, help="e.g. runtime, connect,perf, runtime,connect")
+    parser.add_argument("--expect-cuda", choices=sorted(EXPECT_CUDA), default="any")
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--world-size", type=int)
+    parser.add_argument("--master-addr")
+    parser.add_argument("--master-port", type=int)
     parser.add_argument("--timeout-s", type=float, default=120.0)
     parser.add_argument("--compute-s", type=float, default=0.5)
     parser.add_argument("--window-s", type=float, default=0.1)
@@ -51,7 +58,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slow-factor", type=float, default=0.6)
     parser.add_argument("--pair-slow-factor", type=float, default=0.25)
     parser.add_argument("--straggler-score", type=float, default=0.0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    group = (args.rank, args.world_size, args.master_addr, args.master_port)
+    if any(m in GROUP_MODES for m in args.mode) and None in group:
+        parser.error("connect and perf need --rank, --world-size, --master-addr, --master-port")
+    return args
 
 
 def _connect_round(torch: Any, dist: Any, rank: int, world: int, device: Any) -> dict[str, Any]:
@@ -72,9 +83,39 @@ def _connect_round(torch: Any, dist: Any, rank: int, world: int, device: Any) ->
     return {"passed": True, "result": f"all_reduce and all_gather exact across {world} pod(s)"}
 
 
+def _say(out: dict[str, Any]) -> None:
+    out.setdefault("pid", os.getpid())
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()  # each verdict as soon as its round is done
+
+
+def _runtime_round(expect_cuda: bool | None) -> tuple[bool, dict[str, Any]]:
+    """(whether torch imports, the runtime verdict): the environment report of this process."""
+    try:
+        report = env.environment_report()
+    except Exception as exc:  # torch that does not import is a broken runtime
+        reason = f"torch does not import: {type(exc).__name__}: {exc}"
+        sys.stderr.write(reason + "\n")
+        return False, {"mode": "runtime", "passed": False, "result": reason}
+    passed, result = env.runtime_verdict(report, expect_cuda)
+    return True, {"mode": "runtime", "passed": passed, "result": result}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     started = time.monotonic()
+    if "runtime" in args.mode:
+        imports, out = _runtime_round(EXPECT_CUDA[args.expect_cuda])
+        _say(out)
+        if not imports:
+            return 1
+    group_modes = [m for m in args.mode if m in GROUP_MODES]
+    if group_modes:
+        _group_rounds(args, group_modes, started)
+    return 0
+
+
+def _group_rounds(args: argparse.Namespace, modes: list[str], started: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -93,21 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     joined_s = time.monotonic() - started
     try:
-        for mode in args.mode:
+        for mode in modes:
             round_started = time.monotonic()
             if mode == "connect":
                 out = _connect_round(torch, dist, args.rank, args.world_size, device)
             else:
                 out = perf.run_round(torch, dist, args, device)
-            out.update(mode=mode, backend=backend, join_s=round(joined_s, 3), pid=os.getpid(),
+            out.update(mode=mode, backend=backend, join_s=round(joined_s, 3),
                        round_s=round(time.monotonic() - round_started, 3))  # fmt: skip
-            sys.stdout.write(json.dumps(out) + "\n")
-            sys.stdout.flush()  # each verdict as soon as its round is done
+            _say(out)
             if not out["passed"] and mode == "connect":
                 break  # no perf round on a group that does not compute right
     finally:
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ class EnvReport:
 
 
 def environment_report() -> EnvReport:
-    """This process's runtime (imports torch: call it in a thread or a check, not on a hot path)."""
+    """This process's runtime. It imports torch and may initialise CUDA: the agent never calls
+    it, its check child does (:mod:`aegis.checks.collective`)."""
     import torch
 
     cuda_available = bool(torch.cuda.is_available())
@@ -50,6 +51,18 @@ def environment_report() -> EnvReport:
         device_count=count,
         device_name=str(torch.cuda.get_device_name(0)) if count else "cpu",
     )
+
+
+def runtime_verdict(report: EnvReport, expect_cuda: bool | None) -> tuple[bool, str]:
+    """(passed, result line) of the runtime check: the report as the line (the master parses it
+    with :func:`parse_report`); failed when CUDA's availability is not what was expected
+    (``expect_cuda`` None: either is fine)."""
+    line = format_report(report)
+    if expect_cuda is True and not report.cuda_available:
+        return False, f"CUDA not available, expected; {line}"
+    if expect_cuda is False and report.cuda_available:
+        return False, f"CUDA available, not expected; {line}"
+    return True, line
 
 
 def format_report(report: EnvReport) -> str:

@@ -1,13 +1,14 @@
-"""The warm check interpreter: forks collective check children that have torch imported already.
+"""The warm check interpreter: forks check children that have torch imported already.
 
 The agent starts it (through its reaper, see :mod:`aegis.checks.host`) as ``python -m
 aegis.checks.forkserver --fd N --agent PID`` in a process group of its own; it dies with the
 agent. It imports torch, ``torch.distributed`` and :mod:`aegis.checks.collective`, and then
 serves the agent as :func:`aegis.forking.run_server` says: a request is ``{"argv": [collective
 arguments]}``, one child at a time, for as long as the agent lives. The child runs
-:func:`aegis.checks.collective.main`, exactly what ``python -m aegis.checks.collective`` runs.
-The forkserver itself never creates a thread, a process group (torch.distributed) or a CUDA
-context, so every fork is safe.
+:func:`aegis.checks.collective.main`, exactly what ``python -m aegis.checks.collective`` runs
+(the runtime check's environment report, then the collective rounds). The forkserver itself
+never creates a thread, a process group (torch.distributed) or a CUDA context (only a child asks
+whether CUDA is available), so every fork is safe.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from aegis import forking
 
 
 def prewarm(options: dict[str, str]) -> dict[str, Any]:
-    """Import what a collective child needs; ``failed`` with the reason when an import fails
+    """Import what a check child needs; ``failed`` with the reason when an import fails
     (:func:`aegis.forking.run_server` checks that the imports left the fork safe)."""
     try:
         import torch

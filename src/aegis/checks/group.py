@@ -1,15 +1,15 @@
-"""allreduce_connect and allreduce_perf: the collective rounds run in one child process per round.
+"""The checks that need torch (runtime, allreduce_connect, allreduce_perf): one child per round.
 
-The agent never holds a process group. A :class:`CollectiveRound` starts one child for all the
-collective checks of a check round (``python -m aegis.checks.collective connect,perf``: one
-torch import, one rendezvous, one process group) and hands each check the JSON verdict line the
-child prints for it; each check keeps its own budget and duration (:func:`base.run_one`). The
-child is forked from the agent's warm check interpreter (``settings.host``, see
-:mod:`aegis.checks.host`) when one is ready, else started cold. When a check's budget runs out,
-the wait is cancelled and the child is killed (SIGKILL), so a hung collective cannot outlive it.
-A child that dies without a verdict fails the check with its stderr's last line. A cold child's
-exit status is not waited for here beyond letting its pipes close; a warm one is the
-forkserver's child, reaped there.
+The agent never imports torch and never holds a process group. A :class:`CheckChildRound` starts
+one child for all such checks of a check round (``python -m aegis.checks.collective
+runtime,connect,perf``: one torch import, one rendezvous, one process group) and hands each check
+the JSON verdict line the child prints for it; each check keeps its own budget and duration
+(:func:`base.run_one`). The child is forked from the agent's warm check interpreter
+(``settings.host``, see :mod:`aegis.checks.host`) when one is ready, else started cold. When a
+check's budget runs out, the wait is cancelled and the child is killed (SIGKILL), so a hung
+collective cannot outlive it. A child that dies without a verdict fails the check with its
+stderr's last line. A cold child's exit status is not waited for here beyond letting its pipes
+close; a warm one is the forkserver's child, reaped there.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ from aegis.core.recovery import CheckType
 log = logging.getLogger(__name__)
 
 MODES: dict[CheckType, str] = {
+    CheckType.RUNTIME: "runtime",
     CheckType.ALLREDUCE_CONNECT: "connect",
     CheckType.ALLREDUCE_PERF: "perf",
 }
+COLLECTIVE = frozenset({CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF})  # need a group
+EXPECT_CUDA = {None: "any", True: "true", False: "false"}
 EXIT_GRACE_S = 2.0  # a child that gave every verdict gets this long to leave on its own
 STDERR_LINES = 20
 
@@ -54,16 +57,22 @@ def solo_group() -> GroupInfo:
 
 def collective_args(checks: Sequence[CheckType], settings: CheckSettings) -> list[str]:
     """The arguments of ``python -m aegis.checks.collective`` running ``checks`` in order."""
-    group = settings.group
-    assert group is not None and checks
-    budget = max(settings.budgets_s.get(c, DEFAULT_BUDGETS_S[c]) for c in checks)
+    assert checks and all(c in MODES for c in checks)
+    args = [",".join(MODES[c] for c in checks)]
+    if CheckType.RUNTIME in checks:
+        expect = True if settings.require_gpu else settings.expect_cuda
+        args += ["--expect-cuda", EXPECT_CUDA[expect]]
+    grouped = [c for c in checks if c in COLLECTIVE]
+    if grouped:
+        group = settings.group
+        assert group is not None
+        budget = max(settings.budgets_s.get(c, DEFAULT_BUDGETS_S[c]) for c in grouped)
+        args += [
+            "--rank", str(group.rank), "--world-size", str(group.world_size),
+            "--master-addr", group.master_addr, "--master-port", str(group.port_for(grouped[0])),
+            "--timeout-s", str(budget),
+        ]  # fmt: skip
     p = settings.perf
-    args = [
-        ",".join(MODES[c] for c in checks),
-        "--rank", str(group.rank), "--world-size", str(group.world_size),
-        "--master-addr", group.master_addr, "--master-port", str(group.port_for(checks[0])),
-        "--timeout-s", str(budget),
-    ]  # fmt: skip
     if CheckType.ALLREDUCE_PERF in checks:
         args += [
             "--compute-s", str(p.compute_s), "--window-s", str(p.window_s),
@@ -74,12 +83,6 @@ def collective_args(checks: Sequence[CheckType], settings: CheckSettings) -> lis
             "--straggler-score", str(p.straggler_score),
         ]  # fmt: skip
     return args
-
-
-def collective_argv(mode: str, check: CheckType, settings: CheckSettings) -> list[str]:
-    """The cold command line of one check's child (``mode``: ``connect`` or ``perf``)."""
-    assert MODES[check] == mode
-    return [sys.executable, "-m", "aegis.checks.collective", *collective_args([check], settings)]
 
 
 @dataclass(slots=True, eq=False)
@@ -113,8 +116,8 @@ class _Child:
             self.err_lines.append(text)
 
 
-class CollectiveRound:
-    """The collective checks of one check round, answered by one child (see the module doc)."""
+class CheckChildRound:
+    """The torch checks of one check round, answered by one child (see the module doc)."""
 
     def __init__(self, settings: CheckSettings, checks: Sequence[CheckType]) -> None:
         self.settings = settings
@@ -127,11 +130,11 @@ class CollectiveRound:
     def start(self) -> None:
         """Start the child (in the background) unless it is started."""
         if self._start is None and self.checks:
-            self._start = asyncio.create_task(self._spawn(), name="collective-child")
+            self._start = asyncio.create_task(self._spawn(), name="check-child")
 
     def start_if_warm(self) -> None:
         """Start the child now if a warm one can be forked at once (it then joins its group
-        while the local checks run); a cold start waits for the first collective check, so that
+        while the local checks run); a cold start waits for the first of its checks, so that
         its ``import torch`` does not compete with the local checks."""
         host = self.settings.host
         if host is not None and host.ready_now:
@@ -163,7 +166,7 @@ class CollectiveRound:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(child.err_task), EXIT_GRACE_S)
         last = child.err_lines[-1] if child.err_lines else ""
-        return Outcome(False, f"collective child died without a verdict: {last}")
+        return Outcome(False, f"check child died without a verdict: {last}")
 
     def kill(self) -> None:
         self._killed = True
@@ -180,7 +183,7 @@ class CollectiveRound:
             self.kill()  # the child, as soon as it is there (``_spawn`` looks)
             raise
         except Exception as exc:
-            log.warning("collective child did not start: %r", exc)
+            log.warning("check child did not start: %r", exc)
             return
         done = all(MODES[c] in self.answers for c in self.checks)
         if not done or self._killed:
@@ -290,14 +293,21 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
 
 
 async def run_checks_alone(check: CheckType, settings: CheckSettings) -> Outcome:
-    """One collective check with a child of its own (``aegis check allreduce_*``)."""
-    if settings.group is None:
+    """One such check with a child of its own (``aegis check runtime``, ``aegis check
+    allreduce_*``)."""
+    if check in COLLECTIVE and settings.group is None:
         return Outcome(True, "not_applicable: no group given", not_applicable=True)
-    round_ = CollectiveRound(settings, [check])
+    round_ = CheckChildRound(settings, [check])
     try:
         return await round_.verdict(check)
     finally:
         await round_.close()
+
+
+async def runtime_check(settings: CheckSettings) -> Outcome:
+    """The environment report (:mod:`aegis.checks.env`), from a child: the agent never imports
+    torch."""
+    return await run_checks_alone(CheckType.RUNTIME, settings)
 
 
 async def allreduce_connect_check(settings: CheckSettings) -> Outcome:

@@ -3,11 +3,12 @@
 A :class:`CheckHost` keeps one forkserver ready (:class:`aegis.spawn.forkclient.ForkServers`,
 started through the agent's reaper, the one owner of ``waitpid`` in the agent; the forkserver
 waits for its own children): it imports torch once, and :meth:`CheckHost.fork` then forks a
-collective check child from it in milliseconds instead of the seconds a cold ``import torch``
-costs. One child at a time. When the forkserver fails to start, is not ready in time, refuses a
-fork or dies, :meth:`fork` returns None and the caller starts the child cold (said once in the
-log); a forkserver that died is replaced in the background, up to ``max_failures`` times in a
-row.
+check child from it in milliseconds instead of the seconds a cold ``import torch`` costs. It is
+the only process of the agent's that imports torch before training: the agent itself never does
+(its checks that need torch run in that child, :mod:`aegis.checks.group`). One child at a time.
+When the forkserver fails to start, is not ready in time, refuses a fork or dies, :meth:`fork`
+returns None and the caller starts the child cold (said once in the log); a forkserver that died
+is replaced in the background, up to ``max_failures`` times in a row.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ class CheckHost:
     """Use as ``async with CheckHost(spawner)`` (or :meth:`close` it when done).
 
     The first forkserver is started by the first :meth:`fork` (or :meth:`start`), not at once:
-    at the agent's start it would import torch at the same time as the bootcheck's runtime check
-    in the agent, and on a slow node push that check past its budget. From then on one stays
-    ready.
+    the bootcheck's runtime check makes it (its child is the first fork), so an agent that never
+    runs a check never imports torch. From then on one stays ready.
     """
 
     def __init__(
@@ -117,7 +117,7 @@ class CheckHost:
         """The caller starts a check child cold: say so, once."""
         if not self._said_cold:
             self._said_cold = True
-            log.warning("collective checks start cold (%s): no warm check interpreter", why)
+            log.warning("check children start cold (%s): no warm check interpreter", why)
 
     async def fork(self, args: Sequence[str], out_fd: int, err_fd: int) -> WarmChild | None:
         """Fork ``python -m aegis.checks.collective ARGS`` warm; None: start it cold."""

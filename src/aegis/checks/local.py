@@ -1,4 +1,5 @@
-"""The node-local checks without hardware ports: io, runtime, hang."""
+"""The node-local checks without hardware ports: io and hang (runtime needs torch: it runs in the
+round's check child, :mod:`aegis.checks.group`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from aegis.checks import env
 from aegis.checks.base import CheckSettings, Outcome
 
 _ERRNO_WORDS = {
@@ -93,26 +93,6 @@ def _io(
     if rate < floor_mb_s:
         return Outcome(False, f"{rate:.1f} MB/s below the floor of {floor_mb_s:g} MB/s")
     return Outcome(True, f"{rate:.0f} MB/s write+fsync+read of {size_mb} MB in {directory}")
-
-
-async def runtime_check(settings: CheckSettings) -> Outcome:
-    expect = True if settings.require_gpu else settings.expect_cuda
-    return await asyncio.to_thread(_runtime, expect)
-
-
-def _runtime(expect_cuda: bool | None) -> Outcome:
-    """Pass with the environment report as the result line (the master parses it with
-    :func:`aegis.checks.env.parse_report`); fail when CUDA availability is not as expected."""
-    try:
-        report = env.environment_report()
-    except Exception as exc:  # torch that does not import is a broken runtime
-        return Outcome(False, f"torch does not import: {type(exc).__name__}: {exc}")
-    line = env.format_report(report)
-    if expect_cuda is True and not report.cuda_available:
-        return Outcome(False, f"CUDA not available, expected; {line}")
-    if expect_cuda is False and report.cuda_available:
-        return Outcome(False, f"CUDA available, not expected; {line}")
-    return Outcome(True, line)
 
 
 async def hang_check(settings: CheckSettings) -> Outcome:

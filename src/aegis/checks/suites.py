@@ -2,11 +2,12 @@
 
 Bootcheck = the environment report (the runtime check's result line, see
 :mod:`aegis.checks.env`) + allreduce_connect; troubleshoot = every check. The collective checks
-run only when ``settings.group`` says where the pods meet. Within a round they are answered by
-one child (:class:`aegis.checks.group.CollectiveRound`: one torch import, or none when the
-agent's warm check interpreter forks it, and one process group on ``master_port``); a warm one
-is forked at the beginning of the round so that its rendezvous overlaps the local checks. Each
-check keeps its own result, duration and budget.
+run only when ``settings.group`` says where the pods meet. Within a round the checks that need
+torch (runtime and the collectives) are answered by one child
+(:class:`aegis.checks.group.CheckChildRound`: one torch import, or none when the agent's warm
+check interpreter forks it, and one process group on ``master_port``); a warm one is forked at
+the beginning of the round so that its rendezvous overlaps the local checks. Each check keeps its
+own result, duration and budget.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from aegis.wire.messages import CheckResult
 CHECKS: dict[CheckType, CheckFn] = {
     CheckType.IO: local.io_check,
     CheckType.GPU: gpu.gpu_check,
-    CheckType.RUNTIME: local.runtime_check,
+    CheckType.RUNTIME: group.runtime_check,
     CheckType.RDMA: rdma.rdma_check,
     CheckType.ALLREDUCE_CONNECT: group.allreduce_connect_check,
     CheckType.ALLREDUCE_PERF: group.allreduce_perf_check,
     CheckType.HANG: local.hang_check,
 }
-COLLECTIVE = frozenset({CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF})
+COLLECTIVE = group.COLLECTIVE
+IN_CHILD = frozenset(group.MODES)  # answered by the round's check child
 
 BOOTCHECK: tuple[CheckType, ...] = (CheckType.RUNTIME, CheckType.ALLREDUCE_CONNECT)
 TROUBLESHOOT: tuple[CheckType, ...] = (
@@ -61,36 +63,35 @@ async def troubleshoot(settings: CheckSettings) -> list[CheckResult]:
     )
 
 
-def collective_round(
-    round_: tuple[CheckType, ...], settings: CheckSettings
-) -> group.CollectiveRound:
-    """The child of a round runs the collective checks that will run here (not injected ones)."""
-    wanted = [t for t, _ in plan(round_, settings) if t in COLLECTIVE]
+def child_round(round_: tuple[CheckType, ...], settings: CheckSettings) -> group.CheckChildRound:
+    """The child of a round runs the torch checks that will run here (not injected ones)."""
+    wanted = [t for t, _ in plan(round_, settings) if t in IN_CHILD]
     if CheckType.ALLREDUCE_CONNECT.value in settings.inject:
-        wanted = []  # allreduce_perf is skipped after a failed allreduce_connect
-    return group.CollectiveRound(settings, [t for t in wanted if t.value not in settings.inject])
+        # allreduce_perf is skipped after a failed allreduce_connect
+        wanted = [t for t in wanted if t not in COLLECTIVE]
+    return group.CheckChildRound(settings, [t for t in wanted if t.value not in settings.inject])
 
 
 async def _run_round(round_: tuple[CheckType, ...], settings: CheckSettings) -> list[CheckResult]:
-    collective = collective_round(round_, settings)
-    collective.start_if_warm()  # a warm child joins its group while the local checks run
+    child = child_round(round_, settings)
+    child.start_if_warm()  # a warm child joins its group while the local checks run
     try:
         if settings.suspect:
-            return await _suspect_first(round_, settings, collective)
-        return await _run_planned(round_, settings, collective, [])
+            return await _suspect_first(round_, settings, child)
+        return await _run_planned(round_, settings, child, [])
     finally:
-        await collective.close()  # (a child that gave no verdict is killed)
+        await child.close()  # (a child that gave no verdict is killed)
 
 
 async def _suspect_first(
-    round_: tuple[CheckType, ...], settings: CheckSettings, collective: group.CollectiveRound
+    round_: tuple[CheckType, ...], settings: CheckSettings, child: group.CheckChildRound
 ) -> list[CheckResult]:
     """The suspect's node is checked first: its own checks (every one but the collectives) run
     before its collective checks. When they already say it must leave (``recovery.must_leave``:
     the master ends the round on that answer, ``core.resolution.concludes_early``), it answers
     at once and the collective checks are skipped: its peers' group would only wait for it."""
     own = tuple(t for t in round_ if t not in COLLECTIVE)
-    results = [await run_one(t, fn, settings) for t, fn in plan(own, settings)]
+    results = await _run_planned(own, settings, child, [])
     verdict = recovery.classify(
         recovery.CheckOutcome(r.check_type, r.passed, r.timed_out) for r in results
     )
@@ -100,13 +101,13 @@ async def _suspect_first(
             await run_one(t, _skipped_for(verdict), settings) for t, _ in plan(rest, settings)
         ]
         return results + skipped
-    return await _run_planned(rest, settings, collective, results)
+    return await _run_planned(rest, settings, child, results)
 
 
 async def _run_planned(
     round_: tuple[CheckType, ...],
     settings: CheckSettings,
-    collective: group.CollectiveRound,
+    child: group.CheckChildRound,
     results: list[CheckResult],
 ) -> list[CheckResult]:
     for check_type, planned in plan(round_, settings):
@@ -114,15 +115,15 @@ async def _run_planned(
         connect = next((r for r in results if r.check_type is CheckType.ALLREDUCE_CONNECT), None)
         if check_type is CheckType.ALLREDUCE_PERF and connect is not None and not connect.passed:
             fn = _skipped
-        elif check_type in collective.checks:
-            fn = _verdict_of(collective, check_type)
+        elif check_type in child.checks:
+            fn = _verdict_of(child, check_type)
         results.append(await run_one(check_type, fn, settings))
     return results
 
 
-def _verdict_of(collective: group.CollectiveRound, check_type: CheckType) -> CheckFn:
+def _verdict_of(child: group.CheckChildRound, check_type: CheckType) -> CheckFn:
     async def verdict(settings: CheckSettings) -> Outcome:
-        return await collective.verdict(check_type)
+        return await child.verdict(check_type)
 
     return verdict
 
