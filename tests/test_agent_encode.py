@@ -86,6 +86,55 @@ def test_a_dying_report_names_the_exception_as_the_traceback_said_it() -> None:
     assert unseen.reason.startswith("uncaught KeyError (") and unseen.fault_class == ""
 
 
+# The end of a real run's output: the DDP tutorial's mp.spawn, rank 1 raised.
+MP_SPAWN = (
+    '  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 211, in join',
+    "    raise ProcessRaisedException(msg, error_index, failed_process.pid)",
+    "torch.multiprocessing.spawn.ProcessRaisedException: ",
+    "",
+    "-- Process 1 terminated with the following error:",
+    "Traceback (most recent call last):",
+    '  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 87, in _wrap',
+    "    fn(i, *args)",
+    '  File "/tmp/mp/mp_train.py", line 27, in train',
+    '    raise RuntimeError("injected crash in rank 1")',
+    "RuntimeError: injected crash in rank 1",
+    "",
+    "[aegis] exiting on an uncaught ProcessRaisedException (pid 8001)",
+)
+# torchrun's own end when a worker failed: its report, not an exception, comes last.
+TORCHRUN = (
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  error_file: <N/A>",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    "============================================================",
+    "[aegis] exiting on an uncaught ChildFailedError (pid 77)",
+)
+
+
+def test_a_dying_report_names_an_exception_of_another_module_and_a_wrapped_one() -> None:
+    """As Python prints them: with their module (not builtins); one whose message begins on a
+    later line gets the output's last exception line (mp.spawn: the failed rank's error)."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    plain = ("KeyError", "[aegis] exiting on an uncaught KeyError (pid 3)")
+    cases = [
+        (("Traceback (most recent call last):", oom), "OutOfMemoryError", oom),
+        (MP_SPAWN, "ProcessRaisedException",
+         "torch.multiprocessing.spawn.ProcessRaisedException: RuntimeError: injected crash in "
+         "rank 1"),
+        (TORCHRUN, "ChildFailedError",
+         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"),
+        (plain, "KeyError", "KeyError"),
+    ]  # fmt: skip
+    for lines, name, said in cases:
+        assert encode.exception_line(_evidence(*lines), name) == said
+
+
 def test_a_hang_carries_every_process_stack() -> None:
     dumps = (StackDump(5, "python a", "frame a", None), StackDump(6, "python b", "", "no ptrace"))
     report = HangReport(0, 30.0, 31.5, 7, 1.0, 2.0, dumps, why="p99 x 3")

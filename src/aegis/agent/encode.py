@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from aegis import training as progress
 from aegis.agent import exit_rule, ports
 from aegis.core.phases import Phase
 from aegis.wire import messages as m
@@ -20,6 +21,7 @@ EVIDENCE_LINES = 20  # and the last lines of output
 EXCEPTION_CHARS = 200
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_EXCEPTION = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*: \S.*")  # "RuntimeError: what it said"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +107,24 @@ def heartbeat(progress: ports.Progress, said: str, beats: int, now: float) -> m.
 
 
 def exception_line(evidence: ports.Evidence, name: str) -> str:
-    """The traceback's last line for ``name`` ("RuntimeError: what it said"), at most 200
-    characters, so two faults are the same only if they said the same; else the name."""
+    """The traceback's last line for ``name``, at most 200 characters, so two faults are the
+    same only if they said the same; else the name. The line as Python printed it: "RuntimeError:
+    what it said", with its module for an exception from elsewhere than the builtins
+    ("torch.OutOfMemoryError: CUDA out of memory ..."). When its message begins on a later line
+    and the output's last line is another exception's (``mp.spawn``'s ProcessRaisedException
+    carries its failed child's traceback), that line is added: the child's own error."""
+    header = re.compile(rf"(?:[\w.]+\.)?{re.escape(name)}(?::(.*))?")
+    tail = None  # the output's last line (the dying report's own line aside)
     for line in reversed(evidence.last_lines):
         text = _RANK_PREFIX.sub("", line.strip())  # torch.distributed's "[rank1]: "
-        if text == name or text.startswith(f"{name}: "):
-            return text[:EXCEPTION_CHARS]
+        found = header.fullmatch(text)
+        if found is not None:
+            if (found[1] or "").strip():
+                return text[:EXCEPTION_CHARS]
+            said = text.rstrip(":")
+            if tail is not None and _EXCEPTION.fullmatch(tail):
+                said = f"{said}: {tail}"
+            return said[:EXCEPTION_CHARS]
+        if text and tail is None and progress.dying_pid(text) is None:
+            tail = text
     return name
