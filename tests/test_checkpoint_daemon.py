@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -91,6 +92,31 @@ async def test_supervise_restarts_killed_daemon_at_once_and_reports_commits(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert not alive(daemon.pid)
+
+
+async def test_a_daemon_that_dies_is_warned_about_and_one_stopped_at_the_end_is_not(
+    shm: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pod's log ended with "saver daemon N exited (raw status 9)", a warning, at every
+    job's normal end: the agent's own stop. Only an end nobody asked for is news."""
+    caplog.set_level(logging.INFO, logger="aegis.checkpoint.process")
+    daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "c"))
+    task = asyncio.create_task(daemon.supervise())
+    try:
+        await async_wait_until(lambda: daemon.alive)
+        first = daemon.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await async_wait_until(lambda: daemon.alive and daemon.pid != first, what="respawned")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    second = daemon.pid
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [f"checkpoint saver daemon {first} exited (raw status 9)"]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert f"checkpoint saver daemon {second} stopped" in said
+    assert not alive(second)
 
 
 async def test_daemon_killed_mid_write_never_leaves_a_loadable_torn_copy(

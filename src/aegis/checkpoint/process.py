@@ -71,6 +71,7 @@ class DaemonProcess:
         self.last_committed: int | None = None
         self.restarts = 0
         self._supervised = False  # supervise() runs: a dead daemon is started again
+        self._stopping: int | None = None  # the daemon stop() kills: its end is no news
 
     @property
     def pid(self) -> int | None:
@@ -95,12 +96,16 @@ class DaemonProcess:
         raw = await self._spawner.wait(pid)
         self._spawner.forget(pid)
         exited.set()
-        log.warning("checkpoint saver daemon %s exited (raw status %s)", pid, raw)
+        if pid == self._stopping:
+            log.info("checkpoint saver daemon %s stopped", pid)
+        else:
+            log.warning("checkpoint saver daemon %s exited (raw status %s)", pid, raw)
 
     async def stop(self) -> None:
         """SIGKILL the daemon and wait until it is collected (at most ``STOP_WAIT_S``: a
         spawner that no longer collects its children must not hold the agent's end)."""
         if self.alive and self._pid is not None:
+            self._stopping = self._pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
             try:
