@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -190,6 +191,83 @@ async def test_zygote_is_made_once_a_plain_script_steps_and_its_warm_child_repor
         assert pid is not None and psutil.Process(pid).ppid() != os.getpid()  # warm
         await async_wait_until(lambda: sup.last_step == 3, 120, "the warm child's steps")
         await async_wait_until(learned.exists, 120, "the learned modules")
+
+
+def _venv(root: Path, *, agent_site: bool) -> str:
+    """A virtualenv of this Python with nothing installed (``agent_site``: with a ``.pth`` that
+    names the agent's site-packages, so torch imports there, aegis does not); its python."""
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(root)],  # type: ignore[attr-defined]
+                   check=True, timeout=120)  # fmt: skip
+    python = str(root / "bin" / "python")
+    if agent_site:
+        where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+        site = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True,
+                              env=_without_path()).stdout.strip()  # fmt: skip
+        Path(site, "agent_site.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python
+
+
+def _without_path() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+IMPORTS = """
+import importlib
+for name in ("aegis.autoprogress", "aegis.agent", "torch", "msgspec"):
+    try:
+        importlib.import_module(name)
+        print(name, "yes")
+    except ImportError:
+        print(name, "no")
+"""
+
+
+@pytest.fixture(scope="module")
+def foreign_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The interpreter of another environment than the agent's (a job in its own virtualenv):
+    the same Python and torch, no aegis."""
+    python = _venv(tmp_path_factory.mktemp("foreign"), agent_site=True)
+    said = subprocess.run([python, "-c", IMPORTS], capture_output=True, text=True, check=True,
+                          env=_without_path(), timeout=120).stdout.split()  # fmt: skip
+    assert said[1::2] == ["no", "no", "yes", "yes"]
+    return python
+
+
+def test_a_job_interpreter_without_aegis_gets_the_agents_aegis_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Under the agent's ``PYTHONPATH`` a bare interpreter imports the agent's aegis, and still
+    none of the agent environment's other packages (its torch, its msgspec)."""
+    python = _venv(tmp_path / "bare", agent_site=False)
+    env = {**_without_path(), "PYTHONPATH": autoprogress.pythonpath({}) or ""}
+    said = subprocess.run([python, "-c", IMPORTS], capture_output=True, text=True, check=True,
+                          env=env, timeout=120).stdout.split()  # fmt: skip
+    assert said[1::2] == ["yes", "yes", "no", "no"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_job_whose_interpreter_has_no_aegis_still_gets_the_hooks_and_warm_starts(
+    the_reaper: reaper.Reaper, devnull: int, foreign_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent in its own environment, the job in another: its interpreter gets the agent's
+    aegis (and nothing else of that environment), so steps and the dying report still come and
+    the zygote still forks it (before: no step, an exit status for a reason, three zygotes that
+    failed on ``from aegis import ...`` and cold starts)."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    prewarm = warm.PrewarmSettings(prepare_after_s=3600.0, settle_s=0.0)
+    sup, reports = make([foreign_python, STEPS, "3", "--end", "raise"], the_reaper, devnull,
+                        prewarm)  # fmt: skip
+    async with sup:
+        await sup.start()
+        pid = sup.pid
+        assert pid is not None and psutil.Process(pid).ppid() != os.getpid()  # from a zygote
+        zygotes = sup.zygotes
+        assert zygotes is not None and zygotes.made == 1
+        async with asyncio.timeout(120):
+            await reports.wait_for("dying")
+        report = await sup.wait()
+        assert sup.last_step == 3  # the optimizer step hook
+    assert reports.dying[0].exception == "RuntimeError" and report.exit_status == 1
 
 
 @pytest.mark.timeout(240)

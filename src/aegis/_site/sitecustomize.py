@@ -6,7 +6,9 @@ imports this module at start-up, in place of the ``sitecustomize`` it would othe
 takes this directory off ``sys.path``, imports the user's own ``sitecustomize`` (if there is one:
 exactly as ``site`` would have; its errors reach ``site`` unchanged), then, under an agent only
 (``AEGIS_PROGRESS_FILE`` set), installs the progress and dying hooks (:mod:`aegis.autoprogress`).
-Nothing here may break a process: when ``aegis`` cannot be imported, nothing is installed.
+An interpreter with no ``aegis`` of its own (the job runs in another environment than the agent)
+gets the agent's, and only it (:mod:`_aegis_reach`). Nothing here may break a process: when
+``aegis`` cannot be imported even so (a Python too old for it), nothing is installed.
 """
 
 import importlib
@@ -27,6 +29,15 @@ def _chain() -> None:
             sys.modules[__name__] = ours
 
 
+def _reach() -> None:
+    try:
+        import _aegis_reach  # beside this file: import it before _chain takes the folder off
+
+        _aegis_reach.install()
+    except Exception:
+        return
+
+
 def _install() -> None:
     if not os.environ.get("AEGIS_PROGRESS_FILE"):
         return
@@ -38,6 +49,7 @@ def _install() -> None:
         return  # no aegis in this interpreter, or a broken one: never break a process of the job
 
 
+_reach()
 try:
     _chain()
 finally:

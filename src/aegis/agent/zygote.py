@@ -42,7 +42,23 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aegis import autoprogress, forking
+
+def _reach_aegis() -> None:
+    """This interpreter may have no ``aegis`` of its own (the job's environment is not the
+    agent's): import the one this file belongs to, and only it (``aegis/_site/_aegis_reach.py``)."""
+    site = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
+    sys.path.insert(0, site)
+    try:
+        import _aegis_reach
+
+        _aegis_reach.install()
+    finally:
+        sys.path.remove(site)
+
+
+_reach_aegis()
+
+from aegis import autoprogress, forking  # noqa: E402
 
 RENDEZVOUS_WAIT_S = 0.5
 
