@@ -183,9 +183,13 @@ class NatsBus:
         await self.client.flush(timeout=max(1, round(timeout_s)))
 
     async def close(self) -> None:
+        """Close the connection; one already lost (its server gone) has nothing left to flush."""
         self.closing = True
         if not self.client.is_closed:
-            await self.client.close()
+            try:
+                await self.client.close()
+            except OSError as exc:
+                log.info("nats %s: closed with the connection lost (%s)", self.url, exc)
 
 
 class KvStore:

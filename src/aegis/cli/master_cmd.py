@@ -14,6 +14,7 @@ Kubernetes TLS Secret) makes the credentials server speak TLS only and the NATS 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -247,15 +248,38 @@ def _rendezvous_rule(kubernetes: bool, host: str | None, port_base: int) -> Rend
         raise typer.BadParameter(str(exc), param_hint="--rendezvous-port-base") from None
 
 
+LEAVE_S = 5.0  # after a stop, what the replica left running gets this long to end
+
+
 async def _serve(replica: Replica, kubernetes: object | None = None) -> None:
     task = asyncio.create_task(_run(replica, kubernetes), name="replica")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:
-        await task
-    except asyncio.CancelledError:
-        return
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        left = await leave_within(LEAVE_S)
+        if left:  # a master told to stop must stop
+            logging.getLogger(__name__).warning(
+                "%s did not end within %g s of the stop: exiting anyway", ", ".join(left), LEAVE_S
+            )
+            logging.shutdown()
+            failed = task.done() and not task.cancelled() and task.exception() is not None
+            os._exit(1 if failed else 0)
+
+
+async def leave_within(seconds: float) -> list[str]:
+    """Cancel every other task of the loop and give them ``seconds`` to end; the names of those
+    that did not (a NATS client still reconnecting to a server that is gone was one)."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for other in others:
+        other.cancel()
+    if not others:
+        return []
+    _, pending = await asyncio.wait(others, timeout=seconds)
+    return sorted(t.get_name() for t in pending)
 
 
 async def _run(replica: Replica, kubernetes: object | None) -> None:

@@ -257,7 +257,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     isolate_nodes: IsolateNodes = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails,
-    130 (143) when Ctrl-C (SIGTERM) stopped it."""
+    128 + the signal when Ctrl-C, SIGTERM or SIGHUP stopped it (130, 143, 129)."""
     _exit_without_torch()
     if isolate_nodes:
         metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)
@@ -329,6 +329,9 @@ def _run_and_report(
             if masters == 1
             else replicated_run.run_replicated(settings, follow=observers.follow)
         )
+    except run_settings.RunStoppedError as exc:
+        print(f"aegis run: {exc}; nothing of it is left", file=sys.stderr)
+        return 128 + exc.signo
     finally:
         observers.close()
         if server is not None:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,10 +144,12 @@ class Replica:
                 await self._lead(epoch)
         finally:
             refresher.cancel()
-            await self._stop_runners()
-            await self.lease.release()
-            await server.stop(grace=0.5)
-            await self.bus.close()
+            try:  # each step even when one before failed: the bus closes last, always
+                await _logged(self._stop_runners(), "stopping the jobs")
+                await self.lease.release()
+                await _logged(server.stop(grace=0.5), "stopping the gRPC server")
+            finally:
+                await self.bus.close()
 
     async def _lead(self, epoch: int) -> None:
         self.leading.set()
@@ -376,3 +378,11 @@ class Replica:
                 list(runner.status.pod_infos), runner.status.phase, runner.notes.token
             )
         return records.job_access(namespace, job, live, record, key in self.finished)
+
+
+async def _logged(step: Awaitable[object], what: str) -> None:
+    """A step of the replica's shutdown: an error is logged, and the next step runs."""
+    try:
+        await step
+    except Exception as exc:  # NATS gone, say: the shutdown goes on
+        log.warning("%s failed at shutdown: %r", what, exc)

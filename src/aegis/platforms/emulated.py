@@ -175,6 +175,9 @@ async def _run(*argv: str) -> None:
 # -- the host's side ---------------------------------------------------------------------------
 
 
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops the run inside
+
+
 async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] = ()) -> int:
     """Run ``argv`` (an ``aegis run``) in a new network namespace; returns its exit status.
     ``forwarded``: (host address, port) pairs served here and forwarded to the same port on
@@ -184,7 +187,7 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
         *lifecycle.pdeath_argv(["unshare", "--net", "--", *argv]), env=env
     )
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in PASSED_ON:
         loop.add_signal_handler(sig, _pass_on, proc, sig)
     connector = netns.Connector(netns.netns_path(proc.pid))
     servers = []
@@ -196,7 +199,7 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
         for server in servers:
             server.close()
         connector.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in PASSED_ON:
             loop.remove_signal_handler(sig)
 
 

@@ -4,9 +4,7 @@ local agent per pod, until the job reaches Succeed or Failed. (``aegis run --mas
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,32 +86,25 @@ async def _run_job(
 async def _until_done(
     runner: JobRunner, platform: LocalPlatform, observe: Observer | None
 ) -> tuple[dict[str, list[int]], int | None]:
-    """Start the pods and wait for the job's end (SIGINT, SIGTERM: the job is stopped); then
+    """Start the pods and wait for the job's end (``STOP_SIGNALS``: the job is stopped); then
     stop what is left. Returns every agent pid each pod had, first and last, and the signal
     that stopped the job, if one did."""
     pids_seen: dict[str, list[int]] = {}
-    stopped_by: list[int] = []
-    loop = asyncio.get_running_loop()
 
-    def quit_on_signal(sig: signal.Signals) -> None:
-        log.warning("%s: stopping the job", sig.name)
-        stopped_by.append(int(sig))
-        runner.platform_event(ev.QuitRequested(f"aegis run got {sig.name}"))
+    def quit_job(reason: str) -> None:
+        runner.platform_event(ev.QuitRequested(reason))
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, quit_on_signal, sig)
-    try:
-        if observe is not None:
-            observe(runner, platform)
-        await platform.launch_all()
-        for pod, pid in platform.agent_pids().items():
-            pids_seen.setdefault(pod, []).append(pid)
-        await runner.wait_done()
-        for pod, pid in platform.agent_pids().items():
-            if pid not in pids_seen.setdefault(pod, []):
-                pids_seen[pod].append(pid)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await platform.stop_all()
+    with run_settings.quit_on_signals(quit_job) as stopped_by:
+        try:
+            if observe is not None:
+                observe(runner, platform)
+            await platform.launch_all()
+            for pod, pid in platform.agent_pids().items():
+                pids_seen.setdefault(pod, []).append(pid)
+            await runner.wait_done()
+            for pod, pid in platform.agent_pids().items():
+                if pid not in pids_seen.setdefault(pod, []):
+                    pids_seen[pod].append(pid)
+        finally:
+            await platform.stop_all()
     return pids_seen, (stopped_by[0] if stopped_by else None)

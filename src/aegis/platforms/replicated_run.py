@@ -29,6 +29,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
+from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName, pod_names
 from aegis.core.rendezvous import RendezvousRule
 from aegis.master import eventlog_writer
@@ -56,12 +57,26 @@ async def run_replicated(settings: RunSettings, *, follow: Follower | None = Non
             metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
             address=address, rule=rule,
         )  # fmt: skip
-        try:
-            await replicated.start()
-            return await replicated.wait()
-        except BaseException:
-            await replicated.close()  # nothing it started is left running
-            raise
+        main = asyncio.current_task()
+
+        def quit_job(reason: str) -> None:
+            served = getattr(replicated, "served", None)
+            if served is not None:  # the leader ends the job as it ends one that fails
+                served.server.sink(ev.QuitRequested(reason))
+            elif main is not None:  # no job yet: nothing to end but the run itself
+                main.cancel()
+
+        with run_settings.quit_on_signals(quit_job) as stopped_by:
+            try:
+                await replicated.start()
+                result = await replicated.wait()
+            except BaseException as exc:
+                await replicated.close()  # nothing it started is left running
+                if isinstance(exc, asyncio.CancelledError) and stopped_by:
+                    raise run_settings.RunStoppedError(stopped_by[0]) from None
+                raise
+        result.stopped_by = stopped_by[0] if stopped_by else None
+        return result
 
 
 class ReplicatedRun:

@@ -6,17 +6,56 @@ command line's choice (``cli.run_cmd``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import signal
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
 from aegis.core.rendezvous import RendezvousRule
 from aegis.platforms import emulated
 from aegis.platforms.local import Hosts, LocalSettings, SharedHost
+
+log = logging.getLogger(__name__)
+
+# What stops a run: Ctrl-C, a kill, and the terminal that closes (an ssh session that ends).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class RunStoppedError(AegisError):
+    """A signal stopped the run before it had a job to end."""
+
+    def __init__(self, signo: int) -> None:
+        super().__init__(f"aegis run got {signal.Signals(signo).name} before the job started")
+        self.signo = signo
+
+
+@contextlib.contextmanager
+def quit_on_signals(quit_job: Callable[[str], None]) -> Iterator[list[int]]:
+    """While inside (in the event loop's thread), each of :data:`STOP_SIGNALS` asks for the
+    job's end: ``quit_job`` with the reason ("aegis run got SIGTERM"). Yields the signals
+    received, in order."""
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.warning("%s: stopping the job", sig.name)
+        got.append(int(sig))
+        quit_job(f"aegis run got {sig.name}")
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield got
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +169,7 @@ class RunResult:
     agent_pids_seen: dict[str, list[int]]
     drops: dict[str, int]
     ended: str = ""  # why the job ended, in the master's words
-    stopped_by: int | None = None  # the signal (SIGINT, SIGTERM) that made aegis run stop it
+    stopped_by: int | None = None  # the signal (STOP_SIGNALS) that made aegis run stop it
 
     @property
     def exit_code(self) -> int:
