@@ -64,6 +64,16 @@ def alive(pid: int | None) -> bool:
     return True
 
 
+async def killed_and_respawned(daemon: process.DaemonProcess) -> int:
+    """SIGKILL the supervised daemon once it runs; return once another runs: the killed pid."""
+    await async_wait_until(lambda: daemon.alive)
+    first = daemon.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    await async_wait_until(lambda: daemon.alive and daemon.pid != first, what="respawned")
+    return first
+
+
 @pytest.mark.timing
 async def test_supervise_restarts_killed_daemon_at_once_and_reports_commits(
     shm: Path, tmp_path: Path
@@ -80,11 +90,7 @@ async def test_supervise_restarts_killed_daemon_at_once_and_reports_commits(
     daemon = process.DaemonProcess(settings, on_commit=on_commit)
     task = asyncio.create_task(daemon.supervise())
     try:
-        await async_wait_until(lambda: daemon.alive)
-        first = daemon.pid
-        assert first is not None
-        os.kill(first, signal.SIGKILL)
-        await async_wait_until(lambda: daemon.alive and daemon.pid != first, what="respawned")
+        await killed_and_respawned(daemon)
         assert daemon.restarts == 1 and settings.restart_delay_s < 3.0
         api.Saver(api.SaverSettings(shm_dir=shm)).save(4, {"w": torch.ones(10)})
         await async_wait_until(lambda: seen == [4])
@@ -103,11 +109,7 @@ async def test_a_daemon_that_dies_is_warned_about_and_one_stopped_at_the_end_is_
     daemon = process.DaemonProcess(process.DaemonSettings(shm_dir=shm, ckpt_dir=tmp_path / "c"))
     task = asyncio.create_task(daemon.supervise())
     try:
-        await async_wait_until(lambda: daemon.alive)
-        first = daemon.pid
-        assert first is not None
-        os.kill(first, signal.SIGKILL)
-        await async_wait_until(lambda: daemon.alive and daemon.pid != first, what="respawned")
+        first = await killed_and_respawned(daemon)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
