@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from aegis.cli import main as cli
+from aegis.platforms import run_settings
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -102,3 +103,39 @@ def test_kubernetes_commands_without_credentials_say_so_in_one_line(
     assert line.startswith("aegis: error: no Kubernetes credentials: not in a pod")
     assert f"$KUBECONFIG={kubeconfig}" in line
     assert not (tmp_path / "certs").exists()  # the webhook made no certificate
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["no-such-program-3f9"], ["no-such-program-3f9 --lr 1"], ["./no-such-script.sh", "--lr", "1"]],
+    ids=["word", "bash-string", "path"],
+)
+def test_a_command_that_is_not_on_this_machine_is_refused_before_the_run(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    """It was four faults, each "exit status 127" and a check round, then Failed with the
+    fault budget spent."""
+    monkeypatch.chdir(tmp_path)
+    logs = tmp_path / "logs"
+    assert cli.main(["run", "--nodes", "1", "--log-dir", str(logs), "--", *command]) == 2
+    program = command[0].split()[0]
+    assert f"aegis: error: {program}: command not found" in _one_error_line(capsys)
+    assert not logs.exists() or list(logs.iterdir()) == []
+
+
+def test_the_program_a_command_starts_is_named_unless_the_shell_decides() -> None:
+    bash = ("bash", "-c")
+    cases = {
+        ("python", "train.py"): "python",
+        (*bash, "python train.py --lr 1"): "python",
+        (*bash, "./run.sh"): "./run.sh",
+        (*bash, "cd /data && python train.py"): "cd",  # a builtin: bash is asked about it
+        (*bash, "FOO=1 python train.py"): None,  # an assignment first
+        (*bash, "'unclosed"): None,
+        (*bash, "$TRAIN"): None,
+        (*bash, ""): None,
+    }
+    assert {c: run_settings.program_of(c) for c in cases} == cases

@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import shutil
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, NoReturn
 
@@ -157,6 +160,23 @@ def _exit_without_torch() -> None:
         raise typer.Exit(2)
 
 
+def _exit_unless_found(command: Sequence[str]) -> None:
+    """Every pod runs the command on this machine: a program that is not here is one line and
+    exit 2, not a fault budget spent on "exit status 127" and a check round a restart."""
+    word = run_settings.program_of(command)
+    if word is None:
+        return
+    if command[0] == "bash":  # bash -c: bash knows its builtins and keywords too
+        asked = subprocess.run(["bash", "-c", 'type -t -- "$1" >/dev/null', "aegis", word],
+                               capture_output=True, check=False)  # fmt: skip
+        found = asked.returncode == 0
+    else:
+        found = shutil.which(word) is not None
+    if not found:
+        print(f"aegis: error: {word}: command not found (the command after --)", file=sys.stderr)
+        raise typer.Exit(2)
+
+
 def _job_name(value: str) -> str:
     """``--job``: one rule for every job name (``core.model.name_problem``); a usage error."""
     problem = name_problem("job", value)
@@ -275,6 +295,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     if (unknown := run_settings.unknown_injected(settings)) is not None:
         raise typer.BadParameter(unknown, param_hint="--inject-fault")
     the_view = _view_and_logging(view, total_steps, verbose=verbose)
+    _exit_unless_found(settings.command)
     raise typer.Exit(_run_and_report(settings, the_view, metrics_port))
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import shlex
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +110,23 @@ def unknown_injected(settings: RunSettings) -> str | None:
     if spares:
         have += f", {spares[0]}..{spares[-1]}" if len(spares) > 1 else f", {spares[0]}"
     return f"no node {', '.join(unknown)} in this run (it has {have})"
+
+
+_PLAIN_WORD = re.compile(r"[\w./+@%-]+")  # a program's name or path, no shell syntax
+
+
+def program_of(command: Sequence[str]) -> str | None:
+    """The program ``command`` starts, where it can be named before it runs: its first word,
+    or for ``bash -c STRING`` the string's first word when that is a plain word; None when
+    the shell decides what runs (syntax, an assignment, quoting it cannot split)."""
+    if len(command) == 3 and command[0] == "bash" and command[1] == "-c":
+        try:
+            words = shlex.split(command[2])
+        except ValueError:
+            return None
+        first = words[0] if words else ""
+        return first if _PLAIN_WORD.fullmatch(first) else None
+    return command[0] if command else None
 
 
 def job_spec(settings: RunSettings) -> JobSpec:
