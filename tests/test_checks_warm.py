@@ -4,6 +4,7 @@ interpreter (issue 9): real forkservers started through the agent's reaper, real
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -164,6 +165,19 @@ async def test_warm_child_is_killed_at_budget_and_host_serves_again_when_pod_mis
         }
         assert results[CONNECT].passed and results[PERF].passed
         assert len(h.forked) == 2 and h.made == 1
+
+
+async def test_a_runtime_check_past_its_budget_leaves_the_child_to_the_collective_checks(
+    tmp_path: Path,
+) -> None:
+    """One child answers a round's runtime and collective checks: a start slower than runtime's
+    budget fails runtime only (a slow node), as when runtime ran apart; the child is not killed
+    under allreduce_connect, which gets its own budget."""
+    slow = settings(0, 1, group.free_port(), None, tmp_path)
+    slow = dataclasses.replace(slow, budgets_s={**slow.budgets_s, CheckType.RUNTIME: 0.001})
+    results = {r.check_type: r for r in await suites.bootcheck(slow)}
+    assert results[CheckType.RUNTIME].timed_out and not results[CheckType.RUNTIME].passed
+    assert results[CONNECT].passed, results[CONNECT]
 
 
 def test_the_checks_that_need_torch_never_import_it_in_the_agent() -> None:
