@@ -36,3 +36,13 @@ def test_the_fault_class_is_the_outputs_unless_the_output_did_not_end_it() -> No
     assert exit_rule.on_exit(_exit(127, reason=ExitReason.SPAWN_FAILED), False) == (
         exit_rule.Failed("exit status 127", "")
     )
+
+
+def test_a_command_that_could_not_start_says_why_in_the_reason() -> None:
+    """It was "exit status 127" alone: where no pre-flight runs (a Slurm step, a Kubernetes pod),
+    a mistyped command spent the fault budget on faults that did not say what was wrong."""
+    said = "bash: line 1: nonexistent-cmd: command not found"
+    report = ExitReport(7, 0, 127, None, ExitReason.EXITED, Evidence(None, (), ("", said, "")))
+    assert exit_rule.on_exit(report, False) == exit_rule.Failed(f"exit status 127: {said}", "")
+    other = ExitReport(7, 0, 2, None, ExitReason.EXITED, Evidence(None, (), ("usage: x",)))
+    assert exit_rule.on_exit(other, False) == exit_rule.Failed("exit status 2", "")

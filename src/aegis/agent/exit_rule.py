@@ -2,7 +2,8 @@
 
 An exit is reported once: not at all when it was stopped or restarted on an order, nor when it
 was already reported as it began to exit (the dying report of an uncaught exception); a clean
-exit is a Finish; anything else an Error whose fault class is the one the output showed, unless
+exit is a Finish; anything else an Error (a command that could not start, 126 or 127, says why
+in the output's last line) whose fault class is the one the output showed, unless
 the output is not what ended it: a Python traceback in the log of a process that a signal
 killed (the OOM killer, ...) is ``killed``, and one whose process exited with a status of its own
 (Python exits 1 on an uncaught exception) has no class from it.
@@ -35,7 +36,21 @@ def on_exit(report: ports.ExitReport, dying_reported: bool) -> Finished | Failed
         return None  # reported as it began to exit
     if report.exit_status == 0:
         return Finished()
-    return Failed(f"exit status {report.exit_status}", exit_fault_class(report))
+    reason = f"exit status {report.exit_status}"
+    if report.exit_status in NOT_STARTED and (said := _last_line(report.evidence)):
+        reason = f"{reason}: {said}"  # what the shell (or the agent) said it could not start
+    return Failed(reason, exit_fault_class(report))
+
+
+# A shell's statuses for a command it could not run (126: not executable, 127: not found), as
+# the agent's own for a program it could not execute: the last line of output says which.
+NOT_STARTED = frozenset({126, 127})
+SAID_CHARS = 200
+
+
+def _last_line(evidence: ports.Evidence) -> str:
+    lines = [x.strip() for x in evidence.last_lines if x.strip()]
+    return lines[-1][:SAID_CHARS] if lines else ""
 
 
 def exit_fault_class(report: ports.ExitReport) -> str:
