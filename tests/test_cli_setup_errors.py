@@ -4,6 +4,8 @@ fault on a node the run does not have, a run that quietly left the fault out).""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,24 @@ def test_the_program_a_command_starts_is_named_unless_the_shell_decides() -> Non
         (*bash, ""): None,
     }
     assert {c: run_settings.program_of(c) for c in cases} == cases
+
+
+@pytest.mark.parametrize("as_string", [False, True], ids=["argv", "bash-string"])
+def test_a_python_script_that_is_not_there_is_refused_before_the_run(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    as_string: bool,
+) -> None:
+    """``python trian.py`` exited 2 in every pod ("can't open file"), four faults and Failed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    command = [sys.executable, "trian.py", "--lr", "1"]
+    argv = ["run", "--nodes", "1", "--log-dir", str(tmp_path / "logs"), "--"]
+    assert cli.main([*argv, *([" ".join(command)] if as_string else command)]) == 2
+    assert "aegis: error: trian.py: no such file" in _one_error_line(capsys)
+    bash = ("bash", "-c")
+    assert run_settings.script_of((sys.executable, "train.py"), os.environ) == "train.py"
+    assert run_settings.script_of((*bash, "python -u train.py --x"), os.environ) == "train.py"
+    assert run_settings.script_of((*bash, "cd /d && python t.py"), os.environ) is None
+    assert run_settings.script_of((sys.executable, "-m", "pkg.train"), os.environ) is None

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -161,8 +162,9 @@ def _exit_without_torch() -> None:
 
 
 def _exit_unless_found(command: Sequence[str]) -> None:
-    """Every pod runs the command on this machine: a program that is not here is one line and
-    exit 2, not a fault budget spent on "exit status 127" and a check round a restart."""
+    """Every pod runs the command on this machine: a program (or a Python script) that is not
+    here is one line and exit 2, not a fault budget spent on "exit status 127" (or 2) and a
+    check round a restart."""
     word = run_settings.program_of(command)
     if word is None:
         return
@@ -174,6 +176,11 @@ def _exit_unless_found(command: Sequence[str]) -> None:
         found = shutil.which(word) is not None
     if not found:
         print(f"aegis: error: {word}: command not found (the command after --)", file=sys.stderr)
+        raise typer.Exit(2)
+    script = run_settings.script_of(command, os.environ)
+    if script is not None and not os.path.isfile(script):
+        print(f"aegis: error: {script}: no such file (the script of the command after --)",
+              file=sys.stderr)  # fmt: skip
         raise typer.Exit(2)
 
 

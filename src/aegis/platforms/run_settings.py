@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aegis.agent import pycmd
 from aegis.core.errors import AegisError
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Phase
@@ -127,6 +128,19 @@ def program_of(command: Sequence[str]) -> str | None:
         first = words[0] if words else ""
         return first if _PLAIN_WORD.fullmatch(first) else None
     return command[0] if command else None
+
+
+def script_of(command: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The script a Python command runs (``python train.py ...``, in a ``bash -c`` string
+    too); None for any other command."""
+    argv: Sequence[str] = command
+    if len(command) == 3 and command[0] == "bash" and command[1] == "-c":
+        try:
+            argv = shlex.split(command[2])
+        except ValueError:
+            return None
+    parsed = pycmd.parse(argv, env)
+    return parsed.script if parsed is not None else None
 
 
 def job_spec(settings: RunSettings) -> JobSpec:
