@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aegis.checks import collective
 from aegis.checks import host as check_host
 from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo, Outcome
 from aegis.core.recovery import CheckType
@@ -39,7 +40,7 @@ MODES: dict[CheckType, str] = {
     CheckType.ALLREDUCE_PERF: "perf",
 }
 COLLECTIVE = frozenset({CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF})  # need a group
-EXPECT_CUDA = {None: "any", True: "true", False: "false"}
+EXPECT_CUDA = {want: word for word, want in collective.EXPECT_CUDA.items()}  # its flag
 EXIT_GRACE_S = 2.0  # a child that gave every verdict gets this long to leave on its own
 STDERR_LINES = 20
 

@@ -116,30 +116,34 @@ def unknown_injected(settings: RunSettings) -> str | None:
 _PLAIN_WORD = re.compile(r"[\w./+@%-]+")  # a program's name or path, no shell syntax
 
 
+def _words(command: Sequence[str]) -> Sequence[str] | None:
+    """What ``command`` runs, as words: a ``bash -c STRING``'s string split as the shell would
+    (None when it cannot be), any other command as it is."""
+    if len(command) == 3 and command[0] == "bash" and command[1] == "-c":
+        try:
+            return shlex.split(command[2])
+        except ValueError:
+            return None
+    return command
+
+
 def program_of(command: Sequence[str]) -> str | None:
     """The program ``command`` starts, where it can be named before it runs: its first word,
     or for ``bash -c STRING`` the string's first word when that is a plain word; None when
     the shell decides what runs (syntax, an assignment, quoting it cannot split)."""
-    if len(command) == 3 and command[0] == "bash" and command[1] == "-c":
-        try:
-            words = shlex.split(command[2])
-        except ValueError:
-            return None
-        first = words[0] if words else ""
-        return first if _PLAIN_WORD.fullmatch(first) else None
-    return command[0] if command else None
+    words = _words(command)
+    if not words:
+        return None
+    if words is command:
+        return command[0]
+    return words[0] if _PLAIN_WORD.fullmatch(words[0]) else None
 
 
 def script_of(command: Sequence[str], env: Mapping[str, str]) -> str | None:
     """The script a Python command runs (``python train.py ...``, in a ``bash -c`` string
     too); None for any other command."""
-    argv: Sequence[str] = command
-    if len(command) == 3 and command[0] == "bash" and command[1] == "-c":
-        try:
-            argv = shlex.split(command[2])
-        except ValueError:
-            return None
-    parsed = pycmd.parse(argv, env)
+    words = _words(command)
+    parsed = pycmd.parse(words, env) if words else None
     return parsed.script if parsed is not None else None
 
 
