@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 
@@ -35,23 +36,27 @@ def _inc(restart_count: int = 1) -> incarnation.Incarnation:
 
 
 async def test_an_exit_report_says_the_status_the_signal_and_a_segfaults_class() -> None:
-    crashed = incarnation.exit_report(_inc(), signal.SIGSEGV, last_step=7)
+    crashed = incarnation.exit_report(_inc(), signal.SIGSEGV, step=7)
     assert (crashed.pid, crashed.restart_count, crashed.exit_status, crashed.signal) == (
         42, 1, 128 + signal.SIGSEGV, signal.SIGSEGV,
     )  # fmt: skip
     assert crashed.evidence.fault_class == ports.FaultClass.SEGFAULT
-    assert crashed.reason is ports.ExitReason.EXITED and crashed.last_step == 7
-    clean = incarnation.exit_report(_inc(), 3 << 8, last_step=None)  # exit(3)
+    assert crashed.reason is ports.ExitReason.EXITED and crashed.step == 7
+    clean = incarnation.exit_report(_inc(), 3 << 8, step=None)  # exit(3)
     assert (clean.exit_status, clean.signal, clean.evidence.fault_class) == (3, None, None)
 
 
 def test_a_command_that_cannot_run_ends_127_or_126_as_a_shell_says() -> None:
     missing = FileNotFoundError(2, "No such file or directory")
-    line, report = incarnation.spawn_failed("nope", missing, 0, signatures.Scanner(()))
+    line, report = incarnation.spawn_failed("nope", missing, 0, signatures.Scanner(()), 40)
     assert line == "aegis agent: cannot execute nope: No such file or directory"
-    assert (report.exit_status, report.reason) == (127, ports.ExitReason.SPAWN_FAILED)
+    assert (report.exit_status, report.reason, report.step) == (
+        127,
+        ports.ExitReason.SPAWN_FAILED,
+        40,
+    )
     denied = PermissionError(13, "Permission denied")
-    assert incarnation.spawn_failed("x", denied, 0, signatures.Scanner(()))[1].exit_status == 126
+    assert incarnation.spawn_failed("x", denied, 0, signatures.Scanner(()), 0)[1].exit_status == 126
 
 
 async def test_a_background_task_that_fails_is_logged_and_close_cancels_the_rest(
@@ -68,3 +73,13 @@ async def test_a_background_task_that_fails_is_logged_and_close_cancels_the_rest
     assert any("agent task fails failed" in r.getMessage() for r in caplog.records)
     await background.close()
     assert forever.cancelled()
+
+
+async def test_an_incarnation_that_never_stepped_ends_at_the_step_it_started_from() -> None:
+    assert incarnation.start_step({}) == 0
+    assert incarnation.start_step({"AEGIS_RESUME_STEP": "120"}) == 120
+    assert incarnation.start_step({"AEGIS_RESUME_STEP": "-3"}) == 0  # not a step: from 0
+    resumed = dataclasses.replace(_inc(), start_step=120)
+    assert incarnation.step_at_end(None, resumed) == 120  # crashed while it loaded
+    assert incarnation.step_at_end(127, resumed) == 127
+    assert incarnation.step_at_end(None, _inc()) == 0

@@ -169,11 +169,11 @@ async def test_an_exit_report_carries_the_last_step_and_the_run_remembers_earlie
         await async_wait_until(lambda: "STEPPED" in lines.seen, what="a step reported")
         await sup.restart()  # its exit report looks at its last step
         first = await sup.wait()
-        assert first.exit_status == 3 and first.last_step is None  # no step of its own
+        assert first.exit_status == 3 and first.step == 0  # no step of its own: from its start
         assert sup.progress() == ports.Progress(ever_stepped=True)  # but the run stepped
         await sup.restart()
         second = await sup.wait()
-    assert second.exit_status == 4 and second.last_step == 7
+    assert second.exit_status == 4 and second.step == 7
 
 
 async def test_start_reports_127_when_command_is_missing(the_reaper: reaper.Reaper) -> None:

@@ -65,3 +65,20 @@ async def test_a_crash_at_another_step_each_time_is_restarted_every_time(tmp_pat
     assert status["phase"] == "Succeed" and status["recover_count"] == 3, status
     assert status["repeat"]["count"] == 1  # each crash at its own step
     assert leftovers(run.log_dir) == []
+
+
+async def test_a_crash_before_the_first_step_stops_the_job_after_three(tmp_path: Path) -> None:
+    # A script that cannot start (here a module that is not installed) used to be restarted
+    # until the whole budget was spent: no step was known, so no run of the same fault began.
+    command = [sys.executable, "-c", "import torch\nimport not_installed_module_x\n"]
+    run = await run_cluster(tmp_path, ["--nodes", "2", "--max-retry", "10", "--job", "s"],
+                            command)  # fmt: skip
+    assert run.rc == 1, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Failed" and status["recover_count"] == 3, status
+    verdict = "the same fault 3 times in a row at step 0"
+    reasons = [info["last_failed_reason"] for info in run.pods.values()]
+    assert any(verdict in r and "No module named 'not_installed_module_x'" in r for r in reasons)
+    shown = json.loads(_cli("status", "s", "--log-dir", str(run.log_dir), "--json"))
+    assert shown["ending"] == "RepeatedFault", shown
+    assert leftovers(run.log_dir) == []

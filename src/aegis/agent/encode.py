@@ -66,7 +66,7 @@ def exited(
         case exit_rule.Finished():
             return m.MessageType.FINISH, m.ExitData(0)
         case exit_rule.Failed(reason=reason, fault_class=cls):
-            data = error(reason, report.exit_status, report.evidence, cls, report.last_step)
+            data = error(reason, report.exit_status, report.evidence, cls, report.step)
             return m.MessageType.ERROR, data
         case None:
             return None
@@ -77,7 +77,7 @@ def dying(report: ports.DyingReport) -> m.ErrorData:
     said = exception_line(report.evidence, report.exception)
     reason = f"uncaught {said} (reported as the process exits)"
     cls = report.evidence.fault_class or ""
-    return error(reason, 1, report.evidence, cls, report.last_step)
+    return error(reason, 1, report.evidence, cls, report.step)
 
 
 def error(

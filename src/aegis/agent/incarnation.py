@@ -37,6 +37,7 @@ class Incarnation:
     reported: set[str] = dataclasses.field(default_factory=set)
     hung: bool = False
     dying: bool = False  # its process said it is exiting (reported once)
+    start_step: int = 0  # the step it starts from (``start_step``)
 
 
 def child_env(
@@ -61,7 +62,22 @@ def child_env(
     return env, flight_request
 
 
-def exit_report(inc: Incarnation, raw: int, last_step: int | None) -> ports.ExitReport:
+def start_step(env: Mapping[str, str]) -> int:
+    """The step an incarnation starts from: the one the master had every rank resume from
+    (``AEGIS_RESUME_STEP``), else 0 (its steps are counted from its start)."""
+    text = env.get(autoprogress.RESUME_STEP_VAR, "")
+    return int(text) if text.isdigit() else 0
+
+
+def step_at_end(last_step: int | None, inc: Incarnation) -> int:
+    """Where ``inc`` ends: the step it last reported, or the step it started from when it
+    reported none. A crash before the first step (a bad import, a missing file, a model that
+    does not fit) is at that step in every incarnation, so three of them in a row end the job
+    (``core.recovery.run_after``) instead of spending the whole fault budget."""
+    return inc.start_step if last_step is None else last_step
+
+
+def exit_report(inc: Incarnation, raw: int, step: int | None) -> ports.ExitReport:
     """How ``inc`` ended, from its raw wait status; a segfault's class when the output had none."""
     code = os.waitstatus_to_exitcode(raw)
     sig = -code if code < 0 else None
@@ -73,19 +89,19 @@ def exit_report(inc: Incarnation, raw: int, last_step: int | None) -> ports.Exit
         signal=sig,
         reason=inc.reason or ports.ExitReason.EXITED,
         evidence=inc.scanner.evidence(fallback_class=fallback),
-        last_step=last_step,
+        step=step,
     )
 
 
 def spawn_failed(
-    argv0: str, exc: OSError, restart_count: int, scanner: signatures.Scanner
+    argv0: str, exc: OSError, restart_count: int, scanner: signatures.Scanner, step: int
 ) -> tuple[str, ports.ExitReport]:
     """The line to print and the report of a command that could not be executed (status 127
-    when it is not found, else 126, as a shell says)."""
+    when it is not found, else 126, as a shell says) at ``step``, the one it would start from."""
     status = 127 if exc.errno == errno.ENOENT else 126
     message = f"aegis agent: cannot execute {argv0}: {exc.strerror}"
     scanner.feed("agent", message)
     report = ports.ExitReport(pid=0, restart_count=restart_count, exit_status=status,
                               signal=None, reason=ports.ExitReason.SPAWN_FAILED,
-                              evidence=scanner.evidence())  # fmt: skip
+                              evidence=scanner.evidence(), step=step)  # fmt: skip
     return message, report

@@ -55,7 +55,7 @@ class ExitReport:
     signal: int | None
     reason: ExitReason
     evidence: Evidence
-    last_step: int | None = None  # the step it last reported with aegis.progress()
+    step: int | None = None  # where it ended (``incarnation.step_at_end``); None: not known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class DyingReport:
     restart_count: int
     exception: str  # the exception's type name
     evidence: Evidence  # what the output showed so far (the traceback included)
-    last_step: int | None = None
+    step: int | None = None  # where it is ending (``incarnation.step_at_end``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -229,7 +229,7 @@ class Supervisor:
         except OSError as exc:
             os.close(out_r)
             os.close(err_r)
-            self._spawn_failed(exc)
+            self._spawn_failed(exc, incarnation.start_step(child_env))
             return
         finally:
             os.close(out_w)
@@ -239,7 +239,8 @@ class Supervisor:
         settings = self._settings
         scanner = signatures.Scanner(settings.signatures, keep_lines=settings.keep_lines)
         done = asyncio.get_running_loop().create_future()
-        inc = incarnation.Incarnation(pid, self._restart_count, scanner, done, status, warm_start)
+        inc = incarnation.Incarnation(pid, self._restart_count, scanner, done, status, warm_start,
+                                      start_step=incarnation.start_step(child_env))  # fmt: skip
         self._current = inc
         await self._watch(inc, out_r, err_r)
         log.info("started %s as pid %s (restart %s, %s)", self._argv[0], pid,
@@ -262,9 +263,10 @@ class Supervisor:
             prewarm = launch.prewarm_when_running(self._warm, self._progress, inc)
             self._background(prewarm, f"prewarm-{inc.pid}")
 
-    def _spawn_failed(self, exc: OSError) -> None:
+    def _spawn_failed(self, exc: OSError, step: int) -> None:
         scanner = signatures.Scanner(self._settings.signatures)
-        message, report = incarnation.spawn_failed(self._argv[0], exc, self._restart_count, scanner)
+        argv0, count = self._argv[0], self._restart_count
+        message, report = incarnation.spawn_failed(argv0, exc, count, scanner, step)
         pump.write_all(self._settings.stderr_fd, message.encode() + b"\n")
         done: asyncio.Future[ports.ExitReport] = asyncio.get_running_loop().create_future()
         done.set_result(report)
@@ -302,7 +304,7 @@ class Supervisor:
         await self._drain(inc)
         if inc.watchdog is not None:
             inc.watchdog.cancel()
-        report = incarnation.exit_report(inc, raw, self.last_step)
+        report = incarnation.exit_report(inc, raw, incarnation.step_at_end(self.last_step, inc))
         log.info("pid %s ended: status %s (%s)", inc.pid, report.exit_status, report.reason)
         inc.done.set_result(report)
         await self._report(self._reports.child_exited(report))
@@ -314,8 +316,10 @@ class Supervisor:
         if said is None or said[1] != inc.pid or inc.reason is not None or inc.done.done():
             return
         inc.dying = True
-        report = ports.DyingReport(inc.pid, inc.restart_count, said[0], inc.scanner.evidence(),
-                                   self.last_step)  # fmt: skip
+        step = incarnation.step_at_end(self.last_step, inc)
+        report = ports.DyingReport(
+            inc.pid, inc.restart_count, said[0], inc.scanner.evidence(), step
+        )
         self._background(self._report(self._reports.child_dying(report)), "report-dying")
 
     async def _drain(self, inc: incarnation.Incarnation) -> None:
