@@ -161,3 +161,27 @@ async def test_a_suspect_whose_own_node_fails_leaves_without_waiting_for_its_pee
     assert later, "no troubleshooting round after the move"
     assert sorted(_answers(run.log_dir, later[0])) == ["s-0", "s-1", "s-2"]
     assert leftovers(run.log_dir) == []
+
+
+async def test_a_rank_stopped_by_a_signal_is_named_though_py_spy_cannot_read_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 of a plain DDP script is stopped (SIGSTOP: a debugger, Ctrl-Z or a freezer would
+    do the same). py-spy cannot read a stopped process, so its stack says nothing; its agent
+    says the process is stopped (``process state: T``), and the master names that pod while
+    the others wait in DDP's backward. Before, the stacks singled nobody out."""
+    command = [sys.executable, str(BIN / "plain_ddp.py"), "--steps", "300",
+               "--ckpt-every", "50", "--ckpt-dir", str(tmp_path / "ckpt"),
+               "--hang-at-step", "80", "--hang-rank", "1", "--hang-how", "stop"]  # fmt: skip
+    flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "z", "--hang-timeout-s", "20"]
+    run = await run_cluster(tmp_path, flags, command, timeout_s=360)
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
+    [judged] = _judged(run.log_dir)
+    reason = judged["reason"]
+    assert judged["pod"] == "z-1" and judged["blame"], reason
+    assert re.search(r"suspect: z-1 \(rank 1, node node-1\): process \d+ is stopped", reason)
+    text = _incidents(run.log_dir, "z")
+    assert "process state: T, stopped" in text, text
+    assert leftovers(run.log_dir) == []

@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aegis.core.suspects import Suspect, frame_of, name_suspect, view
+from aegis.core.suspects import Suspect, frame_of, name_suspect, state_line, view
 
 WAITING = """--- pid 101 (python train.py) ---
 Process 101: python train.py
@@ -99,6 +99,45 @@ def test_the_odd_stack_out_of_three_is_named_when_none_waits() -> None:
     found = name_suspect(reports, ["a-0", "a-1", "a-2"])
     assert found is not None and found.pod == "a-1"
     assert "load_batch (data.py)" in found.why
+
+
+STOPPED = (  # py-spy cannot read a stopped process: what the agent sent from a real one
+    "--- pid 600 (python train.py) ---\nprocess state: T, stopped (a stop signal or a freezer)\n"
+    "py-spy exited 1: Error: Failed to find python version from target process"
+)
+
+
+def test_the_one_pod_whose_process_is_stopped_is_named_though_its_stack_is_unread() -> None:
+    reports = {"j-0": BACKWARD, "j-1": STOPPED, "j-2": BACKWARD}
+    found = name_suspect(reports, ["j-0", "j-1", "j-2"])
+    assert found == Suspect(
+        "j-1",
+        "process 600 is stopped (a stop signal or a freezer) while 2 other pods wait in "
+        "_engine_run_backward (graph.py)",
+    )  # before: no suspect (two wait, the third is unknown)
+    held = "--- pid 700 (python train.py) ---\nprocess state: D, in uninterruptible sleep\n"
+    found = name_suspect({"j-0": held + ASLEEP.split("\n", 1)[1], "j-1": WAITING}, ["j-0", "j-1"])
+    assert found is not None and found.pod == "j-0"
+    assert found.why.startswith("process 700 is in uninterruptible sleep (held in the kernel")
+
+
+def test_a_held_process_names_nobody_when_two_pods_have_one_or_alone() -> None:
+    assert name_suspect({"j-0": STOPPED, "j-1": STOPPED, "j-2": WAITING}, ["j-0", "j-1"]) is None
+    assert name_suspect({"j-0": STOPPED}, ["j-0", "j-1"]) is None
+    launcher = LAUNCHER.replace("---\n", "---\nprocess state: T, stopped\n", 1)
+    assert not view(launcher).held  # a stopped torchrun is not its workers' stall
+
+
+def test_the_state_line_says_stopped_at_once_and_uninterruptible_only_when_it_lasts() -> None:
+    assert state_line("T", "T") == "process state: T, stopped (a stop signal or a freezer)"
+    assert state_line("t", "") == "process state: t, stopped by a debugger"
+    assert state_line("D", "D").startswith("process state: D, in uninterruptible sleep")
+    assert [state_line(*pair) for pair in (("D", "S"), ("S", "D"), ("R", "R"), ("", ""))] == [
+        "",
+        "",
+        "",
+        "",
+    ]
 
 
 def test_nobody_is_named_when_the_stacks_do_not_single_one_out() -> None:

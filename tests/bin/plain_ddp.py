@@ -7,8 +7,9 @@ the tests read them). Chaos: ``--crash-at-step S --crash-rank R`` raises once in
 if given (at the first step >= S that finds it); ``--exit-at-step S --exit-rank R`` exits 13 once
 with no traceback; ``--stop-after-crash K`` ends the run K steps after the remembered crash.
 ``--hang-at-step S --hang-rank R`` sleeps forever in rank R at step S, once (a marker in the
-checkpoint directory), while the other ranks wait for it in DDP's backward. ``--quiet``: only
-rank 0 logs its steps.
+checkpoint directory), while the other ranks wait for it in DDP's backward; with ``--hang-how
+stop`` it stops itself with SIGSTOP instead (as a debugger, Ctrl-Z or a freezer would).
+``--quiet``: only rank 0 logs its steps.
 ``--crash-times N`` crashes in N incarnations (not once), the k-th at the step
 S + k x ``--crash-step-shift``.
 ``--solo R:K[:GATE]`` (repeatable): after the last step and a barrier, rank R makes K more
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,6 +50,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="only rank 0 logs its steps")
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--hang-how", choices=("sleep", "stop"), default="sleep")
     p.add_argument("--solo", action="append", default=[])
     p.add_argument("--no-optimizer", action="store_true", help="all_reduce by hand, no optimizer")
     return p.parse_args()
@@ -159,7 +162,9 @@ def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bo
         hung = ckpt_dir / f".hung-rank-{rank}"
         if step == args.hang_at_step and rank == args.hang_rank and not hung.exists():
             hung.touch()
-            log(rank, f"hanging at step {step}")
+            log(rank, f"hanging at step {step} ({args.hang_how})")
+            if args.hang_how == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
             while True:
                 time.sleep(3600)
         if by_hand is not None:

@@ -78,14 +78,16 @@ class StackDump:
     text: str
     error: str | None  # why no dump (ptrace denied, py-spy missing, not Python), else None
     flight: str = ""  # torch's flight recorder, summed up in one line (where it is on)
+    state: str = ""  # ``suspects.state_line``: where the kernel holds the process, else ""
 
     def section(self) -> str:
-        """The process's part of a hang report: its header, its stack (or why none), the
-        flight recorder's line."""
+        """The process's part of a hang report: its header, where the kernel holds it (if it
+        does), its stack (or why none), the flight recorder's line."""
         body = self.text if self.error is None else self.error
-        return f"--- pid {self.pid} ({self.cmdline}) ---\n{body}" + (
-            f"\n{self.flight}" if self.flight else ""
+        head = f"--- pid {self.pid} ({self.cmdline}) ---" + (
+            f"\n{self.state}" if self.state else ""
         )
+        return f"{head}\n{body}" + (f"\n{self.flight}" if self.flight else "")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -45,10 +45,11 @@ def _cmdline(pid: int) -> str:
 async def dump(
     the_reaper: reaper.Reaper, pid: int, *, timeout_s: float = DUMP_TIMEOUT_S
 ) -> ports.StackDump:
-    cmdline = _cmdline(pid)
+    cmdline, before = _cmdline(pid), _sched_state(pid)
     exe = find_py_spy()
     if exe is None:
-        return ports.StackDump(pid, cmdline, "", "py-spy not found")
+        state = suspects.state_line(before, _sched_state(pid))
+        return ports.StackDump(pid, cmdline, "", "py-spy not found", state=state)
     with tempfile.TemporaryFile() as out:
         try:
             spy = the_reaper.spawn(
@@ -76,10 +77,24 @@ async def dump(
         text = out.read().decode(errors="replace")
     status = reaper.exit_status(raw)
     if error is None and status != 0:
-        first = text.strip().splitlines()[0] if text.strip() else ""
+        said = [line for line in text.strip().splitlines() if line.strip()]
+        first = next((line for line in said if line.startswith("Error:")), said[0] if said else "")
         hint = " (ptrace denied? needs CAP_SYS_PTRACE)" if "ermission" in text else ""
         error = f"py-spy exited {status}: {first}{hint}"
-    return ports.StackDump(pid, cmdline, text if error is None else "", error)
+    state = suspects.state_line(before, _sched_state(pid))
+    return ports.StackDump(pid, cmdline, text if error is None else "", error, state=state)
+
+
+def _sched_state(pid: int) -> str:
+    """The process's scheduler state, ``/proc/PID/stat``'s letter (R, S, D, T, ...); "" when
+    it cannot be read (gone, or no procfs)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    fields = stat.rpartition(")")[2].split()  # the command name may hold spaces and ")"
+    return fields[0] if fields else ""
 
 
 async def dump_all(

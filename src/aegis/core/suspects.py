@@ -13,10 +13,16 @@ is *not* where the others are:
 3. no pod waits in a collective, three or more reported and all but one stand at the same
    frame: the odd one.
 
-Before these, where torch's flight recorder was on (``flight recorder:`` lines, one per process,
-from :func:`flight_line`), its counts decide: in a synchronous job every rank enqueues the same
-collectives in the same order, so the one pod whose processes enqueued fewer than every other
-reporting pod's is the one the others wait for.
+First of all, a process the kernel holds says where the stall is: one pod whose worker is
+stopped (``T``: SIGSTOP, Ctrl-Z, a freezer; ``t``: a debugger) or stays in uninterruptible sleep
+(``D``: a disk, NFS or a GPU driver that does not return), each agent's ``process state:``
+line (:func:`state_line`), while no other pod's is: that one. Its stack often cannot be read at
+all (py-spy fails on a stopped process and waits on one in ``D``), so rule 1 cannot see it.
+
+Before the stack rules, where torch's flight recorder was on (``flight recorder:`` lines, one
+per process, from :func:`flight_line`), its counts decide: in a synchronous job every rank
+enqueues the same collectives in the same order, so the one pod whose processes enqueued fewer
+than every other reporting pod's is the one the others wait for.
 
 Otherwise nobody is named (``None``): the hang is counted, but no pod (and so no node) is marked
 slow for it. A torchrun launcher's own stack (it waits for its workers) is not evidence.
@@ -35,6 +41,13 @@ _THREAD = re.compile(r'^Thread \S+ \([^)]*\): "(.*)"$')
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "aegis.agent")
 _AUTOGRAD_WAIT = {"_engine_run_backward", "run_backward", "backward"}
 FLIGHT_PREFIX = "flight recorder: "
+STATE_PREFIX = "process state: "
+HELD_STATES = {
+    "T": "stopped (a stop signal or a freezer)",
+    "t": "stopped by a debugger",
+    "D": "in uninterruptible sleep (held in the kernel: a disk, NFS or a driver)",
+}
+_STATE = re.compile(r"^process state: (\S)", re.M)
 _FLIGHT = re.compile(r"^flight recorder: collective #(-?\d+) enqueued, #(-?\d+) completed", re.M)
 
 
@@ -51,6 +64,7 @@ class _View:
     known: bool  # some worker's stack was readable
     waiting: bool
     where: str  # the innermost frame, "func (file)"; the collective's, when waiting
+    held: str = ""  # "process N is <state>" when the kernel holds a worker (``state_line``)
 
 
 def _frames(dump: str) -> list[tuple[str, str]]:
@@ -108,17 +122,31 @@ def _short(frame: tuple[str, str]) -> str:
     return f"{func} ({file.rsplit('/', 1)[-1]})"
 
 
+def state_line(before: str, after: str) -> str:
+    """The ``process state:`` line of a process whose scheduler state was ``before`` a stack
+    dump and ``after`` it (``/proc/PID/stat``'s letter, "" when unread): stopped when it was
+    before (it stays so), in uninterruptible sleep only when it was both times (a moment in
+    ``D`` is an ordinary page fault or write); "" for any other."""
+    if before in ("T", "t") or before == after == "D":
+        return f"{STATE_PREFIX}{before}, {HELD_STATES[before]}"
+    return ""
+
+
 def view(stacks: str) -> _View:
     """What one pod's reported stacks show."""
     sections = list(_SECTION.finditer(stacks))
     wheres: list[str] = []
     waiting: list[str] = []
+    held = ""
     for index, section in enumerate(sections):
         cmdline = section.group(2)
         if any(name in cmdline for name in _LAUNCHERS):
             continue
         end = sections[index + 1].start() if index + 1 < len(sections) else len(stacks)
-        frames = _frames(stacks[section.end() : end])
+        body = stacks[section.end() : end]
+        if not held and (state := _STATE.search(body)) and state.group(1) in HELD_STATES:
+            held = f"process {section.group(1)} is {HELD_STATES[state.group(1)]}"
+        frames = _frames(body)
         if not frames:
             continue
         wait = _waits_at(frames)
@@ -127,10 +155,10 @@ def view(stacks: str) -> _View:
         else:
             wheres.append(_short(frames[0]))
     if wheres:  # any worker of the pod outside a collective: the pod is elsewhere
-        return _View(True, False, wheres[0])
+        return _View(True, False, wheres[0], held)
     if waiting:
-        return _View(True, True, waiting[0])
-    return _View(False, False, "")
+        return _View(True, True, waiting[0], held)
+    return _View(False, False, "", held)
 
 
 def flight_line(dump: Mapping[str, Any]) -> str:
@@ -182,11 +210,17 @@ def _flight_suspect(reports: Mapping[str, str]) -> Suspect | None:
 def name_suspect(reports: Mapping[str, str], pods: Sequence[str]) -> Suspect | None:
     """The pod a hang is about, given the stacks each reporting pod sent (``pods``: every pod
     of the job that was running); None when the stacks do not single one out."""
-    if (flown := _flight_suspect(reports)) is not None:
-        return flown
     views = {pod: view(text) for pod, text in reports.items()}
     known = {pod: v for pod, v in views.items() if v.known}
     waiting = sorted(pod for pod, v in known.items() if v.waiting)
+    held = sorted(pod for pod, v in views.items() if v.held)
+    if len(held) == 1 and len(views) >= 2:
+        pod = held[0]
+        peers = [p for p in waiting if p != pod]
+        others = _others(peers, known) if peers else f"{len(views) - 1} other pod(s) are not"
+        return Suspect(pod, f"{views[pod].held} while {others}")
+    if (flown := _flight_suspect(reports)) is not None:
+        return flown
     elsewhere = sorted(pod for pod, v in known.items() if not v.waiting)
     if waiting and len(elsewhere) == 1:
         pod = elsewhere[0]
