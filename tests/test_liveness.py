@@ -1,9 +1,13 @@
-"""The master's heartbeat watch (``master.liveness``, pure): who is watched, who is lost."""
+"""The master's heartbeat watch (``master.liveness``, pure): who is watched, who is lost, who
+is awaited back and has not come back in time."""
 
 from __future__ import annotations
 
+from aegis.core import events as ev
 from aegis.core.model import PodName
+from aegis.core.phases import Phase
 from aegis.master.liveness import Liveness
+from tests.core_helpers import Driver
 
 A, B = PodName("j-0"), PodName("j-1")
 
@@ -27,7 +31,7 @@ def test_an_unwatched_pod_is_never_lost_and_a_takeover_gives_a_full_timeout() ->
     assert live.lost(1000.0) == []
     live.watch_from([A, B], 1000.0)  # a new leader: both watched, from now
     assert live.lost(1004.0) == []
-    live.forget(B)  # replaced: no longer watched
+    live.forget(B, 1005.0)  # replaced: no longer watched
     assert live.lost(1006.0) == [A]
 
 
@@ -35,3 +39,35 @@ def test_a_pod_watched_before_it_was_ever_heard_counts_from_its_first_check() ->
     live = Liveness(timeout_s=5.0)
     live.watch(A)
     assert live.lost(10.0) == []  # never heard: no age to judge by
+
+
+def test_a_pod_sent_away_is_awaited_from_the_first_time_and_named_each_timeout_until_its_ack() -> (
+    None
+):
+    live = Liveness(timeout_s=5.0, join_timeout_s=60.0)
+    live.watch(A)
+    live.forget(A, 100.0)  # lost: replaced
+    live.forget(A, 130.0)  # the platform placed it again: still awaited from 100
+    assert live.not_back(160.0) == []  # exactly the timeout: not yet
+    assert live.overdue(160.5) == [ev.JoinTimedOut(A, "did not come back within 60 s")]
+    assert live.not_back(200.0) == []  # named once per timeout: awaited again from 160.5
+    assert live.not_back(221.0) == [A]
+    live.watch(A)  # its ACK: back
+    assert live.not_back(1000.0) == [] and live.awaited == {}
+
+
+def test_no_join_timeout_awaits_nobody_and_a_takeover_awaits_the_pods_away() -> None:
+    live = Liveness(timeout_s=5.0)  # join_timeout_s 0: off
+    live.forget(A, 0.0)
+    assert live.not_back(10_000.0) == []
+    d = Driver()
+    taken = Liveness(timeout_s=5.0, join_timeout_s=60.0)
+    taken.taken_over(d.status, 50.0)  # the job has not started: its first pods are not awaited
+    assert taken.awaited == {}
+    d.to_running()
+    d.feed(ev.HeartbeatLost(d.pod(1)))  # away, awaiting its replacement
+    assert d.status.phase is Phase.RESTARTING
+    taken = Liveness(timeout_s=5.0, join_timeout_s=60.0)
+    taken.taken_over(d.status, 50.0)
+    assert taken.awaited == {d.pod(1): 50.0}
+    assert taken.watched == {d.pod(0), d.pod(2)}

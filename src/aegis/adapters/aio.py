@@ -20,6 +20,7 @@ too, after each write and read: one whose reply swallowed the caller's cancellat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 
 def cancellations() -> int:
@@ -33,3 +34,12 @@ def raise_if_cancelled(since: int = 0) -> None:
     the count when the loop began) and something swallowed it."""
     if cancellations() > since:
         raise asyncio.CancelledError
+
+
+async def sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
+    """Sleep ``delay_s``, or less once ``done`` is set. ``asyncio.timeout``, not ``wait_for``:
+    3.11's ``wait_for`` turns a cancellation that meets its own timeout into ``TimeoutError``,
+    which this would take for the end of a sleep."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await done.wait()

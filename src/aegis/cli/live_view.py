@@ -61,6 +61,8 @@ def event_text(event: ev.Event) -> tuple[str, str] | None:
             return pod, reason
         case ev.HeartbeatLost(pod=pod):
             return pod, "heartbeat lost"
+        case ev.JoinTimedOut(pod=pod, reason=reason):
+            return pod, f"{reason}: placed elsewhere"
         case ev.PodRestarted(pod=pod, node=node):
             return pod, f"restarted on {node}" if node else "restarted"
         case _:

@@ -138,6 +138,7 @@ def master(  # noqa: PLR0913 (a typer command: one parameter per option)
     replica_id: ReplicaId = None,
     lease_s: LeaseS = None,
     heartbeat_timeout_s: options.HeartbeatTimeout = 5.0,
+    join_timeout_s: options.JoinTimeout = 600.0,
     pace_window_s: options.PaceWindow = options.WINDOW_DEFAULT,
     pace_drop: options.PaceDrop = options.DROP_DEFAULT,
     log_dir: LogDir = None,
@@ -157,7 +158,8 @@ def master(  # noqa: PLR0913 (a typer command: one parameter per option)
     authority = _authority(auth_file, insecure)
     tls = _tls(tls_dir)
     job = JobSettings(
-        heartbeat_timeout_s=heartbeat_timeout_s, pace=PaceSettings(pace_window_s, pace_drop),
+        heartbeat_timeout_s=heartbeat_timeout_s, join_timeout_s=join_timeout_s,
+        pace=PaceSettings(pace_window_s, pace_drop),
         rendezvous=_rendezvous_rule(kubernetes, rendezvous_host, rendezvous_port_base),
     )  # fmt: skip
     settings = ReplicaSettings(

@@ -26,6 +26,14 @@ PaceDrop = Annotated[
 HeartbeatTimeout = Annotated[
     float, typer.Option(min=0.5, help="A pod without a heartbeat for this long is lost.")
 ]
+JoinTimeout = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="A pod sent away (replaced, evicted or restarted) that has not joined again after "
+        "this long: its node is blacklisted and the pod placed elsewhere; 0: wait for ever.",
+    ),
+]
 MetricsPort = Annotated[
     int,
     typer.Option(

@@ -78,6 +78,16 @@ class HeartbeatLost:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinTimedOut:
+    """The shell heard nothing from a pod asked to come back (replaced, or restarted) within
+    the join timeout: its node cannot reach the master (a partition) or the pod never started.
+    Its node is blacklisted and the pod placed elsewhere; nothing more is counted."""
+
+    pod: PodName
+    reason: str = "did not come back"
+
+
+@dataclass(frozen=True, slots=True)
 class PodRestarted:
     """The platform saw the pod's container restart or a replacement pod start (maybe elsewhere)."""
 
@@ -134,6 +144,7 @@ Event = (
     | PodErrored
     | HangReported
     | HeartbeatLost
+    | JoinTimedOut
     | PodRestarted
     | QuitRequested
     | CheckpointCommitted

@@ -56,6 +56,11 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
             if info is None:
                 return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
             return _on_lost(spec, status, pod, info, now)
+        case ev.JoinTimedOut(pod=pod, reason=reason):
+            info = status.pod_infos.get(pod)
+            if info is None:
+                return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
+            return rounds.replace_elsewhere(status, pod, info, reason, now)
         case ev.PodRestarted(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:

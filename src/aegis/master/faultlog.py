@@ -113,6 +113,7 @@ class FaultLog:
         if isinstance(
             event,
             ev.HeartbeatLost
+            | ev.JoinTimedOut
             | ev.PodRestarted
             | ev.QuitRequested
             | ev.DrainRequested
@@ -218,6 +219,8 @@ def _platform_text(event: ev.Event) -> str:
     match event:
         case ev.HeartbeatLost():
             return "heartbeat lost"
+        case ev.JoinTimedOut(reason=reason):
+            return f"{reason}: its node is blacklisted, the pod is placed elsewhere"
         case ev.PodRestarted(node=node):
             return f"pod restarted on {node}" if node else "pod restarted"
         case ev.QuitRequested(reason=reason):

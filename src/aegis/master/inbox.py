@@ -79,6 +79,8 @@ def platform_record(event: ev.Event, now: float) -> eventlog.PlatformRecord:
             return eventlog.PodRestartedRecord(pod=pod, ts=now, node=node, pod_ip=ip)
         case ev.HeartbeatLost(pod=pod):
             return eventlog.HeartbeatLostRecord(pod=pod, ts=now)
+        case ev.JoinTimedOut(pod=pod, reason=reason):
+            return eventlog.JoinTimedOutRecord(pod=pod, ts=now, reason=reason)
         case ev.QuitRequested(reason=reason):
             return eventlog.QuitRequestedRecord(ts=now, reason=reason)
         case ev.CheckpointCommitted(step=step):

@@ -5,7 +5,7 @@ queue (``inbox``: bad input dropped and counted) and is handled in order, in bat
 event to ``events.jsonl``, ``step``, then write the new status *and the round's orders* to the
 store (``job_record``; revision-checked, one write per batch) *before* the ``executor`` carries
 out any action; then the ``observers`` are told. Heartbeats reach the core only as
-``HeartbeatLost`` (``liveness``); checkpoint reports and training steps through ``progress``.
+``HeartbeatLost`` and ``JoinTimedOut`` (``liveness``); checkpoints and steps through ``progress``.
 
 High availability: every write and every publish first calls ``fence()``, which raises
 ``LeadershipLostError`` once this replica's lease is gone; every record and order carries the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from aegis.adapters.aio import cancellations, raise_if_cancelled
+from aegis.adapters.aio import cancellations, raise_if_cancelled, sleep_or_done
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore, Subscription
@@ -100,7 +100,7 @@ class JobRunner:
         self.seen = SeenIds()
         self.queue: asyncio.Queue[inbox.Input | None] = asyncio.Queue()
         self.done = asyncio.Event()
-        self.liveness = Liveness(settings.heartbeat_timeout_s)
+        self.liveness = Liveness(settings.heartbeat_timeout_s, settings.join_timeout_s)
         self.round_orders: list[RoundOrder] = list(orders)
         self.progress = Progress(spec.job, settings, self.notes.committed_step)
         self.safe, self.pace = self.progress.safe, self.progress.pace  # its parts, for observers
@@ -197,7 +197,7 @@ class JobRunner:
         record = inbox.platform_record(event, self.clock())
         if isinstance(event, ev.PodRestarted):
             self.liveness.seen(event.pod, self.clocks.mono())
-            self.liveness.forget(event.pod)
+            self.liveness.forget(event.pod, self.clocks.mono())
         self.queue.put_nowait(inbox.PlatformInput(event, record))
 
     def pod_nodes(self) -> dict[PodName, str]:
@@ -345,7 +345,7 @@ class JobRunner:
         job = self.spec.job
         match action:
             case act.EvictPod(pod=pod) | act.ReplacePod(pod=pod):
-                self.liveness.forget(pod)
+                self.liveness.forget(pod, self.clocks.mono())
             case act.RecordFault(pod=pod, reason=reason, counted=counted):
                 log.warning("job %s: fault of %s (%s), counted=%s", job, pod, reason, counted)
             case act.EndJob(phase=phase, reason=reason):
@@ -370,19 +370,20 @@ class JobRunner:
     async def _watch_heartbeats(self) -> None:
         timeout = self.settings.heartbeat_timeout_s
         while not self.done.is_set():
-            await _sleep_or_done(self.done, min(0.25, timeout / 4))
+            await sleep_or_done(self.done, min(0.25, timeout / 4))
             now = self.clocks.mono()
             for forced in self.safe.deadlines_passed(self.status, now):
                 self.platform_event(forced)
-            for pod in self.liveness.lost(now):
-                log.warning("job %s: %s silent for %.1f s", self.spec.job, pod, timeout)
-                self.platform_event(ev.HeartbeatLost(pod))
+            for event in self.liveness.overdue(now):  # a pod silent, or not back in time
+                said = getattr(event, "reason", f"silent for {timeout:.1f} s")
+                log.warning("job %s: %s %s", self.spec.job, event.pod, said)
+                self.platform_event(event)
 
     async def _resend_orders(self) -> None:
         """Orders travel at most once on NATS core: re-send the current round's orders while
         pods have not answered (agents ignore a round they already executed)."""
         while not self.done.is_set():
-            await _sleep_or_done(self.done, self.settings.order_resend_s)
+            await sleep_or_done(self.done, self.settings.order_resend_s)
             if self.done.is_set() or self.status.phase in TERMINAL_PHASES:
                 return
             if self.status.outstanding == 0 or self.status.phase is Phase.RESTARTING:
@@ -390,11 +391,3 @@ class JobRunner:
             for order in self.round_orders:
                 if order.seq == self.status.seq:
                     await self.executor.publish(order)
-
-
-async def _sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
-    """``asyncio.timeout``, not ``wait_for``: 3.11's ``wait_for`` turns a cancellation that meets
-    its own timeout into ``TimeoutError``, which this would take for the end of a sleep."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(delay_s):
-            await done.wait()

@@ -39,6 +39,10 @@ class Clocks:
 @dataclass(frozen=True, slots=True)
 class JobSettings:
     heartbeat_timeout_s: float = 5.0
+    # A pod sent away that has not ACKed again after this long: its node is blacklisted and
+    # the pod placed elsewhere (``master/liveness.py``); long enough for a pod to be scheduled
+    # and its image pulled.
+    join_timeout_s: float = 600.0
     order_resend_s: float = 5.0
     # Where a round's ranks meet (core/rendezvous.py): rank 0's pod address, and a port from
     # the range its pod owns (or, the default, one free on the one host every pod shares).

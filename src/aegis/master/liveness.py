@@ -1,11 +1,13 @@
-"""Which pods' heartbeats the master watches, and which have gone silent (pure: every call
-takes ``now`` on the master's monotonic clock)."""
+"""Which pods' heartbeats the master watches, and which have gone silent; which pods it
+awaits back, and which have not come back in time (pure: every call takes ``now`` on the
+master's monotonic clock)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName
 from aegis.core.phases import Phase
 
@@ -14,17 +16,24 @@ from aegis.core.phases import Phase
 class Liveness:
     """A pod is watched from its ACK (or from a takeover, with a full timeout of grace) until
     it is lost, replaced or evicted; ``lost`` names each watched pod silent past the timeout
-    once, and stops watching it."""
+    once, and stops watching it. A pod sent away (replaced, evicted, or restarted by the
+    platform) is awaited from the first time it is, until its ACK; ``overdue`` names it again
+    each ``join_timeout_s`` it stays away (0: never). The job's first pods are not awaited: a
+    job whose agents cannot reach the master at all runs without it (``RunIndependent``)."""
 
     timeout_s: float
+    join_timeout_s: float = 0.0
     last_seen: dict[PodName, float] = field(default_factory=dict)
     watched: set[PodName] = field(default_factory=set)
+    awaited: dict[PodName, float] = field(default_factory=dict)  # pod -> awaited since
 
     def seen(self, pod: PodName, now: float) -> None:
         self.last_seen[pod] = now
 
     def watch(self, pod: PodName) -> None:
+        """Watch ``pod``'s heartbeats (it ACKed: it is back, if it was away)."""
         self.watched.add(pod)
+        self.awaited.pop(pod, None)
 
     def watch_from(self, pods: Iterable[PodName], now: float) -> None:
         """Watch ``pods`` as if each had just been heard (a takeover's grace)."""
@@ -34,18 +43,38 @@ class Liveness:
 
     def taken_over(self, status: JobStatus, now: float) -> None:
         """A new leader watches every pod that was running (or is done), a full timeout of
-        grace from ``now``; a pod pending or restarting is watched from its ACK."""
-        self.watch_from(
-            (pod for pod, info in status.pod_infos.items()
-             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished),
-            now,
-        )  # fmt: skip
+        grace from ``now``; a pod pending or restarting is watched from its ACK, and awaited
+        from ``now`` once the job has started."""
+        for pod, info in status.pod_infos.items():
+            if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
+                self.watch_from((pod,), now)
+            elif status.phase is not Phase.PENDING:
+                self.awaited.setdefault(pod, now)
 
-    def forget(self, pod: PodName) -> None:
-        """Stop watching ``pod`` (it leaves, or is replaced)."""
+    def forget(self, pod: PodName, now: float) -> None:
+        """Stop watching ``pod``: it leaves, or is replaced; it is awaited back from ``now``
+        (or from the first time it was, while it has not come back)."""
         self.watched.discard(pod)
+        self.awaited.setdefault(pod, now)
 
     def lost(self, now: float) -> list[PodName]:
         gone = sorted(p for p in self.watched if now - self.last_seen.get(p, now) > self.timeout_s)
         self.watched.difference_update(gone)
         return gone
+
+    def not_back(self, now: float) -> list[PodName]:
+        """The pods awaited for longer than the join timeout, each named once per timeout."""
+        if self.join_timeout_s <= 0:
+            return []
+        late = sorted(p for p, since in self.awaited.items() if now - since > self.join_timeout_s)
+        self.awaited.update(dict.fromkeys(late, now))
+        return late
+
+    def overdue(self, now: float) -> list[ev.HeartbeatLost | ev.JoinTimedOut]:
+        """The events of pods silent past the heartbeat timeout, and of pods not back within
+        the join timeout."""
+        waited = f"did not come back within {self.join_timeout_s:.0f} s"
+        lost: list[ev.HeartbeatLost | ev.JoinTimedOut] = [
+            ev.HeartbeatLost(p) for p in self.lost(now)
+        ]
+        return [*lost, *(ev.JoinTimedOut(p, waited) for p in self.not_back(now))]

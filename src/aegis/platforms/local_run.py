@@ -35,6 +35,7 @@ async def run_local(settings: RunSettings, *, observe: Observer | None = None) -
             creds_ttl_s=settings.creds_ttl_s,
             job=JobSettings(
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                join_timeout_s=settings.join_timeout_s,
                 pace=PaceSettings(settings.pace_window_s, settings.pace_drop),
                 rendezvous=rule,
             ),

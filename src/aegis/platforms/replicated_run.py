@@ -190,6 +190,8 @@ class ReplicatedRun:
             str(self.replicas),
             "--heartbeat-timeout-s",
             str(self.settings.heartbeat_timeout_s),
+            "--join-timeout-s",
+            str(self.settings.join_timeout_s),
             "--pace-window-s",
             str(self.settings.pace_window_s),
             "--pace-drop",

@@ -72,6 +72,7 @@ class RunSettings:
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
+    join_timeout_s: float = 60.0  # a pod sent away and not back by then goes elsewhere
     grace_s: float = 5.0
     log_dir: Path | None = None
     status_file: Path | None = None

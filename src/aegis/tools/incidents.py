@@ -126,6 +126,7 @@ _DETECTED_BY: dict[type[ev.Event], str] = {
     ev.PodErrored: "agent error report",
     ev.HangReported: "hang watchdog (no progress)",
     ev.HeartbeatLost: "heartbeat loss",
+    ev.JoinTimedOut: "not back in time ({reason})",
     ev.PodRestarted: "platform: pod restarted",
     ev.PodFinished: "training exit code {exit_code}",
     ev.ChecksReported: "checks",

@@ -1,8 +1,9 @@
 """The event log (``events.jsonl``): one JSON object per line, every event the master fed the core.
 
 Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
-platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``QuitRequested``,
-``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``, ``SlowdownReported``, and
+platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``JoinTimedOut``,
+``QuitRequested``, ``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``,
+``SlowdownReported``, and
 ``HangJudged``: every pod's hang report and the pod it is about), each with
 the ``ts`` the master passed to ``step`` as ``now``. ``aegis replay`` feeds the same lines
 through the same ``step`` and so reproduces every decision.
@@ -61,6 +62,12 @@ class PodRestartedRecord(_Record):
 class HeartbeatLostRecord(_Record):
     pod: str
     ts: float
+
+
+class JoinTimedOutRecord(_Record):
+    pod: str
+    ts: float
+    reason: str = "did not come back"
 
 
 class QuitRequestedRecord(_Record):
@@ -126,6 +133,7 @@ PlatformRecord = (
     JobCreated
     | PodRestartedRecord
     | HeartbeatLostRecord
+    | JoinTimedOutRecord
     | QuitRequestedRecord
     | CheckpointCommittedRecord
     | DrainRequestedRecord
@@ -209,6 +217,8 @@ def entry(spec: JobSpec, number: int, text: str) -> Entry:
             )
         case HeartbeatLostRecord(pod=pod, ts=ts):
             event = ev.HeartbeatLost(PodName(pod))
+        case JoinTimedOutRecord(pod=pod, ts=ts, reason=reason):
+            event = ev.JoinTimedOut(PodName(pod), reason)
         case QuitRequestedRecord(ts=ts, reason=reason):
             event = ev.QuitRequested(reason)
         case CheckpointCommittedRecord(ts=ts, step=step):

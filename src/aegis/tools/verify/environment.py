@@ -2,11 +2,12 @@
 
 Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error (a software
 error, the same one at the same step, a peer's closed connection at that step), report a hang,
-lose its heartbeat or restart, or be drained (and the drain's deadline pass); any message may
-come again (duplicate) or carry the previous or the next round's seq (stale, forged); the user
-may quit; a checkpoint may commit. Disruptive events spend a bounded fault budget so that the
-space stays finite (drains too, one at a time). Cooperative events (what a healthy cluster does
-next) are flagged: with only those, every job must reach Succeed or Failed.
+lose its heartbeat or restart, not come back in time, or be drained (and the drain's deadline
+pass); any message may come again (duplicate) or carry the previous or the next round's seq
+(stale, forged); the user may quit; a checkpoint may commit. Disruptive events spend a bounded
+fault budget so that the space stays finite (drains too, one at a time). Cooperative events
+(what a healthy cluster does next) are flagged: with only those, every job must reach Succeed
+or Failed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
             yield Move(ev.PodRestarted(pod), fault=not awaiting, cooperative=awaiting)
         if faults:
             yield Move(ev.HeartbeatLost(pod), fault=True, cooperative=False)
+            if not info.finished:  # a pod away that does not come back in time
+                yield Move(ev.JoinTimedOut(pod), fault=True, cooperative=False)
             if status.drain_count == 0:  # one drain at a time (bounds the space)
                 yield Move(ev.DrainRequested((pod,)), fault=True, cooperative=False)
         if info.drain:  # the drain's deadline passes
