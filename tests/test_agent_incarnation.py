@@ -80,6 +80,16 @@ async def test_an_incarnation_that_never_stepped_ends_at_the_step_it_started_fro
     assert incarnation.start_step({"AEGIS_RESUME_STEP": "120"}) == 120
     assert incarnation.start_step({"AEGIS_RESUME_STEP": "-3"}) == 0  # not a step: from 0
     resumed = dataclasses.replace(_inc(), start_step=120)
-    assert incarnation.step_at_end(None, resumed) == 120  # crashed while it loaded
-    assert incarnation.step_at_end(127, resumed) == 127
-    assert incarnation.step_at_end(None, _inc()) == 0
+    soon = resumed.started + 5.0
+    assert incarnation.step_at_end(None, resumed, ever_stepped=False, now=soon) == 120
+    assert incarnation.step_at_end(127, resumed, ever_stepped=False, now=soon) == 127
+    assert incarnation.step_at_end(None, _inc(), ever_stepped=False, now=soon) == 0
+
+
+async def test_a_job_with_no_step_signal_that_ran_past_the_start_knows_no_step() -> None:
+    # its faults hours apart (a peer's closed connection each time) are not one fault repeated
+    inc, window = _inc(), incarnation.START_WINDOW_S
+    late = inc.started + window + 1.0
+    assert incarnation.step_at_end(None, inc, ever_stepped=False, now=late) is None
+    # a job that stepped before (another incarnation) failed to start this time: at its start
+    assert incarnation.step_at_end(None, inc, ever_stepped=True, now=late) == 0

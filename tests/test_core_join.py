@@ -42,3 +42,19 @@ def test_a_pod_that_is_back_or_unknown_is_not_moved() -> None:
     assert rejected(d.feed(ev.JoinTimedOut(d.pod(0)))) is act.RejectReason.IGNORED
     assert d.status is same
     assert rejected(d.feed(ev.JoinTimedOut(ev.PodName("job-9")))) is act.RejectReason.UNKNOWN_POD
+
+
+def test_a_pod_never_placed_is_asked_for_again_and_the_node_it_was_drained_from_stays_good() -> (
+    None
+):
+    d = Driver(workers=2)
+    d.to_running()
+    d.feed(ev.DrainRequested((d.pod(1),), "maintenance"))
+    d.feed(ev.CheckpointCommitted(step=10))  # it leaves at the commit, for a spare
+    assert d.inner(1) is Phase.RESTARTING and not d.status.pod_infos[d.pod(1)].finished
+    actions = d.feed(ev.JoinTimedOut(d.pod(1), "did not come back within 60 s"))
+    assert [type(a) for a in actions] == [act.RecordFault, act.ReplacePod]  # asked again
+    assert d.status.error_nodes == ()  # drained, not broken
+    d.feed(ev.PodRestarted(d.pod(1), NodeName("node-9")))  # placed: its node is the one now
+    actions = d.feed(ev.JoinTimedOut(d.pod(1), "did not come back within 60 s"))
+    assert act.BlacklistNode(NodeName("node-9"), "did not come back within 60 s") in actions

@@ -371,3 +371,44 @@ async def test_a_cancellation_that_a_write_swallowed_still_stops_the_job_loop(
             await task
     assert task.cancelled()
     assert runner.status.outstanding == 1  # the ACK was taken; nothing after it was decided
+
+
+async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_awaited(
+    tmp_path: Path,
+) -> None:
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5, join_timeout_s=1.0)
+    h = Harness(runner, bus, store, platform)
+    await bus.subscribe(runner.master_subject, h.on_order)
+    await runner.start(["node-0", "node-1"])
+    h.task = asyncio.create_task(runner.run())
+    beating = True
+
+    async def beat() -> None:  # job-1 stays; job-0 falls silent once running
+        while beating:
+            await h.send("job-1", m.MessageType.HEARTBEAT, m.HeartbeatData())
+            await asyncio.sleep(0.1)  # a heartbeat's pace, not a wait for a condition
+
+    try:
+        await _to_running(h)
+        beats = asyncio.create_task(beat())
+        await async_wait_until(lambda: ("replace", "job-0") in platform.calls, what="the loss")
+        # the lost agent, back from a partition, ACKs before any replacement was placed:
+        # refused (it awaits its replacement), and it must not end the wait
+        await h.send("job-0", m.MessageType.ACK, m.AckData())
+        await h.settle()
+        assert runner.status.pod_infos[PodName("job-0")].inner_phase is Phase.RESTARTING
+        await async_wait_until(lambda: platform.calls.count(("replace", "job-0")) == 2,
+                               what="the replacement asked for again")  # fmt: skip
+        assert ("blacklist", "node-0") not in platform.calls  # never placed: no node to blame
+        runner.platform_event(ev.PodRestarted(PodName("job-0"), NodeName("node-0")))
+        await async_wait_until(lambda: ("blacklist", "node-0") in platform.calls,
+                               what="the placed pod not back in time")  # fmt: skip
+        assert platform.calls.count(("replace", "job-0")) == 3
+        assert [e.node for e in runner.status.error_nodes] == ["node-0"]
+        assert runner.status.recover_count == 1  # the loss only
+        beating = False
+        await beats
+    finally:
+        runner.close()
+        await asyncio.wait_for(h.task, 5)

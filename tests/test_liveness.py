@@ -41,17 +41,18 @@ def test_a_pod_watched_before_it_was_ever_heard_counts_from_its_first_check() ->
     assert live.lost(10.0) == []  # never heard: no age to judge by
 
 
-def test_a_pod_sent_away_is_awaited_from_the_first_time_and_named_each_timeout_until_its_ack() -> (
+def test_a_pod_sent_away_is_awaited_from_its_placement_and_named_each_timeout_until_its_ack() -> (
     None
 ):
     live = Liveness(timeout_s=5.0, join_timeout_s=60.0)
     live.watch(A)
     live.forget(A, 100.0)  # lost: replaced
-    live.forget(A, 130.0)  # the platform placed it again: still awaited from 100
-    assert live.not_back(160.0) == []  # exactly the timeout: not yet
-    assert live.overdue(160.5) == [ev.JoinTimedOut(A, "did not come back within 60 s")]
-    assert live.not_back(200.0) == []  # named once per timeout: awaited again from 160.5
-    assert live.not_back(221.0) == [A]
+    assert live.not_back(160.5) == [A]  # never placed: named from the ask
+    live.forget(A, 170.0)  # the platform placed it: the wait starts again
+    assert live.not_back(230.0) == []  # exactly the timeout: not yet
+    assert live.overdue(230.5) == [ev.JoinTimedOut(A, "did not come back within 60 s")]
+    assert live.not_back(260.0) == []  # named once per timeout: awaited again from 230.5
+    assert live.not_back(291.0) == [A]
     live.watch(A)  # its ACK: back
     assert live.not_back(1000.0) == [] and live.awaited == {}
 

@@ -128,6 +128,17 @@ def test_a_held_process_names_nobody_when_two_pods_have_one_or_alone() -> None:
     assert not view(launcher).held  # a stopped torchrun is not its workers' stall
 
 
+def test_the_flight_recorder_outranks_a_held_process() -> None:
+    # a pod whose DataLoader worker sits in D on a slow disk is not the one the flight
+    # recorder says is behind
+    def flown(text: str, enqueued: int) -> str:
+        return f"{text}\nflight recorder: collective #{enqueued} enqueued, #{enqueued} completed"
+
+    reports = {"j-0": flown(BACKWARD, 7), "j-1": flown(STOPPED, 9), "j-2": flown(BACKWARD, 9)}
+    found = name_suspect(reports, ["j-0", "j-1", "j-2"])
+    assert found is not None and found.pod == "j-0" and "(flight recorder)" in found.why
+
+
 def test_the_state_line_says_stopped_at_once_and_uninterruptible_only_when_it_lasts() -> None:
     assert state_line("T", "T") == "process state: T, stopped (a stop signal or a freezer)"
     assert state_line("t", "") == "process state: t, stopped by a debugger"

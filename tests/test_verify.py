@@ -159,6 +159,30 @@ MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
         ),
         {"AwayUntilBack"},
     ),
+    "a pod not back in time taken for present": (
+        rounds,
+        "replace_elsewhere",
+        lambda status, pod, info, reason, now: (
+            updates.status(
+                status, pod_infos=status.pod_infos.set(pod, updates.pod(info, finished=True))
+            ),
+            (),
+        ),
+        {"CountersConsistent"},
+    ),
+    "a pod not back in time counted again": (
+        rounds,
+        "replace_elsewhere",
+        lambda status, pod, info, reason, now: (
+            updates.status(
+                status,
+                recover_count=status.recover_count + 1,
+                pod_infos=status.pod_infos.set(pod, updates.pod(info, retries=info.retries + 1)),
+            ),
+            (),
+        ),
+        {"NoCountOutsideRunCommand"},
+    ),
     "budget exhausted without should_quit": (
         rounds,
         "fail",

@@ -69,12 +69,24 @@ def start_step(env: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def step_at_end(last_step: int | None, inc: Incarnation) -> int:
-    """Where ``inc`` ends: the step it last reported, or the step it started from when it
-    reported none. A crash before the first step (a bad import, a missing file, a model that
-    does not fit) is at that step in every incarnation, so three of them in a row end the job
-    (``core.recovery.run_after``) instead of spending the whole fault budget."""
-    return inc.start_step if last_step is None else last_step
+START_WINDOW_S = 300.0  # an incarnation that never stepped and ended within this: a start-up crash
+
+
+def step_at_end(
+    last_step: int | None, inc: Incarnation, *, ever_stepped: bool, now: float
+) -> int | None:
+    """Where ``inc`` ends: the step it last reported; when it reported none, the step it
+    started from if it failed to start (it ended within ``START_WINDOW_S``, or an earlier
+    incarnation of the pod stepped: the job has a step signal). A crash before the first step
+    (a bad import, a missing file, a model that does not fit) is then at that step in every
+    incarnation, so three in a row end the job (``core.recovery.run_after``) instead of
+    spending the whole budget. None (no step known) for a job with no step signal that ran
+    past the window: its faults hours apart are not one fault repeated."""
+    if last_step is not None:
+        return last_step
+    if ever_stepped or now - inc.started <= START_WINDOW_S:
+        return inc.start_step
+    return None
 
 
 def exit_report(inc: Incarnation, raw: int, step: int | None) -> ports.ExitReport:

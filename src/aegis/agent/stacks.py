@@ -58,7 +58,8 @@ async def dump(
                 fds={1: out.fileno(), 2: out.fileno()},
             )
         except OSError as exc:
-            return ports.StackDump(pid, cmdline, "", f"cannot run py-spy: {exc}")
+            state = suspects.state_line(before, _sched_state(pid))
+            return ports.StackDump(pid, cmdline, "", f"cannot run py-spy: {exc}", state=state)
         error = None
         try:
             async with asyncio.timeout(timeout_s):

@@ -304,7 +304,7 @@ class Supervisor:
         await self._drain(inc)
         if inc.watchdog is not None:
             inc.watchdog.cancel()
-        report = incarnation.exit_report(inc, raw, incarnation.step_at_end(self.last_step, inc))
+        report = incarnation.exit_report(inc, raw, self._step_at_end(inc))
         log.info("pid %s ended: status %s (%s)", inc.pid, report.exit_status, report.reason)
         inc.done.set_result(report)
         await self._report(self._reports.child_exited(report))
@@ -316,11 +316,13 @@ class Supervisor:
         if said is None or said[1] != inc.pid or inc.reason is not None or inc.done.done():
             return
         inc.dying = True
-        step = incarnation.step_at_end(self.last_step, inc)
-        report = ports.DyingReport(
-            inc.pid, inc.restart_count, said[0], inc.scanner.evidence(), step
-        )
+        step, seen = self._step_at_end(inc), inc.scanner.evidence()
+        report = ports.DyingReport(inc.pid, inc.restart_count, said[0], seen, step)
         self._background(self._report(self._reports.child_dying(report)), "report-dying")
+
+    def _step_at_end(self, inc: incarnation.Incarnation) -> int | None:
+        last, now = self.last_step, time.monotonic()  # reading the step updates ever_stepped
+        return incarnation.step_at_end(last, inc, ever_stepped=self._ever_stepped, now=now)
 
     async def _drain(self, inc: incarnation.Incarnation) -> None:
         """Let the pumps pass on what is left; give up on pipes a stray process holds open."""

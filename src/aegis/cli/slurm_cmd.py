@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from aegis.cli import run_cmd
+from aegis.cli import options, run_cmd
 from aegis.platforms.slurm import commands, coordinator
 
 _PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
@@ -165,6 +165,7 @@ def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option
     nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
     hang_timeout_s: Annotated[float | None, typer.Option(min=0)] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    join_timeout_s: options.JoinTimeout = 600.0,
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
     status_file: Annotated[Path | None, typer.Option(help="Write the final status here.")] = None,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
@@ -179,8 +180,9 @@ def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option
     settings = coordinator.CoordinatorSettings(
         command=_command(cmd), job=job, nodes=nodes, max_retry=max_retry, state_dir=state_dir,
         advertise=advertise, nats_url=nats, hang_timeout_s=hang_timeout_s,
-        heartbeat_timeout_s=heartbeat_timeout_s, grace_s=grace_s, status_file=status_file,
-        inject=run_cmd.parse_injections(inject_fault or []), master=master, auth_file=auth_file,
+        heartbeat_timeout_s=heartbeat_timeout_s, join_timeout_s=join_timeout_s, grace_s=grace_s,
+        status_file=status_file, inject=run_cmd.parse_injections(inject_fault or []),
+        master=master, auth_file=auth_file,
     )  # fmt: skip
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO,

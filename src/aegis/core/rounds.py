@@ -166,24 +166,23 @@ def budget_exhausted(spec: JobSpec, status: JobStatus) -> bool:
 def replace_elsewhere(
     status: JobStatus, pod: PodName, info: PodInfo, reason: str, now: float
 ) -> Result:
-    """A pod asked to come back (awaiting its replacement, or placed and not yet ACKed) that
-    did not join in time: its node is an error node and the pod goes elsewhere, awaiting its
-    replacement again. The fault that sent it away was counted; the phase and the round stay.
-    A pod that is present is not away: rejected."""
+    """A pod asked to come back that did not join in time goes elsewhere, awaiting its
+    replacement again: placed and not ACKed, its node is an error node (it could not reach
+    the master from there); never placed, the replacement is asked for again (the node it left
+    may only have been drained). The fault that sent it away was counted; the phase and the
+    round stay. A pod that is present is not away: rejected."""
     if info.finished or info.inner_phase not in (Phase.PENDING, Phase.RESTARTING):
         return reject(status, act.RejectReason.IGNORED, f"{pod} is not away")
+    placed = info.inner_phase is Phase.PENDING
     away = updates.pod(info, inner_phase=Phase.RESTARTING, evict=None, last_failed_reason=reason,
                        updated_ts=now)  # fmt: skip
-    status = updates.status(
-        status,
-        pod_infos=status.pod_infos.set(pod, away),
-        error_nodes=add_error_node(status.error_nodes, info.node, reason, now),
-    )
-    return status, (
-        act.RecordFault(pod=pod, reason=reason, counted=False),
-        act.BlacklistNode(node=info.node, reason=reason),
-        act.ReplacePod(pod=pod, reason=reason),
-    )
+    status = updates.status(status, pod_infos=status.pod_infos.set(pod, away))
+    record, replace = act.RecordFault(pod, reason, counted=False), act.ReplacePod(pod, reason)
+    if not placed:
+        return status, (record, replace)
+    nodes = add_error_node(status.error_nodes, info.node, reason, now)
+    blacklist = act.BlacklistNode(node=info.node, reason=reason)
+    return updates.status(status, error_nodes=nodes), (record, blacklist, replace)
 
 
 def awaiting_replacement(info: PodInfo) -> bool:

@@ -13,16 +13,17 @@ is *not* where the others are:
 3. no pod waits in a collective, three or more reported and all but one stand at the same
    frame: the odd one.
 
-First of all, a process the kernel holds says where the stall is: one pod whose worker is
-stopped (``T``: SIGSTOP, Ctrl-Z, a freezer; ``t``: a debugger) or stays in uninterruptible sleep
-(``D``: a disk, NFS or a GPU driver that does not return), each agent's ``process state:``
-line (:func:`state_line`), while no other pod's is: that one. Its stack often cannot be read at
-all (py-spy fails on a stopped process and waits on one in ``D``), so rule 1 cannot see it.
+First, where torch's flight recorder was on (``flight recorder:`` lines, one per process,
+from :func:`flight_line`), its counts decide: in a synchronous job every rank enqueues the same
+collectives in the same order, so the one pod whose processes enqueued fewer than every other
+reporting pod's is the one the others wait for.
 
-Before the stack rules, where torch's flight recorder was on (``flight recorder:`` lines, one
-per process, from :func:`flight_line`), its counts decide: in a synchronous job every rank
-enqueues the same collectives in the same order, so the one pod whose processes enqueued fewer
-than every other reporting pod's is the one the others wait for.
+Then, before the stack rules, a process the kernel holds says where the stall is: one pod whose
+worker is stopped (``T``: SIGSTOP, Ctrl-Z, a freezer; ``t``: a debugger) or stays in
+uninterruptible sleep (``D``: a disk, NFS or a GPU driver that does not return), each agent's
+``process state:`` line (:func:`state_line`), while no other pod's is: that one. Its stack
+often cannot be read at all (py-spy fails on a stopped process and waits on one in ``D``), so
+rule 1 cannot see it.
 
 Otherwise nobody is named (``None``): the hang is counted, but no pod (and so no node) is marked
 slow for it. A torchrun launcher's own stack (it waits for its workers) is not evidence.
@@ -210,6 +211,8 @@ def _flight_suspect(reports: Mapping[str, str]) -> Suspect | None:
 def name_suspect(reports: Mapping[str, str], pods: Sequence[str]) -> Suspect | None:
     """The pod a hang is about, given the stacks each reporting pod sent (``pods``: every pod
     of the job that was running); None when the stacks do not single one out."""
+    if (flown := _flight_suspect(reports)) is not None:
+        return flown
     views = {pod: view(text) for pod, text in reports.items()}
     known = {pod: v for pod, v in views.items() if v.known}
     waiting = sorted(pod for pod, v in known.items() if v.waiting)
@@ -219,8 +222,6 @@ def name_suspect(reports: Mapping[str, str], pods: Sequence[str]) -> Suspect | N
         peers = [p for p in waiting if p != pod]
         others = _others(peers, known) if peers else f"{len(views) - 1} other pod(s) are not"
         return Suspect(pod, f"{views[pod].held} while {others}")
-    if (flown := _flight_suspect(reports)) is not None:
-        return flown
     elsewhere = sorted(pod for pod, v in known.items() if not v.waiting)
     if waiting and len(elsewhere) == 1:
         pod = elsewhere[0]

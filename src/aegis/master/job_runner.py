@@ -330,8 +330,10 @@ class JobRunner:
 
     async def _act(self, item: inbox.Input, actions: tuple[act.Action, ...]) -> None:
         """After the status is stored: the actions carried out, then the observers told."""
-        if isinstance(item, inbox.MessageInput) and isinstance(item.event, ev.PodAcked):
-            self.liveness.watch(item.event.pod)
+        if isinstance(item.event, ev.PodAcked) and not any(
+            isinstance(a, act.Rejected) for a in actions
+        ):
+            self.liveness.watch(item.event.pod)  # accepted: back (a refused ACK is no return)
         for action in actions:
             self._account(action)
             await self.executor.execute(action, self.round_orders, self.status)

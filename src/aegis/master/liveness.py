@@ -17,9 +17,10 @@ class Liveness:
     """A pod is watched from its ACK (or from a takeover, with a full timeout of grace) until
     it is lost, replaced or evicted; ``lost`` names each watched pod silent past the timeout
     once, and stops watching it. A pod sent away (replaced, evicted, or restarted by the
-    platform) is awaited from the first time it is, until its ACK; ``overdue`` names it again
-    each ``join_timeout_s`` it stays away (0: never). The job's first pods are not awaited: a
-    job whose agents cannot reach the master at all runs without it (``RunIndependent``)."""
+    platform) is awaited from then, and from its placement once the platform placed it, until
+    its ACK; ``overdue`` names it again each ``join_timeout_s`` it stays away (0: never). The
+    job's first pods are not awaited: a job whose agents cannot reach the master at all runs
+    without it (``RunIndependent``)."""
 
     timeout_s: float
     join_timeout_s: float = 0.0
@@ -52,10 +53,10 @@ class Liveness:
                 self.awaited.setdefault(pod, now)
 
     def forget(self, pod: PodName, now: float) -> None:
-        """Stop watching ``pod``: it leaves, or is replaced; it is awaited back from ``now``
-        (or from the first time it was, while it has not come back)."""
+        """Stop watching ``pod``: it leaves, is replaced or was placed anew; it is awaited back
+        from ``now`` (a placement starts the wait again: pulling and starting take time)."""
         self.watched.discard(pod)
-        self.awaited.setdefault(pod, now)
+        self.awaited[pod] = now
 
     def lost(self, now: float) -> list[PodName]:
         gone = sorted(p for p in self.watched if now - self.last_seen.get(p, now) > self.timeout_s)

@@ -63,6 +63,7 @@ class CoordinatorSettings:
     nats_url: str | None = None
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_timeout_s: float = 5.0
+    join_timeout_s: float = 600.0  # a pod sent away and not back by then goes elsewhere
     grace_s: float = 5.0
     status_file: Path | None = None
     inject: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -161,6 +162,7 @@ async def run_coordinator(
         grpc_host="0.0.0.0",
         job=JobSettings(
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            join_timeout_s=settings.join_timeout_s,
             # rank 0's node (a Slurm node owns its ports; the batch host is only where rank 0
             # starts)
             rendezvous=RendezvousRule(settings.advertise, port_base=TORCH_PORT),
