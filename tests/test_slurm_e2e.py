@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,15 @@ def test_slurm_requeued_job_resumes_with_what_is_left_of_its_budget(
     except AssertionError:
         raise AssertionError(_diagnostics(slurm, state)) from None
     slurm.run(["scontrol", "requeue", job_id])
-    # Slurm holds a requeued batch job back (BeginTime) for a while; let it start now.
+    # Slurm holds a requeued batch job back (BeginTime) for a while; let it start now, once
+    # its nodes have let the killed instance go and the clock is in a later second: slurmd
+    # refuses a launch whose credential is no newer, to the second, than the kill it revoked
+    # ("Killing non-startable batch JobId=3: Job credential revoked", seen in CI at load).
     wait_until(lambda: _job_state(slurm, job_id) == "PENDING", 60, "the job requeued")
+    wait_until(lambda: all(slurm.node_state(n)[0] == "idle" for n in ("n1", "n2")), 60,
+               "the killed instance gone from its nodes")  # fmt: skip
+    released = int(time.time())
+    wait_until(lambda: int(time.time()) > released, 5, "a later second")
     slurm.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
     try:
         wait_until(lambda: _lines(out / "rank-0.jsonl") == 3, 120, "the requeued attempt's run")
