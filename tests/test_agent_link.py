@@ -185,3 +185,29 @@ async def test_a_masters_refusal_is_shown_on_one_line_escaped(tmp_path: Path) ->
     assert len(lines) == 1 and lines[0].startswith("aegis agent: error: the master refused"), lines
     assert "no\\naegis agent: forged line\\x1b[2J\\x1b]0;owned\\x07\\u202e" in lines[0]
     assert not any(c in result.stderr for c in ("\x1b", "\x07", "\u202e"))
+
+
+def test_a_rejoining_agent_never_runs_the_command_alone_and_tries_again(tmp_path: Path) -> None:
+    """A pod placed again in a running job (``--rejoin``: its platform says so) is of no use on
+    its own: it keeps trying to reach its master (a node cut off for a while) until its
+    platform retires it. Before, it ran the command independently and ended."""
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    marker = tmp_path / "ran"
+    argv = [*AGENT, "--master", f"127.0.0.1:{free_port()}", "--job", "job-a", "--pod",
+            "job-a-0", "--token-file", str(token_file), "--connect-timeout-s", "0.5", "--rejoin",
+            "--", "touch", str(marker)]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        tries = []
+        while len(tries) < 3:  # three tries, each ended by its own timeout
+            line = proc.stderr.readline()
+            assert line, f"the agent ended: {proc.wait()}"
+            if "trying again" in line:
+                tries.append(line)
+        assert "this pod rejoins a running job" in tries[0]
+        assert proc.poll() is None and not marker.exists()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -28,6 +28,7 @@ class LinkSettings:
     ckpt_dir: Path | None = None  # where this pod's saver daemon persists (None: no saver)
     decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
+    rejoin: bool = False  # a pod placed again in a running job: never run independently
 
 
 def training_env(settings: LinkSettings, rank: int, world_size: int) -> dict[str, str]:

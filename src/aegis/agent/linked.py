@@ -95,12 +95,27 @@ async def run_linked(
     return code
 
 
+async def _connect_rejoining(the_link: link.MasterLink) -> None:
+    """A pod placed again in a running job (``--rejoin``) is of no use on its own: it tries
+    again until its master answers (a node cut off for a while) or its platform retires it
+    (the master's join timeout moved it elsewhere)."""
+    while True:
+        try:
+            await the_link.connect()
+            return
+        except transport.LinkUnavailableError as exc:
+            print(f"aegis agent: warning: master {the_link.settings.grpc_target} unreachable "
+                  f"({one_line(str(exc))}); this pod rejoins a running job: trying again",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            await asyncio.sleep(transport.RETRY_S)  # a pause between tries, not a wait
+
+
 async def _connect(the_link: link.MasterLink) -> int | None:
     """0 once connected; None when the master is unreachable (said in one line), the
     configuration error's exit status when it refuses."""
     target = the_link.settings.grpc_target
     try:
-        await the_link.connect()
+        await _connect_rejoining(the_link) if the_link.settings.rejoin else await the_link.connect()
     except transport.LinkUnavailableError as exc:
         print(
             f"aegis agent: warning: master {target} unreachable ({one_line(str(exc))}); "

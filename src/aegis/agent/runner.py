@@ -42,6 +42,7 @@ class MasterAddress:
     node: str = ""
     heartbeat_s: float = 1.0
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
+    rejoin: bool = False  # a pod placed again in a running job: never run independently
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ def _link_settings(master: MasterAddress) -> link_settings.LinkSettings:
         heartbeat_s=master.heartbeat_s,
         connect_timeout_s=master.connect_timeout_s,
         tls_ca=master.tls_ca,
+        rejoin=master.rejoin,
         inject=link_settings.inject_from_env(),
         checks=checks_config.from_env(os.environ),
         ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,

@@ -64,6 +64,13 @@ Heartbeat = Annotated[
 ConnectTimeout = Annotated[
     float, typer.Option(min=0, help="Run independently when the master is silent this long.")
 ]
+Rejoin = Annotated[
+    bool,
+    typer.Option(
+        help="This pod is placed again in a running job (its platform says so): never run the "
+        "command independently; keep trying to reach the master."
+    ),
+]
 SignatureFile = Annotated[
     Path | None, typer.Option("--signatures", help="A TOML file of extra log signatures.")
 ]
@@ -95,6 +102,7 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
     node: Node = "",
     heartbeat_s: Heartbeat = 1.0,
     connect_timeout_s: ConnectTimeout = 10.0,
+    rejoin: Rejoin = False,
     signature_file: SignatureFile = None,
     keep_lines: KeepLines = 50,
     prewarm: Prewarm = None,
@@ -113,7 +121,7 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
         host, port = parse_master(master)
         master_settings = runner.MasterAddress(
             host, port, job, pod, token_file, connect_timeout_s=connect_timeout_s,
-            namespace=namespace, node=node, heartbeat_s=heartbeat_s, tls_ca=tls_ca,
+            namespace=namespace, node=node, heartbeat_s=heartbeat_s, tls_ca=tls_ca, rejoin=rejoin,
         )  # fmt: skip
     settings = runner.AgentSettings(
         supervisor=supervisor.SupervisorSettings(

@@ -132,6 +132,7 @@ class LocalPlatform(ProcessPods):
             "--token-file", str(token_file),
             "--grace-s", str(s.grace_s), *hang_policy.flag(s.hang_timeout_s),
             "--heartbeat-s", str(s.heartbeat_s),
+            *(["--rejoin"] if state.incarnation > 1 else []),
             "--", *s.command,
         ]  # fmt: skip
         env = lifecycle.child_env()
