@@ -123,6 +123,9 @@ def test_srun_pins_one_agent_to_its_node() -> None:
     assert "--export=ALL,AEGIS_NODE=n2" in argv
     assert argv[argv.index("--pod") + 1] == "t-1"
     assert argv[-3:] == ["--", "python", "x"]
+    assert "--rejoin" not in argv  # its first start: it may run on its own without a master
+    again = commands.srun_argv(replace(step, rejoin=True))
+    assert again[again.index("--") - 1] == "--rejoin"  # placed again in a running job
 
 
 def test_inject_fault_reaches_only_its_node() -> None:

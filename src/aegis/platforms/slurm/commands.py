@@ -120,6 +120,7 @@ class AgentStep:
     heartbeat_s: float = 1.0
     python: str = field(default=sys.executable)
     job_id: str | None = None  # a step of this Slurm job (a requested node), not the allocation's
+    rejoin: bool = False  # the pod placed again in a running job (``aegis agent --rejoin``)
 
 
 def srun_argv(step: AgentStep) -> list[str]:
@@ -133,7 +134,7 @@ def srun_argv(step: AgentStep) -> list[str]:
         "--master", step.master, "--namespace", step.namespace, "--job", step.job,
         "--pod", step.pod, "--node", step.node, "--token-file", str(step.token_file),
         "--grace-s", str(step.grace_s), *hang_policy.flag(step.hang_timeout_s),
-        "--heartbeat-s", str(step.heartbeat_s),
+        "--heartbeat-s", str(step.heartbeat_s), *(["--rejoin"] if step.rejoin else []),
         "--", *step.command,
     ]  # fmt: skip
 
