@@ -20,7 +20,7 @@ from aegis.core.endings import Ending
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import CheckType, RecoveryLevel
-from aegis.master import inbox, metrics
+from aegis.master import faultlog, inbox, metrics
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
@@ -381,6 +381,8 @@ async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_
     h = Harness(runner, bus, store, platform)
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
+    faults = faultlog.FaultLog(tmp_path / "faults.jsonl")
+    faults.attach(runner)
     h.task = asyncio.create_task(runner.run())
     beating = True
 
@@ -409,6 +411,12 @@ async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_
         assert runner.status.recover_count == 1  # the loss only
         beating = False
         await beats
+        lines = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+        said = [line["message"] for line in lines if line["kind"] == "report"]
+        timed_out = [text for text in said if "did not come back" in text]
+        assert len(timed_out) == 2, said  # the fault log says what was done each time
+        assert timed_out[0].endswith("the pod is asked for again"), timed_out
+        assert timed_out[1].endswith("its node is blacklisted, the pod is placed elsewhere")
     finally:
         runner.close()
         await asyncio.wait_for(h.task, 5)

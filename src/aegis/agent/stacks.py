@@ -48,8 +48,7 @@ async def dump(
     cmdline, before = _cmdline(pid), _sched_state(pid)
     exe = find_py_spy()
     if exe is None:
-        state = suspects.state_line(before, _sched_state(pid))
-        return ports.StackDump(pid, cmdline, "", "py-spy not found", state=state)
+        return _dumped(pid, cmdline, before, "", "py-spy not found")
     with tempfile.TemporaryFile() as out:
         try:
             spy = the_reaper.spawn(
@@ -58,8 +57,7 @@ async def dump(
                 fds={1: out.fileno(), 2: out.fileno()},
             )
         except OSError as exc:
-            state = suspects.state_line(before, _sched_state(pid))
-            return ports.StackDump(pid, cmdline, "", f"cannot run py-spy: {exc}", state=state)
+            return _dumped(pid, cmdline, before, "", f"cannot run py-spy: {exc}")
         error = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -82,8 +80,13 @@ async def dump(
         first = next((line for line in said if line.startswith("Error:")), said[0] if said else "")
         hint = " (ptrace denied? needs CAP_SYS_PTRACE)" if "ermission" in text else ""
         error = f"py-spy exited {status}: {first}{hint}"
+    return _dumped(pid, cmdline, before, text if error is None else "", error)
+
+
+def _dumped(pid: int, cmdline: str, before: str, text: str, error: str | None) -> ports.StackDump:
+    """The dump, with the process's state line from its state ``before`` the dump and now."""
     state = suspects.state_line(before, _sched_state(pid))
-    return ports.StackDump(pid, cmdline, text if error is None else "", error, state=state)
+    return ports.StackDump(pid, cmdline, text, error, state=state)
 
 
 def _sched_state(pid: int) -> str:

@@ -122,7 +122,7 @@ class FaultLog:
         ):
             pod = getattr(event, "pod", ",".join(getattr(event, "pods", ())))
             self._write(runner, kind="report", pod=pod, phase=before,
-                        message=_platform_text(event))  # fmt: skip
+                        message=_platform_text(event, actions))  # fmt: skip
         closed = self.tracker.feed(before, event, after, actions, now).closed
         incident = closed or self.tracker.current
         for action in actions:
@@ -215,12 +215,14 @@ def decision_text(action: act.Action) -> tuple[str | None, str, RecoveryLevel | 
             return None, "", None
 
 
-def _platform_text(event: ev.Event) -> str:
+def _platform_text(event: ev.Event, actions: tuple[act.Action, ...] = ()) -> str:
     match event:
         case ev.HeartbeatLost():
             return "heartbeat lost"
         case ev.JoinTimedOut(reason=reason):
-            return f"{reason}: its node is blacklisted, the pod is placed elsewhere"
+            if any(isinstance(a, act.BlacklistNode) for a in actions):
+                return f"{reason}: its node is blacklisted, the pod is placed elsewhere"
+            return f"{reason}: the pod is asked for again"
         case ev.PodRestarted(node=node):
             return f"pod restarted on {node}" if node else "pod restarted"
         case ev.QuitRequested(reason=reason):
