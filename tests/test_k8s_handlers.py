@@ -95,6 +95,7 @@ async def test_job_created_makes_one_agent_pod_per_worker_when_the_job_is_new() 
     assert main["command"][:2] == ["/aegis/bin/aegis", "agent"]
     assert main["command"][-3:] == ["--", "python", "train.py"]
     assert "--pod" in main["command"] and "train-1" in main["command"]
+    assert "--rejoin" not in main["command"]  # the job's first pods may run on their own
     env = _env(pod)
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "0"
     assert env["PET_NODE_RANK"] == "1" and env["PET_NNODES"] == "3"
@@ -177,6 +178,9 @@ async def test_pod_exited_1_is_replaced_off_the_error_nodes_when_the_job_runs() 
     assert await handlers.pod_changed("MODIFIED", pod, cluster) == "deleted train-1"
     assert ("ml", "train-1") not in cluster.pods
     assert await handlers.pod_changed("DELETED", pod, cluster) == "created train-1"
+    # placed again in a running job: its agent never runs the command on its own
+    assert "--rejoin" in cluster.pods[("ml", "train-1")]["spec"]["containers"][0]["command"]
+    assert "--rejoin" not in cluster.pods[("ml", "train-0")]["spec"]["containers"][0]["command"]
     affinity = cluster.pods[("ml", "train-1")]["spec"]["affinity"]["nodeAffinity"]
     term = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"] == [

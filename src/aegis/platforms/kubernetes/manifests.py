@@ -82,6 +82,13 @@ class JobView:
     def failed_or_stopped(self) -> bool:
         return self.should_quit or self.phase == "Failed"
 
+    @property
+    def started(self) -> bool:
+        """The master has taken the job past Pending: a pod created now is placed again in a
+        running job, and its agent rejoins (``aegis agent --rejoin``: it never runs the command
+        on its own, it tries again until its master answers)."""
+        return self.phase not in ("", "Pending")
+
 
 def view(body: Mapping[str, Any]) -> JobView:
     meta = body.get("metadata", {})
@@ -152,6 +159,7 @@ def agent_argv(job: JobView, rank: int, agent: str) -> list[str]:
         "--job", job.name, "--pod", pod_name(job.name, rank),
         "--token-file", f"{TOKEN_DIR}/token", *hang_policy.flag(job.hang_timeout_s),
         *(("--tls-ca", f"{CA_DIR}/ca.crt") if job.tls_ca_configmap else ()),
+        *(("--rejoin",) if job.started else ()),
         "--",
     ]  # fmt: skip
 
