@@ -65,6 +65,12 @@ def test_no_join_timeout_awaits_nobody_and_a_takeover_awaits_the_pods_away() -> 
     taken = Liveness(timeout_s=5.0, join_timeout_s=60.0)
     taken.taken_over(d.status, 50.0)  # the job has not started: its first pods are not awaited
     assert taken.awaited == {}
+    d.feed(ev.PodAcked(d.pod(2)))
+    d.feed(ev.HeartbeatLost(d.pod(2)))  # lost before the job started: sent away all the same
+    assert d.status.phase is Phase.PENDING
+    taken.taken_over(d.status, 55.0)
+    assert taken.awaited == {d.pod(2): 55.0}  # a replaced pod is awaited; the first pods are not
+    d = Driver()
     d.to_running()
     d.feed(ev.HeartbeatLost(d.pod(1)))  # away, awaiting its replacement
     assert d.status.phase is Phase.RESTARTING

@@ -45,11 +45,12 @@ class Liveness:
     def taken_over(self, status: JobStatus, now: float) -> None:
         """A new leader watches every pod that was running (or is done), a full timeout of
         grace from ``now``; a pod pending or restarting is watched from its ACK, and awaited
-        from ``now`` once the job has started."""
+        from ``now`` if it was sent away (restarting) or the job has started: only the job's
+        first pods are never awaited."""
         for pod, info in status.pod_infos.items():
             if info.inner_phase not in (Phase.PENDING, Phase.RESTARTING) or info.finished:
                 self.watch_from((pod,), now)
-            elif status.phase is not Phase.PENDING:
+            elif status.phase is not Phase.PENDING or info.inner_phase is Phase.RESTARTING:
                 self.awaited.setdefault(pod, now)
 
     def forget(self, pod: PodName, now: float) -> None:
