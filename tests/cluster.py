@@ -115,6 +115,15 @@ def leftovers(log_dir: Path) -> list[str]:
     return found
 
 
+def holder_of(log_dir: Path, node: str) -> int:
+    """The pid of ``node``'s holder (``aegis-node NODE HOSTS``, its hosts file in the run)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith(f"aegis-node {node} ") and str(log_dir) in cmdline:
+            return int(proc.pid)
+    raise AssertionError(f"no holder of {node}")
+
+
 def probe(out: Path, ckpt: str, *extra: str) -> list[str]:
     """The probe; ``ckpt``: the run's checkpoints (``aegis run`` keeps them in LOG/checkpoints)."""
     return [sys.executable, str(PROBE), str(out), str(ckpt), *extra]

@@ -11,22 +11,12 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.cluster import leftovers, probe, run_cluster
+from tests.cluster import holder_of, leftovers, probe, run_cluster
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def _holder(log_dir: Path, node: str) -> int:
-    """The pid of ``node``'s holder (``aegis-node NODE HOSTS``, its hosts file in the run)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if cmdline.startswith(f"aegis-node {node} ") and str(log_dir) in cmdline:
-            return int(proc.pid)
-    raise AssertionError(f"no holder of {node}")
 
 
 async def test_a_node_cut_off_for_good_loses_its_pod_to_a_spare(tmp_path: Path) -> None:
@@ -37,7 +27,7 @@ async def test_a_node_cut_off_for_good_loses_its_pod_to_a_spare(tmp_path: Path) 
 
     async def partition(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         await async_wait_until((out / "rank-1.jsonl").exists, 120, "training on node-1")
-        holder = _holder(log_dir, "node-1")
+        holder = holder_of(log_dir, "node-1")
         down = ["nsenter", f"--net=/proc/{holder}/ns/net", "ip", "link", "set", "eth0", "down"]
         subprocess.run(down, check=True, timeout=30)  # never brought up again
         cut.append(holder)
@@ -71,7 +61,7 @@ async def test_a_node_cut_off_for_a_while_gets_its_pod_back_once_it_is_reachable
 
     async def blip(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         await async_wait_until((out / "rank-1.jsonl").exists, 120, "training on node-1")
-        holder = _holder(log_dir, "node-1")
+        holder = holder_of(log_dir, "node-1")
         link = ["nsenter", f"--net=/proc/{holder}/ns/net", "ip", "link", "set", "eth0"]
         subprocess.run([*link, "down"], check=True, timeout=30)
         pod_log = log_dir / "pods" / "p-1.log"

@@ -108,6 +108,14 @@ class EmulatedCluster:
     def address(self, node: str) -> str:
         return self.table[node]
 
+    def down(self, node: str) -> str | None:
+        """A node whose holder exited is down: its namespaces go with its last process, and
+        nothing can enter them again (a dead host)."""
+        made = self.nodes.get(node)
+        if made is None or made.holder.returncode is None:
+            return None
+        return f"its namespaces' holder exited {made.holder.returncode}"
+
     async def prepare(self, node: str) -> None:
         """Make ``node`` if it does not exist yet."""
         async with self._lock:

@@ -63,6 +63,10 @@ class Hosts(Protocol):
         """``node``'s address: the pod IP of the pods placed there."""
         ...
 
+    def down(self, node: str) -> str | None:
+        """Why ``node`` is down (None: it is up, or not made yet)."""
+        ...
+
 
 class SharedHost:
     """Every node is this host (one loopback, one ``/dev/shm``): NCCL on a multi-GPU box."""
@@ -75,6 +79,9 @@ class SharedHost:
 
     def address(self, node: str) -> str:
         return "127.0.0.1"
+
+    def down(self, node: str) -> str | None:
+        return None  # this host runs us: it is up
 
 
 class LocalPlatform(ProcessPods):
@@ -117,6 +124,9 @@ class LocalPlatform(ProcessPods):
 
     def _address(self, node: str) -> str:
         return self.hosts.address(node)
+
+    def _down(self, node: str) -> str | None:
+        return self.hosts.down(node)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         await _kill_group(proc, self.settings.grace_s)

@@ -6,8 +6,9 @@ Platform port's moves: a pod is retired (its process stopped, after it had ``exi
 exit on its own when the master evicted it), placed on its node again (a restart in place) or
 on a healthy spare, and started; no node left, or a node that cannot take it, ends the job with
 a ``QuitRequested``. A platform says how a pod's process starts (``_start``) and stops
-(``_stop``), where a pod can be reached (``_address``), and may find a node beyond its spares
-(``_more_node``) or give one back (``_left_node``).
+(``_stop``), where a pod can be reached (``_address``), whether a node is down (``_down``: a pod
+lost there goes to a spare), and may find a node beyond its spares (``_more_node``) or give one
+back (``_left_node``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ class ProcessPods:
         """The pod IP of a pod placed on ``node``."""
         return node
 
+    def _down(self, node: str) -> str | None:
+        """Why ``node`` cannot take a pod now, as the platform sees it (None: as far as it
+        knows, it can): a pod lost there goes to a spare instead of coming back."""
+        return None
+
     async def _more_node(self, pod: PodName) -> str | None:
         """A node beyond the pool for ``pod`` when no spare is left (None: there is none)."""
         return None
@@ -147,6 +153,10 @@ class ProcessPods:
         state = self.pods[pod]
         await self._retire(state, wait_for_exit=wait)
         left = state.node
+        down = self._down(left)
+        if down is not None and left not in self.blacklist:
+            log.warning("node %s is down (%s): %s goes elsewhere", left, down, pod)
+            self.blacklist[left] = f"down: {down}"
         node = left if same_node and left not in self.blacklist else self._spare()
         if node is None and not self.stopping:
             node = await self._more_node(pod)

@@ -1,0 +1,67 @@
+"""A node that dies, on the emulated cluster: every process in node-1's namespaces is killed
+at once (its agent, the training, the checks' forkserver, and the holder of its namespaces, as
+a host that loses power). The heartbeats stop; the pod is lost, counted once, and placed on the
+spare at once, for the platform knows the node is down. Before, the local platform placed the
+pod on its dead node again (a lost pod comes back on its node), where ``nsenter`` could not
+enter the namespaces, and the job waited idle for the whole join timeout (60 s under ``aegis
+run``, found by a chaos run) before the pod moved. The training script never imports aegis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import holder_of, leftovers, run_cluster
+from tests.waits import async_wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+PLAIN_DDP = Path(__file__).parent / "bin" / "plain_ddp.py"
+
+
+def _in_net_namespace_of(pid: int) -> list[int]:
+    """Every process in the network namespace of ``pid`` (itself included)."""
+    ns = os.readlink(f"/proc/{pid}/ns/net")
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/net") == ns:
+                    found.append(int(entry.name))
+    return found
+
+
+async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path) -> None:
+    command = [sys.executable, str(PLAIN_DDP), "--steps", "300", "--step-time-s", "0.05",
+               "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    killed: list[int] = []
+
+    async def power_off(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        pod_log = log_dir / "pods" / "d-1.log"
+        stepped = "rank=1 step 20 "
+        await async_wait_until(lambda: pod_log.exists() and stepped in pod_log.read_text(),
+                               120, "training on node-1")  # fmt: skip
+        for pid in _in_net_namespace_of(holder_of(log_dir, "node-1")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    # a join timeout longer than the test: the pod must move because the node is down
+    flags = ["--nodes", "2", "--spare-nodes", "1", "--job", "d", "--join-timeout-s", "600"]
+    run = await run_cluster(tmp_path, flags, command, during=power_off, timeout_s=400)
+    assert len(killed) >= 3, killed  # the holder, the agent, the training at least
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
+    assert run.pods["d-1"]["node"] == "spare-0", status
+    placed = [(e["pod"], e["node"]) for e in run.events() if e["type"] == "PodRestarted"]
+    assert placed == [("d-1", "spare-0")], placed  # never on the dead node again
+    assert "did not come back" not in (run.log_dir / "faults.jsonl").read_text()
+    assert "node node-1 is down" in run.output, run.output
+    assert leftovers(run.log_dir) == []
