@@ -121,6 +121,12 @@ async def test_bus_flush_puts_a_new_subscription_in_place_for_every_publisher(
     assert sorted(got) == sorted(rounds)
 
 
+async def test_bus_says_it_is_connected_until_it_is_closed(bus: Bus) -> None:
+    assert bus.connected
+    await bus.close()
+    assert not bus.connected
+
+
 async def test_bus_unsubscribe_stops_delivery(bus: Bus) -> None:
     got: list[bytes] = []
 

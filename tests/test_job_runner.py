@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -420,3 +421,40 @@ async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_
     finally:
         runner.close()
         await asyncio.wait_for(h.task, 5)
+
+
+async def test_a_master_whose_nats_server_hangs_judges_no_pod_silent_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """A hung server (SIGSTOP; a partition between the master and NATS looks the same) keeps
+    the master's connection open for minutes, and the master hears nobody. Before, it named
+    every pod lost one heartbeat timeout in. Now a silence is judged only once the bus answers
+    a round trip; after the outage every pod has a full timeout again."""
+    server = EmbeddedNats(None)
+    await asyncio.to_thread(server.start)
+    bus = await NatsBus.connect(server.url)
+    store, platform = memory.MemoryStore(), RecordingPlatform()
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5)
+    h = Harness(runner, bus, store, platform)  # type: ignore[arg-type]
+    await bus.subscribe(runner.master_subject, h.on_order)
+    await runner.start(["node-0", "node-1"])
+    h.task = asyncio.create_task(runner.run())
+    assert server.process is not None
+    try:
+        await _to_running(h)
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            await async_wait_until(lambda: runner.liveness.deaf, what="the master deaf")
+            assert [c for c in platform.calls if c[0] == "replace"] == []
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        await async_wait_until(lambda: not runner.liveness.deaf, what="the bus answering again")
+        assert [c for c in platform.calls if c[0] == "replace"] == []  # a full timeout first
+        assert runner.status.recover_count == 0
+        await async_wait_until(lambda: ("replace", "job-0") in platform.calls,
+                               what="a pod still silent a full timeout later")  # fmt: skip
+    finally:
+        runner.close()
+        await asyncio.wait_for(h.task, 10)
+        await bus.close()
+        await asyncio.to_thread(server.stop)

@@ -78,3 +78,21 @@ def test_no_join_timeout_awaits_nobody_and_a_takeover_awaits_the_pods_away() -> 
     taken.taken_over(d.status, 50.0)
     assert taken.awaited == {d.pod(1): 50.0}
     assert taken.watched == {d.pod(0), d.pod(2)}
+
+
+def test_no_silence_counts_while_the_master_hears_nobody_and_each_pod_gets_a_full_timeout() -> None:
+    live = Liveness(timeout_s=5.0, join_timeout_s=60.0)
+    for pod in (A, B):
+        live.seen(pod, 100.0)
+        live.watch(pod)
+    live.forget(B, 100.0)  # B away, awaited back
+    assert not live.due(104.0)
+    assert live.due(105.5)  # A silent past the timeout: it would be named ...
+    assert not live.hearing(False, 105.5)  # ... but the master's own link is down
+    assert live.deaf and not live.hearing(False, 200.0)
+    assert live.watched == {A} and live.awaited == {B: 100.0}  # nothing judged meanwhile
+    assert live.hearing(True, 200.0)  # back: everyone has a full timeout from now
+    assert not live.deaf and not live.due(205.0)
+    assert live.overdue(205.0) == []
+    assert live.overdue(205.5) == [ev.HeartbeatLost(A)]  # still silent a full timeout later
+    assert live.not_back(260.0) == [] and live.not_back(260.5) == [B]

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from aegis.adapters.ports import Bus
+
 
 def cancellations() -> int:
     """The current task's count of cancellation requests not yet withdrawn."""
@@ -43,3 +45,17 @@ async def sleep_or_done(done: asyncio.Event, delay_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(delay_s):
             await done.wait()
+
+
+async def answers(bus: Bus, timeout_s: float) -> bool:
+    """Whether ``bus`` answers a round trip (a flush) within ``timeout_s``: a hung server, or a
+    partition between this process and it, looks connected for minutes (nats-py pings every two
+    minutes). A cancellation the flush swallowed is raised again."""
+    since = cancellations()
+    try:
+        await bus.flush(timeout_s=timeout_s)
+    except Exception:  # whatever the failure, the bus did not answer
+        raise_if_cancelled(since)
+        return False
+    raise_if_cancelled(since)
+    return True

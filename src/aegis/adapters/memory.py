@@ -31,6 +31,7 @@ class _MemorySubscription:
 
 class MemoryBus:
     def __init__(self) -> None:
+        self.connected = True  # a test sets it False for a lost connection (delivery goes on)
         self.handlers: dict[int, tuple[str, Handler]] = {}
         self._next = 0
         self._pending: set[asyncio.Task[None]] = set()
@@ -53,6 +54,7 @@ class MemoryBus:
 
     async def close(self) -> None:
         self.handlers.clear()
+        self.connected = False
 
 
 class MemoryStore:

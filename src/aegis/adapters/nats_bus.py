@@ -156,6 +156,10 @@ class NatsBus:
         made.append(cls(client, url, creds))
         return made[0]
 
+    @property
+    def connected(self) -> bool:
+        return bool(self.client.is_connected)
+
     async def publish(self, subject: str, payload: bytes) -> None:
         try:
             await self.client.publish(subject, payload)

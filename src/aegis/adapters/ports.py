@@ -29,6 +29,11 @@ class Bus(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def connected(self) -> bool:
+        """False while the connection is lost (reconnecting, or closed): nothing is heard."""
+        ...
+
 
 class StoreConflictError(RemoteError):
     """A revision-checked write lost: someone else wrote the key since we read it."""

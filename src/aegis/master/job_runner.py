@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from aegis.adapters.aio import cancellations, raise_if_cancelled, sleep_or_done
+from aegis.adapters.aio import answers, cancellations, raise_if_cancelled, sleep_or_done
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore, Subscription
@@ -62,6 +62,7 @@ __all__ = ["Clocks", "JobRunner", "JobSettings", "LeadershipLostError", "status_
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 2048
+LINK_CHECK_S = 1.0  # how long the bus has to answer before a pod is judged silent
 
 
 class JobRunner:
@@ -376,6 +377,10 @@ class JobRunner:
             now = self.clocks.mono()
             for forced in self.safe.deadlines_passed(self.status, now):
                 self.platform_event(forced)
+            due = self.liveness.due(now)  # could it have heard the pods it would judge silent?
+            heard = self.bus.connected and (not due or await answers(self.bus, LINK_CHECK_S))
+            if not self.liveness.hearing(heard, now, self.spec.job):
+                continue  # the master's own link is down: a silence says nothing
             for event in self.liveness.overdue(now):  # a pod silent, or not back in time
                 said = getattr(event, "reason", f"silent for {timeout:.1f} s")
                 log.warning("job %s: %s %s", self.spec.job, event.pod, said)

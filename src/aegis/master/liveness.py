@@ -4,12 +4,15 @@ master's monotonic clock)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName
 from aegis.core.phases import Phase
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -27,6 +30,7 @@ class Liveness:
     last_seen: dict[PodName, float] = field(default_factory=dict)
     watched: set[PodName] = field(default_factory=set)
     awaited: dict[PodName, float] = field(default_factory=dict)  # pod -> awaited since
+    deaf: bool = False  # the master's own connection is lost (``hearing``)
 
     def seen(self, pod: PodName, now: float) -> None:
         self.last_seen[pod] = now
@@ -53,11 +57,37 @@ class Liveness:
             elif status.phase is not Phase.PENDING or info.inner_phase is Phase.RESTARTING:
                 self.awaited.setdefault(pod, now)
 
+    def hearing(self, connected: bool, now: float, job: str = "") -> bool:
+        """Whether silences may be judged now: not while the master's own connection is lost
+        (``connected`` False: it hears nobody, so no pod's silence says anything). Once it is
+        back, every watched pod has a full timeout from ``now``, and every pod awaited back a
+        full join timeout (it could not be heard joining)."""
+        if not connected:
+            if not self.deaf:
+                log.warning("job %s: the bus is lost: no pod is judged silent meanwhile", job)
+            self.deaf = True
+            return False
+        if self.deaf:
+            log.warning("job %s: the bus is back: every pod has a full timeout from now", job)
+            for pod in self.watched:
+                self.last_seen[pod] = max(self.last_seen.get(pod, now), now)
+            self.awaited.update(dict.fromkeys(self.awaited, now))
+            self.deaf = False
+        return True
+
     def forget(self, pod: PodName, now: float) -> None:
         """Stop watching ``pod``: it leaves, is replaced or was placed anew; it is awaited back
         from ``now`` (a placement starts the wait again: pulling and starting take time)."""
         self.watched.discard(pod)
         self.awaited[pod] = now
+
+    def due(self, now: float) -> bool:
+        """Whether ``overdue`` would name a pod now (it changes nothing)."""
+        silent = any(now - self.last_seen.get(p, now) > self.timeout_s for p in self.watched)
+        late = self.join_timeout_s > 0 and any(
+            now - since > self.join_timeout_s for since in self.awaited.values()
+        )
+        return silent or late
 
     def lost(self, now: float) -> list[PodName]:
         gone = sorted(p for p in self.watched if now - self.last_seen.get(p, now) > self.timeout_s)
