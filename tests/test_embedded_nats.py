@@ -103,3 +103,34 @@ async def test_a_killed_server_starts_again_and_its_clients_find_their_buckets()
         await bus.close()
         await asyncio.to_thread(server.stop)
     assert server.process is None
+
+
+async def test_a_flush_that_times_out_on_a_hung_server_leaves_the_connection_working() -> None:
+    """nats-py's own flush cancelled its PONG's future on a timeout; the late PONG ended the
+    connection's read loop for good (nothing heard again, no reconnect). ``NatsBus.flush``
+    leaves the future to the PONG."""
+    server = EmbeddedNats()
+    await asyncio.to_thread(server.start)
+    bus = await NatsBus.connect(server.url, name="client")
+    heard: list[bytes] = []
+
+    async def on_message(subject: str, payload: bytes) -> None:
+        heard.append(payload)
+
+    try:
+        await bus.subscribe("hello", on_message)
+        await bus.flush()
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # hung: the connection stays open
+        try:
+            with pytest.raises(TimeoutError):
+                await bus.flush(timeout_s=0.3)
+            assert bus.connected
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        await bus.flush()  # the late PONG, then this one
+        await bus.publish("hello", b"still heard")
+        await async_wait_until(lambda: heard == [b"still heard"], 30, "a message after the hang")
+    finally:
+        await bus.close()
+        await asyncio.to_thread(server.stop)

@@ -179,12 +179,32 @@ class NatsBus:
         another client published next was lost (about one in 40 here). So the queue is
         written out first (nats-py has no public call for that: should a later nats-py lose
         the private one, the contract test says whether its flush still needs it), then the
-        PING goes."""
+        PING goes (``_round_trip``)."""
         write_out = getattr(self.client, "_flush_pending", None)
         if write_out is not None:
             async with asyncio.timeout(timeout_s):
                 await write_out(force_flush=True)
-        await self.client.flush(timeout=max(1, round(timeout_s)))
+        await self._round_trip(timeout_s)
+
+    async def _round_trip(self, timeout_s: float) -> None:
+        """A PING and its PONG within ``timeout_s`` (``TimeoutError`` otherwise). nats-py's own
+        flush cancels its PONG's future when it times out; the late PONG then raises
+        ``InvalidStateError`` in the connection's read loop, which ends for good: no reconnect,
+        nothing heard again, and every later flush "succeeds" without a round trip (nats-py
+        2.16; found when a master checked its bus on a hung server). The future here is left
+        for the PONG."""
+        send_ping = getattr(self.client, "_send_ping", None)
+        if send_ping is None:  # a later nats-py without it: its own flush
+            await self.client.flush(timeout=max(1, round(timeout_s)))
+            return
+        if self.client.is_closed:
+            raise ConnectionClosedError
+        if not self.client.is_connected:
+            raise ConnectionReconnectingError
+        pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await send_ping(pong)
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(pong)  # a timeout cancels the wait, not the future
 
     async def close(self) -> None:
         """Close the connection; one already lost (its server gone) has nothing left to flush."""
