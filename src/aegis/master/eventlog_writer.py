@@ -3,17 +3,27 @@
 A master that leads many jobs (``aegis master --log-dir D``) keeps one log per job, under
 ``D/<namespace>/<job>/events.jsonl`` (``job_log_dir``), each starting with its JobCreated line, so
 ``aegis replay``/``status``/``incidents`` read any of them (``--log-dir D`` finds the job's).
+
+A line that cannot be written (a full disk, an I/O error) is lost, not fatal: the job goes on
+(the log is its record, not its state, which is in the status store), the error is logged once
+per outage, the lost lines are counted (``lost``), and the file is cut back to its last whole
+line so that its readers never meet a torn one. Before, a full log disk ended the job's loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import os
 from pathlib import Path
 from typing import BinaryIO
 
 from aegis.core.model import JobSpec
 from aegis.wire import eventlog
 from aegis.wire import messages as m
+
+log = logging.getLogger(__name__)
 
 EVENTS = "events.jsonl"
 SUBMISSION = ".submission"  # which submission of the job the log belongs to
@@ -74,14 +84,33 @@ class EventLogWriter:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._file: BinaryIO | None = None
+        self.lost = 0  # lines that could not be written
+        self._failing = False
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("ab")
+            self._file = path.open("ab", buffering=0)
 
     def write(self, record: eventlog.PlatformRecord | m.Message) -> None:
-        if self._file is not None:
-            self._file.write(eventlog.encode(record))
-            self._file.flush()
+        if self._file is None:
+            return
+        line, fd = eventlog.encode(record), self._file.fileno()
+        end = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(line):  # an unbuffered write may take a part
+                written += self._file.write(line[written:]) or 0
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # not a whole line: cut back to the last one
+                os.ftruncate(fd, end)
+            self.lost += 1
+            if not self._failing:
+                log.error("%s: a line could not be written (%s); the job goes on, and the lines "
+                          "lost meanwhile are counted", self.path, exc)  # fmt: skip
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("%s: written again (%d lines lost so far)", self.path, self.lost)
+            self._failing = False
 
     def close(self) -> None:
         if self._file is not None:
