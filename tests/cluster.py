@@ -27,6 +27,7 @@ from aegis.platforms import emulated
 AEGIS = [sys.executable, "-m", "aegis.cli.main"]
 PROBE = Path(__file__).parent / "bin" / "cluster_probe.py"
 TRAIN = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+PLAIN_DDP = Path(__file__).parent / "bin" / "plain_ddp.py"  # never imports aegis
 
 
 def address_of(index: int) -> str:
@@ -122,6 +123,20 @@ def holder_of(log_dir: Path, node: str) -> int:
         if cmdline.startswith(f"aegis-node {node} ") and str(log_dir) in cmdline:
             return int(proc.pid)
     raise AssertionError(f"no holder of {node}")
+
+
+def plain_ddp(ckpt: Path, steps: int, step_time_s: float = 0.05) -> list[str]:
+    """The plain DDP script as a run's command (every rank logs ``rank=R step N`` each step)."""
+    return [sys.executable, str(PLAIN_DDP), "--steps", str(steps), "--step-time-s",
+            str(step_time_s), "--ckpt-dir", str(ckpt)]  # fmt: skip
+
+
+def last_step(pod_log: Path, rank: int) -> int:
+    """The last step ``rank`` logged in its pod's log (``plain_ddp``'s lines), -1 before any."""
+    if not pod_log.exists():
+        return -1
+    lines = [line for line in pod_log.read_text().splitlines() if f" rank={rank} step " in line]
+    return max((int(line.split(" step ")[1].split()[0]) for line in lines), default=-1)
 
 
 def probe(out: Path, ckpt: str, *extra: str) -> list[str]:

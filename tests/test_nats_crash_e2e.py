@@ -11,18 +11,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.cluster import leftovers, run_cluster
+from tests.cluster import ClusterRun, Scenario, last_step, leftovers, plain_ddp, run_cluster
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-PLAIN_DDP = Path(__file__).parent / "bin" / "plain_ddp.py"
 
 
 def _nats_server_of(run: int) -> int:
@@ -33,37 +30,42 @@ def _nats_server_of(run: int) -> int:
     raise AssertionError(f"no nats-server under {run}")
 
 
-async def test_a_crashed_nats_server_starts_again_and_the_job_goes_on(tmp_path: Path) -> None:
-    command = [sys.executable, str(PLAIN_DDP), "--steps", "300", "--step-time-s", "0.05",
-               "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
-    killed: list[int] = []
+async def _signal_once_training(
+    proc: asyncio.subprocess.Process, log_dir: Path, sig: signal.Signals
+) -> tuple[int, Path]:
+    """Once rank 0 has trained 20 steps, ``sig`` to the run's NATS server: its pid, and rank 0's
+    pod log."""
+    pod_log = log_dir / "pods" / "n-0.log"
+    await async_wait_until(lambda: last_step(pod_log, 0) >= 20, 120, "training on node-0")
+    pid = _nats_server_of(proc.pid)
+    os.kill(pid, sig)
+    return pid, pod_log
 
-    async def crash(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
-        pod_log = log_dir / "pods" / "n-1.log"
-        stepped = "rank=1 step 20 "
-        await async_wait_until(lambda: pod_log.exists() and stepped in pod_log.read_text(),
-                               120, "training on node-1")  # fmt: skip
-        pid = _nats_server_of(proc.pid)
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
 
+async def _run_without_a_fault(tmp_path: Path, steps: int, during: Scenario) -> ClusterRun:
+    """The plain script on two nodes and a spare, to its end: it succeeds with no fault counted
+    and leaves nothing behind."""
     flags = ["--nodes", "2", "--spare-nodes", "1", "--job", "n"]
-    run = await run_cluster(tmp_path, flags, command, during=crash, timeout_s=400)
-    assert killed, run.output
+    command = plain_ddp(tmp_path / "ckpt", steps)
+    run = await run_cluster(tmp_path, flags, command, during=during, timeout_s=400)
     assert run.rc == 0, run.output
     status = run.status["status"]
     assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
+    assert leftovers(run.log_dir) == []
+    return run
+
+
+async def test_a_crashed_nats_server_starts_again_and_the_job_goes_on(tmp_path: Path) -> None:
+    killed: list[int] = []
+
+    async def crash(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        killed.append((await _signal_once_training(proc, log_dir, signal.SIGKILL))[0])
+
+    run = await _run_without_a_fault(tmp_path, 300, crash)
+    assert killed, run.output
     assert f"(pid {killed[0]}) exited -9: starting it again" in run.output, run.output
     assert "silent for" not in run.output and "Traceback" not in run.output, run.output
     assert {info["node"] for info in run.pods.values()} == {"node-0", "node-1"}
-    assert leftovers(run.log_dir) == []
-
-
-def _last_step(pod_log: Path) -> int:
-    """The last training step rank 0 logged (``... rank=0 step N loss ...``)."""
-    lines = [line for line in pod_log.read_text().splitlines() if " rank=0 step " in line]
-    steps = [int(line.split(" step ")[1].split()[0]) for line in lines]
-    return max(steps, default=-1)
 
 
 async def test_a_hung_nats_server_costs_no_fault_and_the_job_goes_on(tmp_path: Path) -> None:
@@ -72,30 +74,19 @@ async def test_a_hung_nats_server_costs_no_fault_and_the_job_goes_on(tmp_path: P
     (counted), and its first flush that timed out left its connection deaf for good (nats-py's
     flush; found by a chaos run). Now the master judges nobody while its bus does not answer,
     and the job succeeds with no fault counted."""
-    command = [sys.executable, str(PLAIN_DDP), "--steps", "400", "--step-time-s", "0.05",
-               "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
     hung: list[int] = []
 
     async def hang(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
-        pod_log = log_dir / "pods" / "n-0.log"
-        await async_wait_until(lambda: pod_log.exists() and _last_step(pod_log) >= 20, 120,
-                               "training on node-0")  # fmt: skip
-        pid = _nats_server_of(proc.pid)
-        os.kill(pid, signal.SIGSTOP)
+        pid, pod_log = await _signal_once_training(proc, log_dir, signal.SIGSTOP)
         hung.append(pid)
         try:  # the heartbeat timeout (5 s) twice over, as steps trained meanwhile (50 ms each)
-            start = _last_step(pod_log)
-            await async_wait_until(lambda: _last_step(pod_log) >= start + 200, 120,
+            start = last_step(pod_log, 0)
+            await async_wait_until(lambda: last_step(pod_log, 0) >= start + 200, 120,
                                    "ten seconds of training with the server hung")  # fmt: skip
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    flags = ["--nodes", "2", "--spare-nodes", "1", "--job", "n"]
-    run = await run_cluster(tmp_path, flags, command, during=hang, timeout_s=400)
+    run = await _run_without_a_fault(tmp_path, 400, hang)
     assert hung, run.output
-    assert run.rc == 0, run.output
-    status = run.status["status"]
-    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
     assert "the bus is lost: no pod is judged silent meanwhile" in run.output, run.output
     assert "the bus is back" in run.output and "silent for" not in run.output, run.output
-    assert leftovers(run.log_dir) == []

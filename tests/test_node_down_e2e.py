@@ -12,17 +12,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import holder_of, leftovers, run_cluster
+from tests.cluster import holder_of, last_step, leftovers, plain_ddp, run_cluster
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-PLAIN_DDP = Path(__file__).parent / "bin" / "plain_ddp.py"
 
 
 def _in_net_namespace_of(pid: int) -> list[int]:
@@ -38,15 +35,12 @@ def _in_net_namespace_of(pid: int) -> list[int]:
 
 
 async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path) -> None:
-    command = [sys.executable, str(PLAIN_DDP), "--steps", "300", "--step-time-s", "0.05",
-               "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    command = plain_ddp(tmp_path / "ckpt", 300)
     killed: list[int] = []
 
     async def power_off(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         pod_log = log_dir / "pods" / "d-1.log"
-        stepped = "rank=1 step 20 "
-        await async_wait_until(lambda: pod_log.exists() and stepped in pod_log.read_text(),
-                               120, "training on node-1")  # fmt: skip
+        await async_wait_until(lambda: last_step(pod_log, 1) >= 20, 120, "training on node-1")
         for pid in _in_net_namespace_of(holder_of(log_dir, "node-1")):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
