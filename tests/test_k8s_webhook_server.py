@@ -27,6 +27,7 @@ from aegis.platforms.kubernetes import (
     webhook_cluster,
     webhook_patch,
     webhook_server,
+    wrapped_jobs,
 )
 from aegis.wire.tokens import pod_token
 from tests import k8s_emulator, k8s_schema
@@ -169,6 +170,27 @@ async def test_a_trainjob_pod_comes_out_wrapped_and_a_replacement_keeps_its_secr
     assert _admitted(pod, again, "u2") == wrapped
     assert _token(webhook.secret("llm-1-aegis-pod-token")) == first
     assert first == pod_token(_token(webhook.secret("llm-aegis-job-token")), "ml", "llm", "llm-1")
+
+
+async def test_a_pod_made_once_its_job_has_started_rejoins_it(
+    kmock: kmock.KubernetesEmulator, webhook: Webhook
+) -> None:
+    """A PyTorchJob's pod recreated once the master took the job past Pending (its status
+    annotation says so) is placed again in a running job: its agent gets ``--rejoin`` and never
+    runs the command on its own when it cannot reach the master. The job's first pods may."""
+    _, answer = await webhook.post(review(pytorchjob_pod("worker", 0), uid="first"))
+    first = _admitted(pytorchjob_pod("worker", 0), answer, "first")["spec"]["containers"][0]
+    assert "--rejoin" not in first["command"]
+    running = pytorchjob("train")
+    running["metadata"]["annotations"] = {wrapped_jobs.STATUS: json.dumps({"phase": "RunCommand"})}
+    declare_pytorchjobs(kmock, running)
+    _, answer = await webhook.post(review(pytorchjob_pod("worker", 0), uid="again"))
+    again = _admitted(pytorchjob_pod("worker", 0), answer, "again")["spec"]["containers"][0]
+    assert again["command"][again["command"].index("--rejoin") + 1] == "--"
+    assert (
+        again["command"][again["command"].index("--") + 1 :]
+        == first["command"][first["command"].index("--") + 1 :]
+    )
 
 
 async def test_a_pod_without_the_label_is_untouched_and_gets_no_secret(webhook: Webhook) -> None:

@@ -84,10 +84,14 @@ class JobView:
 
     @property
     def started(self) -> bool:
-        """The master has taken the job past Pending: a pod created now is placed again in a
-        running job, and its agent rejoins (``aegis agent --rejoin``: it never runs the command
-        on its own, it tries again until its master answers)."""
-        return self.phase not in ("", "Pending")
+        return started(self.phase)
+
+
+def started(phase: str) -> bool:
+    """The master has taken the job past Pending (``phase``, as its status says): a pod created
+    now is placed again in a running job, and its agent rejoins (``aegis agent --rejoin``: it
+    never runs the command on its own, it tries again until its master answers)."""
+    return phase not in ("", "Pending")
 
 
 def view(body: Mapping[str, Any]) -> JobView:

@@ -81,9 +81,11 @@ def mutate(
     settings: WebhookSettings,
     *,
     job: Mapping[str, Any] | None = None,
+    rejoin: bool = False,
 ) -> MutationResult:
     """The decision for a pod being created in ``namespace`` (``job``: the PyTorchJob named by
-    ``webhook_identity.pytorchjob_of(pod)``, as read from the API, when there is one)."""
+    ``webhook_identity.pytorchjob_of(pod)``, as read from the API, when there is one;
+    ``rejoin``: the job has started, the pod is placed again in it)."""
     if not opted_in(pod):
         return MutationResult(allowed=True)
     try:
@@ -97,7 +99,7 @@ def mutate(
         return MutationResult(allowed=False, message=f"aegis: cannot wrap this pod: {exc}")
     except webhook_identity.NotTrainingError as exc:
         return MutationResult(allowed=True, warnings=(f"aegis: not wrapped: {exc}",))
-    wrapped = wrap(pod, who, main_at, command, settings)
+    wrapped = wrap(pod, who, main_at, command, settings, rejoin=rejoin)
     patch = [{"op": "add", "path": path, "value": wrapped[top][key]}
              for path, (top, key) in _PATCHED.items() if key in wrapped[top]]  # fmt: skip
     return MutationResult(allowed=True, patch=patch, identity=who)
@@ -118,12 +120,14 @@ def wrap(
     main_at: int,
     command: list[str],
     settings: WebhookSettings,
+    *,
+    rejoin: bool = False,
 ) -> Body:
     """The pod wrapped by the agent (a copy)."""
     out: Body = copy.deepcopy(dict(pod))
     meta, spec = out.setdefault("metadata", {}), out.setdefault("spec", {})
     main = spec["containers"][main_at]
-    main["command"] = [*agent_argv(who, settings), *command]
+    main["command"] = [*agent_argv(who, settings, rejoin=rejoin), *command]
     main.pop("args", None)
     kept = [e for e in main.get("env") or [] if not str(e.get("name", "")).startswith("AEGIS_")]
     main["env"] = [*kept, *_aegis_env(who)]
@@ -151,12 +155,15 @@ def wrap(
     return out
 
 
-def agent_argv(who: webhook_identity.Identity, settings: WebhookSettings) -> list[str]:
+def agent_argv(
+    who: webhook_identity.Identity, settings: WebhookSettings, *, rejoin: bool = False
+) -> list[str]:
     return [
         AGENT, "agent", "--master", settings.master, "--namespace", who.namespace,
         "--job", who.job, "--pod", who.pod,
         "--token-file", f"{manifests.TOKEN_DIR}/token", *hang_policy.flag(settings.hang_timeout_s),
         *(("--tls-ca", f"{manifests.CA_DIR}/ca.crt") if settings.tls_ca_configmap else ()),
+        *(("--rejoin",) if rejoin else ()),
         "--",
     ]  # fmt: skip
 

@@ -114,8 +114,10 @@ async def answer(
         message = f"aegis: the {what} could not be read ({exc})"
         refused = webhook_patch.MutationResult(allowed=False, message=message)
         return webhook_review.response(req.uid, refused)
-    result = webhook_patch.mutate(req.pod, req.namespace, settings, job=job)
-    avoid = wrapped_jobs.avoided(job if job is not None else jobset)
+    read = job if job is not None else jobset  # its status: the master's annotation
+    rejoin = wrapped_jobs.started(read)  # a pod made once the job runs: a replacement
+    result = webhook_patch.mutate(req.pod, req.namespace, settings, job=job, rejoin=rejoin)
+    avoid = wrapped_jobs.avoided(read)
     if result.identity is not None and avoid:  # a replacement: off the job's ErrorNodes
         affinity = wrapped_jobs.with_avoided((req.pod.get("spec") or {}).get("affinity"), avoid)
         op = {"op": "add", "path": "/spec/affinity", "value": affinity}

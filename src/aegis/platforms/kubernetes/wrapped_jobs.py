@@ -178,6 +178,11 @@ def to_delete(status: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> l
     return names
 
 
+def started(job: Mapping[str, Any] | None) -> bool:
+    """Whether the master has taken the job past Pending (``manifests.started``)."""
+    return manifests.started(str(status_of(job or {}).get("phase") or ""))
+
+
 def avoided(job: Mapping[str, Any] | None) -> list[str]:
     """The nodes a new pod of the job keeps off: its ErrorNodes and drained nodes."""
     status = status_of(job or {})
