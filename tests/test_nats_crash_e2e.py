@@ -42,10 +42,12 @@ async def _signal_once_training(
     return pid, pod_log
 
 
-async def _run_without_a_fault(tmp_path: Path, steps: int, during: Scenario) -> ClusterRun:
+async def _run_without_a_fault(
+    tmp_path: Path, steps: int, during: Scenario, masters: int = 1
+) -> ClusterRun:
     """The plain script on two nodes and a spare, to its end: it succeeds with no fault counted
     and leaves nothing behind."""
-    flags = ["--nodes", "2", "--spare-nodes", "1", "--job", "n"]
+    flags = ["--nodes", "2", "--spare-nodes", "1", "--job", "n", "--masters", str(masters)]
     command = plain_ddp(tmp_path / "ckpt", steps)
     run = await run_cluster(tmp_path, flags, command, during=during, timeout_s=400)
     assert run.rc == 0, run.output
@@ -55,13 +57,18 @@ async def _run_without_a_fault(tmp_path: Path, steps: int, during: Scenario) -> 
     return run
 
 
-async def test_a_crashed_nats_server_starts_again_and_the_job_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("masters", [1, 3])
+async def test_a_crashed_nats_server_starts_again_and_the_job_goes_on(
+    tmp_path: Path, masters: int
+) -> None:
+    """With one master (in ``aegis run``'s process) and with three (processes of their own,
+    one leading, through the same server)."""
     killed: list[int] = []
 
     async def crash(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         killed.append((await _signal_once_training(proc, log_dir, signal.SIGKILL))[0])
 
-    run = await _run_without_a_fault(tmp_path, 300, crash)
+    run = await _run_without_a_fault(tmp_path, 300, crash, masters)
     assert killed, run.output
     assert f"(pid {killed[0]}) exited -9: starting it again" in run.output, run.output
     assert "silent for" not in run.output and "Traceback" not in run.output, run.output
