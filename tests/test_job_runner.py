@@ -434,7 +434,7 @@ async def test_a_master_whose_nats_server_hangs_judges_no_pod_silent_until_it_an
     await asyncio.to_thread(server.start)
     bus = await NatsBus.connect(server.url)
     store, platform = memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5)
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=2.0)
     h = Harness(runner, bus, store, platform)  # type: ignore[arg-type]
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])

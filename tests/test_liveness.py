@@ -6,7 +6,7 @@ from __future__ import annotations
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.core.phases import Phase
-from aegis.master.liveness import Liveness
+from aegis.master.liveness import LINK_SLOW_S, Liveness
 from tests.core_helpers import Driver
 
 A, B = PodName("j-0"), PodName("j-1")
@@ -96,3 +96,22 @@ def test_no_silence_counts_while_the_master_hears_nobody_and_each_pod_gets_a_ful
     assert live.overdue(205.0) == []
     assert live.overdue(205.5) == [ev.HeartbeatLost(A)]  # still silent a full timeout later
     assert live.not_back(260.0) == [] and live.not_back(260.5) == [B]
+
+
+def test_a_slow_answer_of_the_bus_counts_as_an_outage_that_ends_now() -> None:
+    """A round trip slower than ``LINK_SLOW_S``: the bus was hung until just now, and the pods'
+    heartbeats sent meanwhile may still be on their way: nobody is judged on it; at the next
+    look every pod has a full timeout."""
+    live = Liveness(timeout_s=5.0)
+    live.seen(A, 100.0)
+    live.watch(A)
+    assert live.due(106.0)
+    assert not live.hearing(True, 107.0, answered_s=LINK_SLOW_S + 0.5)
+    assert live.deaf and live.watched == {A}
+    assert live.hearing(True, 107.3, answered_s=0.01)
+    assert not live.due(112.0) and live.overdue(112.4) == [ev.HeartbeatLost(A)]
+    fast = Liveness(timeout_s=5.0)
+    fast.seen(A, 100.0)
+    fast.watch(A)
+    assert fast.hearing(True, 106.0, answered_s=LINK_SLOW_S / 2)  # an answer in time: judged
+    assert fast.overdue(106.0) == [ev.HeartbeatLost(A)]

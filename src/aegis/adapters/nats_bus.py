@@ -199,8 +199,12 @@ class NatsBus:
             return
         if self.client.is_closed:
             raise ConnectionClosedError
-        if not self.client.is_connected:
-            raise ConnectionReconnectingError
+        reading = getattr(self.client, "_reading_task", None)
+        if reading is not None and reading.done():  # nothing would read the PONG
+            raise BusClosedError("the connection's read loop has ended")
+        queue = getattr(self.client, "_flush_queue", None)
+        if not self.client.is_connected or (queue is not None and queue.full()):
+            raise TimeoutError("nats: reconnecting, or nothing written out")  # as a flush would
         pong: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await send_ping(pong)
         async with asyncio.timeout(timeout_s):

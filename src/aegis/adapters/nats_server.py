@@ -29,6 +29,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -102,6 +103,7 @@ class EmbeddedNats:
         self.extra_config = extra_config
         self.process: subprocess.Popen[bytes] | None = None
         self._stopped = False
+        self._lock = threading.Lock()  # a restart's launch and stop(): never both at once
 
     @property
     def url(self) -> str:
@@ -158,8 +160,10 @@ class EmbeddedNats:
         deadline = time.monotonic() + timeout_s
         url = f"http://127.0.0.1:{self.monitor_port}/healthz"
         while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
+            proc = self.process
+            if proc is None:
+                raise NatsServerError("nats-server stopped while starting")
+            if proc.poll() is not None:
                 tail = (self.dir / "nats.log").read_text(errors="replace")[-2000:]
                 raise NatsServerError(f"nats-server exited early: {tail}")
             with (
@@ -167,7 +171,7 @@ class EmbeddedNats:
                 urllib.request.urlopen(url, timeout=0.5) as response,
             ):
                 if response.status == 200:
-                    log.info("nats-server ready at %s (pid %s)", self.url, self.process.pid)
+                    log.info("nats-server ready at %s (pid %s)", self.url, proc.pid)
                     return
             time.sleep(0.02)
         if stop_on_timeout:
@@ -199,21 +203,28 @@ class EmbeddedNats:
                 await asyncio.to_thread(self._restart)
             except NatsServerError as exc:
                 log.error("nats-server at %s could not start again: %s", self.url, exc)
+                await asyncio.sleep(window_s / limit)  # spread the tries over the window
 
     def _restart(self) -> None:
         """The server again on its client port (its clients know it); another monitor port if
         that one was taken meanwhile."""
-        if self._stopped:
-            return  # stopped while this thread was on its way
-        self.launch()
+        if not self._launch_unless_stopped():
+            return
         try:
             self.wait_healthy(stop_on_timeout=False)
         except NatsServerError as exc:
-            if "address already in use" not in str(exc):
+            if "address already in use" not in str(exc) or self._stopped:
                 raise
             self.monitor_port = free_port()
-            self.launch()
-            self.wait_healthy(stop_on_timeout=False)
+            if self._launch_unless_stopped():
+                self.wait_healthy(stop_on_timeout=False)
+
+    def _launch_unless_stopped(self) -> bool:
+        """``launch``, unless ``stop`` came first (a later ``stop`` stops what is launched)."""
+        with self._lock:
+            if not self._stopped:
+                self.launch()
+            return not self._stopped
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: no goodbye to its clients or its cluster peers)."""
@@ -222,8 +233,9 @@ class EmbeddedNats:
             self.process.wait()
 
     def stop(self) -> None:
-        self._stopped = True
-        proc, self.process = self.process, None
+        with self._lock:  # a restart under way launches nothing after this
+            self._stopped = True
+            proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:

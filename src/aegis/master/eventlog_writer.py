@@ -94,14 +94,16 @@ class EventLogWriter:
         if self._file is None:
             return
         line, fd = eventlog.encode(record), self._file.fileno()
-        end = os.fstat(fd).st_size
+        end: int | None = None  # the file's size before this line
         try:
+            end = os.fstat(fd).st_size
             written = 0
             while written < len(line):  # an unbuffered write may take a part
                 written += self._file.write(line[written:]) or 0
         except OSError as exc:
-            with contextlib.suppress(OSError):  # not a whole line: cut back to the last one
-                os.ftruncate(fd, end)
+            if end is not None:  # not a whole line: cut back to the last one
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, end)
             self.lost += 1
             if not self._failing:
                 log.error("%s: a line could not be written (%s); the job goes on, and the lines "

@@ -49,7 +49,7 @@ from aegis.master.job_settings import (
     no_fence,
     status_key,
 )
-from aegis.master.liveness import Liveness
+from aegis.master.liveness import LINK_CHECK_S, Liveness
 from aegis.master.observers import Observers
 from aegis.master.ports import Platform
 from aegis.master.progress import Progress
@@ -62,7 +62,6 @@ __all__ = ["Clocks", "JobRunner", "JobSettings", "LeadershipLostError", "status_
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 2048
-LINK_CHECK_S = 1.0  # how long the bus has to answer before a pod is judged silent
 
 
 class JobRunner:
@@ -379,7 +378,8 @@ class JobRunner:
                 self.platform_event(forced)
             due = self.liveness.due(now)  # could it have heard the pods it would judge silent?
             heard = self.bus.connected and (not due or await answers(self.bus, LINK_CHECK_S))
-            if not self.liveness.hearing(heard, now, self.spec.job):
+            asked, now = now, self.clocks.mono()  # (a slow answer: the bus was hung till now)
+            if not self.liveness.hearing(heard, now, self.spec.job, answered_s=now - asked):
                 continue  # the master's own link is down: a silence says nothing
             for event in self.liveness.overdue(now):  # a pod silent, or not back in time
                 said = getattr(event, "reason", f"silent for {timeout:.1f} s")

@@ -14,6 +14,10 @@ from aegis.core.phases import Phase
 
 log = logging.getLogger(__name__)
 
+LINK_CHECK_S = 1.0  # how long the bus has to answer before a pod is judged silent
+LINK_SLOW_S = 0.5  # an answer slower than this: the bus was hung until just now
+DEAF_LOG_S = 60.0  # how often a bus still lost is said again
+
 
 @dataclass(slots=True)
 class Liveness:
@@ -31,6 +35,8 @@ class Liveness:
     watched: set[PodName] = field(default_factory=set)
     awaited: dict[PodName, float] = field(default_factory=dict)  # pod -> awaited since
     deaf: bool = False  # the master's own connection is lost (``hearing``)
+    deaf_since: float = 0.0
+    told: float = 0.0  # when the lost bus was last logged
 
     def seen(self, pod: PodName, now: float) -> None:
         self.last_seen[pod] = now
@@ -57,18 +63,25 @@ class Liveness:
             elif status.phase is not Phase.PENDING or info.inner_phase is Phase.RESTARTING:
                 self.awaited.setdefault(pod, now)
 
-    def hearing(self, connected: bool, now: float, job: str = "") -> bool:
+    def hearing(self, connected: bool, now: float, job: str = "", answered_s: float = 0.0) -> bool:
         """Whether silences may be judged now: not while the master's own connection is lost
-        (``connected`` False: it hears nobody, so no pod's silence says anything). Once it is
-        back, every watched pod has a full timeout from ``now``, and every pod awaited back a
-        full join timeout (it could not be heard joining)."""
-        if not connected:
+        (``connected`` False: it hears nobody, so no pod's silence says anything), nor when
+        its bus took longer than ``LINK_SLOW_S`` to answer (``answered_s``: it was hung until
+        just now, and what the pods sent meanwhile may not have arrived yet). Once it is back,
+        every watched pod has a full timeout from ``now``, and every pod awaited back a full
+        join timeout (it could not be heard joining)."""
+        if not connected or (answered_s > LINK_SLOW_S and not self.deaf):
             if not self.deaf:
                 log.warning("job %s: the bus is lost: no pod is judged silent meanwhile", job)
+                self.deaf_since = self.told = now
+            elif now - self.told >= DEAF_LOG_S:
+                log.warning("job %s: still no bus, for %.0f s", job, now - self.deaf_since)
+                self.told = now
             self.deaf = True
             return False
         if self.deaf:
-            log.warning("job %s: the bus is back: every pod has a full timeout from now", job)
+            log.warning("job %s: the bus is back after %.0f s: every pod has a full timeout from "
+                        "now", job, now - self.deaf_since)  # fmt: skip
             for pod in self.watched:
                 self.last_seen[pod] = max(self.last_seen.get(pod, now), now)
             self.awaited.update(dict.fromkeys(self.awaited, now))

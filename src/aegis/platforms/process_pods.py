@@ -183,7 +183,8 @@ class ProcessPods:
 
     def _spare(self) -> str | None:
         for node in self.node_pool():
-            if node not in self.blacklist and node not in self.used_nodes:
+            free = node not in self.blacklist and node not in self.used_nodes
+            if free and self._down(node) is None:
                 return node
         return None
 
