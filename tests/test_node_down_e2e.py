@@ -55,7 +55,9 @@ async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path)
     assert status["phase"] == "Succeed" and status["recover_count"] == 1, status
     assert run.pods["d-1"]["node"] == "spare-0", status
     placed = [(e["pod"], e["node"]) for e in run.events() if e["type"] == "PodRestarted"]
-    assert placed == [("d-1", "spare-0")], placed  # never on the dead node again
+    # never on the dead node again (d-0 may be restarted on its own node: under load its
+    # checks without d-1 can fail, a container restart, not counted)
+    assert [node for pod, node in placed if pod == "d-1"] == ["spare-0"], placed
     assert "did not come back" not in (run.log_dir / "faults.jsonl").read_text()
     assert "node node-1 is down" in run.output, run.output
     assert leftovers(run.log_dir) == []
