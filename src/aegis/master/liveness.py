@@ -82,8 +82,7 @@ class Liveness:
         if self.deaf:
             log.warning("job %s: the bus is back after %.0f s: every pod has a full timeout from "
                         "now", job, now - self.deaf_since)  # fmt: skip
-            for pod in self.watched:
-                self.last_seen[pod] = max(self.last_seen.get(pod, now), now)
+            self.last_seen.update(dict.fromkeys(self.watched, now))
             self.awaited.update(dict.fromkeys(self.awaited, now))
             self.deaf = False
         return True
@@ -94,24 +93,26 @@ class Liveness:
         self.watched.discard(pod)
         self.awaited[pod] = now
 
+    def _silent(self, pod: PodName, now: float) -> bool:
+        return now - self.last_seen.get(pod, now) > self.timeout_s
+
+    def _late(self, since: float, now: float) -> bool:
+        return self.join_timeout_s > 0 and now - since > self.join_timeout_s
+
     def due(self, now: float) -> bool:
         """Whether ``overdue`` would name a pod now (it changes nothing)."""
-        silent = any(now - self.last_seen.get(p, now) > self.timeout_s for p in self.watched)
-        late = self.join_timeout_s > 0 and any(
-            now - since > self.join_timeout_s for since in self.awaited.values()
+        return any(self._silent(p, now) for p in self.watched) or any(
+            self._late(since, now) for since in self.awaited.values()
         )
-        return silent or late
 
     def lost(self, now: float) -> list[PodName]:
-        gone = sorted(p for p in self.watched if now - self.last_seen.get(p, now) > self.timeout_s)
+        gone = sorted(p for p in self.watched if self._silent(p, now))
         self.watched.difference_update(gone)
         return gone
 
     def not_back(self, now: float) -> list[PodName]:
         """The pods awaited for longer than the join timeout, each named once per timeout."""
-        if self.join_timeout_s <= 0:
-            return []
-        late = sorted(p for p, since in self.awaited.items() if now - since > self.join_timeout_s)
+        late = sorted(p for p, since in self.awaited.items() if self._late(since, now))
         self.awaited.update(dict.fromkeys(late, now))
         return late
 
