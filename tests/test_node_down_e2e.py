@@ -1,10 +1,12 @@
 """A node that dies, on the emulated cluster: every process in node-1's namespaces is killed
 at once (its agent, the training, the checks' forkserver, and the holder of its namespaces, as
 a host that loses power). The heartbeats stop; the pod is lost, counted once, and placed on the
-spare at once, for the platform knows the node is down. Before, the local platform placed the
-pod on its dead node again (a lost pod comes back on its node), where ``nsenter`` could not
-enter the namespaces, and the job waited idle for the whole join timeout (60 s under ``aegis
-run``, found by a chaos run) before the pod moved. The training script never imports aegis."""
+spare at once, for the platform knows the node is down; the node joins the job's error nodes
+(the platform tells the master, which records it in the event log). Before, the local platform
+placed the pod on its dead node again (a lost pod comes back on its node), where ``nsenter``
+could not enter the namespaces, and the job waited idle for the whole join timeout (60 s under
+``aegis run``, found by a chaos run) before the pod moved; and after it moved, the run's
+summary said "error nodes: none". The training script never imports aegis."""
 
 from __future__ import annotations
 
@@ -60,4 +62,7 @@ async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path)
     assert [node for pod, node in placed if pod == "d-1"] == ["spare-0"], placed
     assert "did not come back" not in (run.log_dir / "faults.jsonl").read_text()
     assert "node node-1 is down" in run.output, run.output
+    assert [e["node"] for e in status["error_nodes"]] == ["node-1"], status
+    assert [e["node"] for e in run.events() if e["type"] == "NodeDown"] == ["node-1"]
+    assert "error nodes: node-1" in run.output, run.output
     assert leftovers(run.log_dir) == []

@@ -19,6 +19,10 @@ from aegis.master import job_record, platform_events, records
          ev.PodRestarted(PodName("j-1"), NodeName("node-3"), "10.0.0.3")),
         (b'{"kind":"restarted","pod":"j-1"}', ev.PodRestarted(PodName("j-1"), None, None)),
         (b'{"kind":"quit","reason":"no node left"}', ev.QuitRequested("no node left")),
+        (b'{"kind":"node_down","node":"node-1","reason":"gone"}',
+         ev.NodeDown(NodeName("node-1"), "gone")),
+        (b'{"kind":"node_down","node":"node-1"}', ev.NodeDown(NodeName("node-1"), "node down")),
+        (b'{"kind":"node_down","reason":"gone"}', None),  # no node named
         (b'{"kind":"quit","reason":"x","extra":1}', None),  # an unknown field
         (b'{"kind":"reboot"}', None),  # a kind this master does not know
         (b"not json", None),

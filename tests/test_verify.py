@@ -42,6 +42,7 @@ def test_verify_holds_exhaustively_for_3_workers_max_retry_2() -> None:
         "TerminalReachable",
         "SuspectFirst",
         "AwayUntilBack",
+        "NodeDownOnlyBlacklists",
     }
 
 
@@ -90,6 +91,15 @@ def _count_outside_run_command(spec, status, event, now):  # type: ignore[no-unt
 
 
 MUTANTS: dict[str, tuple[ModuleType, str, object, set[str]]] = {
+    "a node found down counts a fault": (
+        rounds,
+        "node_down",
+        lambda status, node, reason, now: (
+            updates.status(status, recover_count=status.recover_count + 1),
+            (),
+        ),
+        {"NoCountOutsideRunCommand", "NodeDownOnlyBlacklists", "CountMatchesMax"},
+    ),
     "drop the recover_count cap": (
         machine,
         "_capped_recover_count",

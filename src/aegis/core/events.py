@@ -88,6 +88,15 @@ class JoinTimedOut:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeDown:
+    """The platform found ``node`` itself gone (its host, not one of its pods): it joins
+    ErrorNodes and takes no pod again. Nothing is counted: the loss of its pod was."""
+
+    node: NodeName
+    reason: str = "node down"
+
+
+@dataclass(frozen=True, slots=True)
 class PodRestarted:
     """The platform saw the pod's container restart or a replacement pod start (maybe elsewhere)."""
 
@@ -145,6 +154,7 @@ Event = (
     | HangReported
     | HeartbeatLost
     | JoinTimedOut
+    | NodeDown
     | PodRestarted
     | QuitRequested
     | CheckpointCommitted

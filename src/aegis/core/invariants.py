@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aegis.core import events as ev
+from aegis.core import updates
 from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import ALLOWED_UNFINISHED_INNER, TERMINAL_PHASES, Phase
 from aegis.core.recovery import must_leave
@@ -253,6 +254,19 @@ def _is_fault(event: ev.Event) -> bool:
             return False
 
 
+def node_down_only_blacklists(
+    spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
+) -> str | None:
+    """Our own: a node found down joins ErrorNodes and nothing else changes: the loss of its
+    pod was counted, and handled, already."""
+    if (
+        isinstance(event, ev.NodeDown)
+        and updates.status(after, error_nodes=before.error_nodes) != before
+    ):
+        return f"NodeDown({event.node}) changed more than ErrorNodes"
+    return None
+
+
 def away_until_back(
     spec: JobSpec, before: JobStatus, event: ev.Event, after: JobStatus
 ) -> str | None:
@@ -278,4 +292,5 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "PlannedNeverCounts": planned_never_counts,
     "SpentBudgetStopsTraining": spent_budget_stops_training,
     "AwayUntilBack": away_until_back,
+    "NodeDownOnlyBlacklists": node_down_only_blacklists,
 }

@@ -61,6 +61,8 @@ def step(spec: JobSpec, status: JobStatus, event: ev.Event, now: float) -> Resul
             if info is None:
                 return rounds.reject(status, act.RejectReason.UNKNOWN_POD, pod)
             return rounds.replace_elsewhere(status, pod, info, reason, now)
+        case ev.NodeDown(node=node, reason=reason):
+            return rounds.node_down(status, node, reason, now)
         case ev.PodRestarted(pod=pod):
             info = status.pod_infos.get(pod)
             if info is None:

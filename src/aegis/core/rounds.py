@@ -185,6 +185,15 @@ def replace_elsewhere(
     return updates.status(status, error_nodes=nodes), (record, blacklist, replace)
 
 
+def node_down(status: JobStatus, node: NodeName, reason: str, now: float) -> Result:
+    """A node found down joins ErrorNodes and is blacklisted; the phase, the round and the
+    budget stay. A node already there, or no node named: rejected."""
+    if not node or any(entry.node == node for entry in status.error_nodes):
+        return reject(status, act.RejectReason.IGNORED, f"node {node!r} is known")
+    nodes = add_error_node(status.error_nodes, node, reason, now)
+    return updates.status(status, error_nodes=nodes), (act.BlacklistNode(node, reason),)
+
+
 def awaiting_replacement(info: PodInfo) -> bool:
     return info.inner_phase is Phase.RESTARTING and not info.finished
 

@@ -114,6 +114,7 @@ class FaultLog:
             event,
             ev.HeartbeatLost
             | ev.JoinTimedOut
+            | ev.NodeDown
             | ev.PodRestarted
             | ev.QuitRequested
             | ev.DrainRequested
@@ -223,6 +224,8 @@ def _platform_text(event: ev.Event, actions: tuple[act.Action, ...] = ()) -> str
             if any(isinstance(a, act.BlacklistNode) for a in actions):
                 return f"{reason}: its node is blacklisted, the pod is placed elsewhere"
             return f"{reason}: the pod is asked for again"
+        case ev.NodeDown(node=node, reason=reason):
+            return f"node {node} is down ({reason}): no pod goes there again"
         case ev.PodRestarted(node=node):
             return f"pod restarted on {node}" if node else "pod restarted"
         case ev.QuitRequested(reason=reason):

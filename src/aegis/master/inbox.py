@@ -81,6 +81,8 @@ def platform_record(event: ev.Event, now: float) -> eventlog.PlatformRecord:
             return eventlog.HeartbeatLostRecord(pod=pod, ts=now)
         case ev.JoinTimedOut(pod=pod, reason=reason):
             return eventlog.JoinTimedOutRecord(pod=pod, ts=now, reason=reason)
+        case ev.NodeDown(node=node, reason=reason):
+            return eventlog.NodeDownRecord(node=node, ts=now, reason=reason)
         case ev.QuitRequested(reason=reason):
             return eventlog.QuitRequestedRecord(ts=now, reason=reason)
         case ev.CheckpointCommitted(step=step):

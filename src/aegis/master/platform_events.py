@@ -27,6 +27,8 @@ def decode(payload: bytes) -> ev.Event | None:
     if event.kind == "restarted":
         node = NodeName(event.node) if event.node else None
         return ev.PodRestarted(PodName(event.pod), node, event.pod_ip)
+    if event.kind == "node_down" and event.node:
+        return ev.NodeDown(NodeName(event.node), event.reason or "node down")
     if event.kind == "quit":
         return ev.QuitRequested(event.reason)
     return None

@@ -61,6 +61,8 @@ class PlatformServer:
         match event:
             case ev.PodRestarted(pod=pod, node=node, pod_ip=ip):
                 out = pm.PlatformEvent(kind="restarted", pod=pod, node=node, pod_ip=ip)
+            case ev.NodeDown(node=node, reason=reason):
+                out = pm.PlatformEvent(kind="node_down", node=node, reason=reason)
             case ev.QuitRequested(reason=reason):
                 out = pm.PlatformEvent(kind="quit", reason=reason)
                 if self._repeating is None and self._subscription is not None:

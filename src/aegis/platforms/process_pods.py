@@ -154,16 +154,17 @@ class ProcessPods:
         await self._retire(state, wait_for_exit=wait)
         left = state.node
         down = self._down(left)
+        assert self.sink is not None
         if down is not None and left not in self.blacklist:
             log.warning("node %s is down (%s): %s goes elsewhere", left, down, pod)
             self.blacklist[left] = f"down: {down}"
+            self.sink(ev.NodeDown(NodeName(left), down))
         node = left if same_node and left not in self.blacklist else self._spare()
         if node is None and not self.stopping:
             node = await self._more_node(pod)
         if node is not None:
             self.used_nodes.add(node)  # taken now: a concurrent move must not pick it too
         await self._left_node(left, node)
-        assert self.sink is not None
         if node is None:
             log.error("no healthy node left for %s", pod)
             self.sink(ev.QuitRequested(f"no healthy node left for {pod}"))

@@ -70,6 +70,14 @@ class JoinTimedOutRecord(_Record):
     reason: str = "did not come back"
 
 
+class NodeDownRecord(_Record):
+    """The platform found a node itself gone (a host, not one of its pods)."""
+
+    node: str
+    ts: float
+    reason: str = "node down"
+
+
 class QuitRequestedRecord(_Record):
     ts: float
     reason: str = "stopped by user"
@@ -134,6 +142,7 @@ PlatformRecord = (
     | PodRestartedRecord
     | HeartbeatLostRecord
     | JoinTimedOutRecord
+    | NodeDownRecord
     | QuitRequestedRecord
     | CheckpointCommittedRecord
     | DrainRequestedRecord
@@ -211,32 +220,41 @@ def entry(spec: JobSpec, number: int, text: str) -> Entry:
     match record:
         case JobCreated():
             raise EventLogError(number, "a second JobCreated record")
-        case PodRestartedRecord(pod=pod, ts=ts, node=node, pod_ip=ip):
-            event: ev.Event | None = ev.PodRestarted(
-                PodName(pod), NodeName(node) if node is not None else None, ip
-            )
-        case HeartbeatLostRecord(pod=pod, ts=ts):
-            event = ev.HeartbeatLost(PodName(pod))
-        case JoinTimedOutRecord(pod=pod, ts=ts, reason=reason):
-            event = ev.JoinTimedOut(PodName(pod), reason)
-        case QuitRequestedRecord(ts=ts, reason=reason):
-            event = ev.QuitRequested(reason)
-        case CheckpointCommittedRecord(ts=ts, step=step):
-            event = ev.CheckpointCommitted(step)
-        case DrainRequestedRecord(pods=pods, ts=ts, reason=reason):
-            event = ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
-        case DrainForcedRecord(pods=pods, ts=ts, reason=reason):
-            event = ev.DrainForced(tuple(PodName(p) for p in pods), reason)
-        case SlowdownReportedRecord(ts=ts, reason=reason):
-            event = ev.SlowdownReported(reason)
-        case HangJudgedRecord(pod=pod, phase=phase, seq=seq, ts=ts, reason=reason, blame=blame):
-            event = ev.HangReported(PodName(pod), phase, seq, reason, blame)
-        case m.Message(ts=ts):
+        case m.Message():
             try:
                 event = to_event(record, job=spec.job, namespace=spec.namespace)
             except WireError as exc:
                 raise EventLogError(number, str(exc)) from None
-    return Entry(line=number, ts=ts, event=event, text=text.strip())
+        case _:
+            event = _platform_event(record)
+    return Entry(line=number, ts=record.ts, event=event, text=text.strip())
+
+
+def _platform_event(record: PlatformRecord) -> ev.Event | None:
+    """The core event a platform or operator record stands for (None: the header)."""
+    match record:
+        case PodRestartedRecord(pod=pod, node=node, pod_ip=ip):
+            return ev.PodRestarted(PodName(pod), NodeName(node) if node is not None else None, ip)
+        case HeartbeatLostRecord(pod=pod):
+            return ev.HeartbeatLost(PodName(pod))
+        case JoinTimedOutRecord(pod=pod, reason=reason):
+            return ev.JoinTimedOut(PodName(pod), reason)
+        case NodeDownRecord(node=node, reason=reason):
+            return ev.NodeDown(NodeName(node), reason)
+        case QuitRequestedRecord(reason=reason):
+            return ev.QuitRequested(reason)
+        case CheckpointCommittedRecord(step=step):
+            return ev.CheckpointCommitted(step)
+        case DrainRequestedRecord(pods=pods, reason=reason):
+            return ev.DrainRequested(tuple(PodName(p) for p in pods), reason)
+        case DrainForcedRecord(pods=pods, reason=reason):
+            return ev.DrainForced(tuple(PodName(p) for p in pods), reason)
+        case SlowdownReportedRecord(reason=reason):
+            return ev.SlowdownReported(reason)
+        case HangJudgedRecord(pod=pod, phase=phase, seq=seq, reason=reason, blame=blame):
+            return ev.HangReported(PodName(pod), phase, seq, reason, blame)
+        case _:
+            return None
 
 
 def _decode_line(number: int, text: str) -> PlatformRecord | m.Message:

@@ -1,8 +1,9 @@
 """Messages between a master replica and a platform process (``aegis run --masters N``).
 
 On ``aegis-platform.<namespace>.<job>.requests`` the leader asks for pod work; on
-``.events`` the platform reports pods that are up again. The subjects are outside the job's
-``aegis.<namespace>.<job>.>`` space, so a worker's credentials cannot reach them.
+``.events`` the platform reports pods that are up again and nodes it found down. The subjects
+are outside the job's ``aegis.<namespace>.<job>.>`` space, so a worker's credentials cannot
+reach them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class PlatformRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class PlatformEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    kind: str  # "restarted" | "quit"
+    kind: str  # "restarted" | "node_down" | "quit"
     pod: str = ""
     node: str | None = None
     pod_ip: str | None = None

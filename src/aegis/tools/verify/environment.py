@@ -2,12 +2,12 @@
 
 Every pod may ACK, answer (pass or fail, healthy/hardware/runtime/slow), error (a software
 error, the same one at the same step, a peer's closed connection at that step), report a hang,
-lose its heartbeat or restart, not come back in time, or be drained (and the drain's deadline
-pass); any message may come again (duplicate) or carry the previous or the next round's seq
-(stale, forged); the user may quit; a checkpoint may commit. Disruptive events spend a bounded
-fault budget so that the space stays finite (drains too, one at a time). Cooperative events
-(what a healthy cluster does next) are flagged: with only those, every job must reach Succeed
-or Failed.
+lose its heartbeat or restart, not come back in time (or its node be found down while it is
+away), or be drained (and the drain's deadline pass); any message may come again (duplicate)
+or carry the previous or the next round's seq (stale, forged); the user may quit; a checkpoint
+may commit. Disruptive events spend a bounded fault budget so that the space stays finite
+(drains too, one at a time). Cooperative events (what a healthy cluster does next) are
+flagged: with only those, every job must reach Succeed or Failed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def moves(status: JobStatus, *, faults_left: int) -> Iterator[Move]:
         awaiting = info.inner_phase is Phase.RESTARTING and not info.finished
         if awaiting or faults:
             yield Move(ev.PodRestarted(pod), fault=not awaiting, cooperative=awaiting)
+        if awaiting and faults:  # the platform finds the node it left down
+            yield Move(ev.NodeDown(info.node), fault=True, cooperative=False)
         if faults:
             yield Move(ev.HeartbeatLost(pod), fault=True, cooperative=False)
             if not info.finished:  # a pod away that does not come back in time
