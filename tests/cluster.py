@@ -73,13 +73,14 @@ async def run_cluster(
     during: Scenario | None = None,
     timeout_s: float = 240.0,
     cwd: Path | None = None,
+    aegis: Sequence[str] = AEGIS,
 ) -> ClusterRun:
     """``aegis run --isolate-nodes RUN_ARGS -- COMMAND`` started in ``cwd``, to its end
-    (``during`` meanwhile)."""
+    (``during`` meanwhile); ``aegis``: how to run it (another environment's python)."""
     require_namespaces()
     log_dir, status_file, out = tmp_path / "logs", tmp_path / "status.json", tmp_path / "out"
     out.mkdir(exist_ok=True)
-    argv = [*AEGIS, "run", "--isolate-nodes", "--view", "plain", "--log-dir", str(log_dir),
+    argv = [*aegis, "run", "--isolate-nodes", "--view", "plain", "--log-dir", str(log_dir),
             "--status-file", str(status_file), *run_args, "--", *command]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.wire import messages as m
 from tests import agent_waits as waits
+from tests import venvs
 from tests.waits import async_wait_until
 
 PYTHON = sys.executable
@@ -193,24 +193,6 @@ async def test_zygote_is_made_once_a_plain_script_steps_and_its_warm_child_repor
         await async_wait_until(learned.exists, 120, "the learned modules")
 
 
-def _venv(root: Path, *, agent_site: bool) -> str:
-    """A virtualenv of this Python with nothing installed (``agent_site``: with a ``.pth`` that
-    names the agent's site-packages, so torch imports there, aegis does not); its python."""
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(root)],  # type: ignore[attr-defined]
-                   check=True, timeout=120)  # fmt: skip
-    python = str(root / "bin" / "python")
-    if agent_site:
-        where = "import sysconfig; print(sysconfig.get_path('purelib'))"
-        site = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True,
-                              env=_without_path()).stdout.strip()  # fmt: skip
-        Path(site, "agent_site.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    return python
-
-
-def _without_path() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
 IMPORTS = """
 import importlib
 for name in ("aegis.autoprogress", "aegis.agent", "torch", "msgspec"):
@@ -226,9 +208,9 @@ for name in ("aegis.autoprogress", "aegis.agent", "torch", "msgspec"):
 def foreign_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The interpreter of another environment than the agent's (a job in its own virtualenv):
     the same Python and torch, no aegis."""
-    python = _venv(tmp_path_factory.mktemp("foreign"), agent_site=True)
+    python = venvs.venv(tmp_path_factory.mktemp("foreign"), [venvs.SITE])
     said = subprocess.run([python, "-c", IMPORTS], capture_output=True, text=True, check=True,
-                          env=_without_path(), timeout=120).stdout.split()  # fmt: skip
+                          env=venvs.without_pythonpath(), timeout=120).stdout.split()  # fmt: skip
     assert said[1::2] == ["no", "no", "yes", "yes"]
     return python
 
@@ -238,8 +220,8 @@ def test_a_job_interpreter_without_aegis_gets_the_agents_aegis_and_nothing_else(
 ) -> None:
     """Under the agent's ``PYTHONPATH`` a bare interpreter imports the agent's aegis, and still
     none of the agent environment's other packages (its torch, its msgspec)."""
-    python = _venv(tmp_path / "bare", agent_site=False)
-    env = {**_without_path(), "PYTHONPATH": autoprogress.pythonpath({}) or ""}
+    python = venvs.venv(tmp_path / "bare")
+    env = {**venvs.without_pythonpath(), "PYTHONPATH": autoprogress.pythonpath({}) or ""}
     said = subprocess.run([python, "-c", IMPORTS], capture_output=True, text=True, check=True,
                           env=env, timeout=120).stdout.split()  # fmt: skip
     assert said[1::2] == ["yes", "yes", "no", "no"]

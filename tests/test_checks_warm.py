@@ -118,7 +118,12 @@ async def test_check_forkserver_stays_single_threaded_without_cuda_when_children
 async def test_collectives_start_cold_and_say_so_once_when_no_forkserver_starts(
     the_reaper: reaper.Reaper, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = host.HostSettings(interpreter=str(tmp_path / "no-such-python"))
+    # an interpreter whose forkserver does not start (it runs everything else)
+    python = tmp_path / "python"
+    forkserver_fails = '[ "$2" = aegis.checks.forkserver ] && exit 3'
+    python.write_text(f'#!/bin/sh\n{forkserver_fails}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    broken = host.HostSettings(interpreter=str(python))
     caplog.set_level(logging.WARNING, logger="aegis.checks")
     recording = harness.Recording(the_reaper)  # the one waitpid owner in the agent
     async with host.CheckHost(recording, settings=broken) as h:

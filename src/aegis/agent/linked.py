@@ -33,7 +33,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
-from aegis.agent import executor, link, link_settings, pid1, reaper, supervisor, transport
+from aegis.agent import (
+    executor,
+    link,
+    link_settings,
+    pid1,
+    pycmd,
+    reaper,
+    supervisor,
+    transport,
+)
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
 from aegis.wire.logsafe import one_line
@@ -61,9 +70,10 @@ async def run_linked(
     if daemon_settings is not None:
         env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
         env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)
+    checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, env))
     async with (
         reaper.Reaper() as the_reaper,
-        check_host.CheckHost(the_reaper) as host,
+        check_host.CheckHost(the_reaper, settings=checks) as host,
         supervisor.Supervisor(argv, sup_settings, the_reaper, the_link, env=env) as sup,
     ):
         orders = executor.OrderExecutor(the_link, sup, host)
@@ -93,6 +103,20 @@ async def run_linked(
             finally:
                 await _shut_down(the_link, tasks, sup, saver, terminated)
     return code
+
+
+async def _check_interpreter(argv: Sequence[str], env: dict[str, str]) -> str:
+    """Where the node checks run: the job's interpreter (``pycmd.job_interpreter``) when it can
+    run them, else the agent's own (said in one line)."""
+    job = pycmd.job_interpreter(argv, env)
+    if job is None or os.path.abspath(job) == os.path.abspath(sys.executable):
+        return sys.executable
+    why = await check_host.runs_checks(job, env)
+    if why is None:
+        log.info("the node checks run in the job's interpreter, %s", job)
+        return job
+    log.warning("the node checks run in the agent's interpreter, %s: %s", sys.executable, why)
+    return sys.executable
 
 
 async def _connect_rejoining(the_link: link.MasterLink) -> None:

@@ -1,7 +1,9 @@
-"""Recognise a command the zygote can start warm: ``python [options] script.py args`` or ``-m mod``.
+"""Recognise a command the zygote can start warm: ``python [options] script.py args`` or ``-m mod``;
+and the interpreter a command trains in (:func:`job_interpreter`: the node checks run there).
 
-Pure: no I/O except :func:`is_python`'s PATH lookup. Anything else (a shell string, ``torchrun``,
-``python -c``, interpreter options the zygote cannot reproduce) is started cold.
+Pure: no I/O except PATH lookups and the first line of a script run by name. Anything else (a
+shell string, ``torchrun``, ``python -c``, interpreter options the zygote cannot reproduce) is
+started cold.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import dataclasses
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # Interpreter options a zygote started with the same options reproduces in its children.
 _FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-E", "-s", "-S", "-b", "-bb", "-q", "-I", "-P", "-R"})
 _WITH_VALUE = ("-W", "-X")
+CHECK_PYTHON_VAR = "AEGIS_CHECK_PYTHON"  # the interpreter the checks run in, when said
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,3 +66,44 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> PythonCommand | None:
             return PythonCommand(argv[0], tuple(options), word, None, tuple(argv[index + 1 :]))
         index += 1
     return None  # the interactive interpreter
+
+
+def job_interpreter(
+    argv: Sequence[str], env: Mapping[str, str], head: Callable[[str], bytes] | None = None
+) -> str | None:
+    """The interpreter the command ``argv`` trains in, as a path: the one ``AEGIS_CHECK_PYTHON``
+    names; ``python ...``'s; the one on the ``#!`` line of a program run by name (``torchrun``,
+    a console script, a script with ``#!/usr/bin/env python3``). None when the command does not
+    say (a shell, ``conda run``): the caller's own then. ``head(path)``: a file's first bytes."""
+    path = env.get("PATH")
+    named = env.get(CHECK_PYTHON_VAR, "").strip()
+    if named:
+        return shutil.which(named, path=path) or named
+    program = shutil.which(argv[0], path=path) if argv else None
+    if program is None:
+        return None
+    if is_python(program, env):
+        return program
+    return _shebang_python((head or _head)(program), env)
+
+
+def _head(program: str) -> bytes:
+    try:
+        with open(program, "rb") as f:
+            return f.read(256)
+    except OSError:
+        return b""
+
+
+def _shebang_python(head: bytes, env: Mapping[str, str]) -> str | None:
+    """The Python interpreter a script's ``#!`` line names (through ``env``, ``env -S``)."""
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    if not words or not _PYTHON_NAME.match(os.path.basename(words[0])):
+        return None
+    if os.path.isabs(words[0]):
+        return words[0]
+    return shutil.which(words[0], path=env.get("PATH"))

@@ -221,11 +221,9 @@ class CheckChildRound:
 
 async def _spawn_cold(host: check_host.CheckHost, args: Sequence[str]) -> _Child:
     """A cold child under an agent: started and waited for by the agent's reaper."""
-    argv = [sys.executable, "-m", "aegis.checks.collective", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     async def spawn(out_w: int, err_w: int) -> Started:
-        return host.spawn_cold(argv, env, {1: out_w, 2: err_w})
+        return host.spawn_cold(args, {1: out_w, 2: err_w})
 
     child = await _piped(spawn, warm=False)
     assert child is not None

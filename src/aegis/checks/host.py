@@ -9,6 +9,10 @@ the only process of the agent's that imports torch before training: the agent it
 When the forkserver fails to start, is not ready in time, refuses a fork or dies, :meth:`fork`
 returns None and the caller starts the child cold (said once in the log); a forkserver that died
 is replaced in the background, up to ``max_failures`` times in a row.
+
+Warm or cold, a check child runs in ``HostSettings.interpreter``: the job's own where it can run
+the checks (:func:`runs_checks`), so that the runtime check and the environment report are
+about the job's Python and torch, not the agent's (which may have no torch at all).
 """
 
 from __future__ import annotations
@@ -21,10 +25,47 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aegis import autoprogress
 from aegis.spawn import forkclient
 from aegis.spawn import spawner as spawning
 
 log = logging.getLogger(__name__)
+
+CHECKS_MODULE = "aegis.checks.collective"
+PROBE_TIMEOUT_S = 60.0  # an interpreter's first start on a loaded node
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a check child: the agent's ``aegis`` reachable from an interpreter with none
+    of its own (:data:`aegis.autoprogress.SITE_DIR` first on ``PYTHONPATH``), output unbuffered."""
+    theirs = [p for p in env.get(autoprogress.PATH_VAR, "").split(os.pathsep)
+              if p and p != autoprogress.SITE_DIR]  # fmt: skip
+    path = os.pathsep.join([autoprogress.SITE_DIR, *theirs])
+    return {**env, autoprogress.PATH_VAR: path, "PYTHONUNBUFFERED": "1"}
+
+
+async def runs_checks(interpreter: str, env: Mapping[str, str]) -> str | None:
+    """Why ``interpreter`` cannot run the checks (it cannot import them: a Python too old for
+    Aegis, or none at all); None when it can. Run before the agent's reaper starts."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            interpreter, "-c", f"import {CHECKS_MODULE}",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, env=check_env(env),
+        )  # fmt: skip
+    except OSError as exc:
+        return f"{interpreter} does not start: {exc.strerror or exc}"
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            _, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return f"{interpreter} did not import the checks within {PROBE_TIMEOUT_S:.0f} s"
+    if proc.returncode != 0:
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return f"{interpreter} cannot import the checks: {last[0]}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,7 +106,7 @@ class CheckHost:
             max_failures=settings.max_failures,
         )
         command = [settings.interpreter, "-m", "aegis.checks.forkserver"]
-        env = os.environ if env is None else env
+        self.env = env = check_env(os.environ if env is None else env)
         self._servers = forkclient.ForkServers(spawner, lambda: command, env, server)
         self._said_cold = False
         self.forked: list[WarmChild] = []  # the children forked warm, in order
@@ -106,11 +147,13 @@ class CheckHost:
         return None if server is None else server.pid
 
     def spawn_cold(
-        self, argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int]
+        self, args: Sequence[str], fds: Mapping[int, int]
     ) -> tuple[int, asyncio.Future[int]]:
-        """Start a child cold through the agent's reaper (the one ``waitpid`` owner in the
-        agent): its pid, and its raw wait status to come."""
-        pid = self._spawner.spawn(argv, env, fds=fds)
+        """Start ``python -m aegis.checks.collective ARGS`` cold, in the host's interpreter,
+        through the agent's reaper (the one ``waitpid`` owner in the agent): its pid, and its
+        raw wait status to come."""
+        argv = [self.settings.interpreter, "-m", CHECKS_MODULE, *args]
+        pid = self._spawner.spawn(argv, self.env, fds=fds)
         return pid, asyncio.ensure_future(self._spawner.wait(pid))
 
     def note_cold(self, why: str) -> None:
