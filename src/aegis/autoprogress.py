@@ -32,10 +32,19 @@ forward after the step (in DDP the wrapper's own) writes the seconds since the s
 removes the hook again, so every other module call of the step takes torch's hook-free path.
 A rank that is slow before the collective shows there (its peers' steps end with its own: they
 wait for it inside the collective).
+
+The script's own checkpoints: from its first reported step on, ``torch.save`` (to a file, not
+to a buffer) and ``torch.distributed.checkpoint.save`` are wrapped: each one that returns
+writes the step into the progress file (:func:`aegis.training.report_saved`; a save inside
+another counts once). A script that takes no checkpoint requests still has safe points then: a
+slow pod leaves right after the script's next own save (the master's ``SafePoints``). A script
+that bound ``save`` to a name of its own before its first step is not seen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 import time
@@ -54,6 +63,8 @@ REGISTER = "register_optimizer_step_post_hook"
 FORWARD_MODULE = "torch.nn.modules.module"
 FORWARD_REGISTER = "register_module_forward_pre_hook"
 _COUNT = "_aegis_steps"  # the per-optimizer count, kept on the optimizer itself
+# the script's own saves: (module, function, whether only a save to a file counts)
+SAVES = (("torch", "save", True), ("torch.distributed.checkpoint", "save", False))
 _OFF = frozenset({"0", "off", "no", "false"})
 
 
@@ -172,8 +183,57 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             _remove()  # the script reports itself, or there is no agent after all
             return
         _arm_input()
+        if _saves.pending:
+            _wrap_saves()
     except Exception:
         pass  # never break a training step
+
+
+class _Saves:
+    __slots__ = ("depth", "pending")
+
+    def __init__(self) -> None:
+        self.pending = True  # a save function is not wrapped yet
+        self.depth = 0  # wrapped saves in progress (a save inside another counts once)
+
+
+_saves = _Saves()
+
+
+def _wrap_saves() -> None:
+    """Wrap the save functions of :data:`SAVES` that are loaded (and not wrapped yet)."""
+    pending = False
+    for name, attr, to_file in SAVES:
+        module = sys.modules.get(name)
+        original = getattr(module, attr, None)
+        if original is None:
+            pending = True
+        elif not getattr(original, "aegis_saves", False):
+            setattr(module, attr, _saving(original, to_file))
+    _saves.pending = pending
+
+
+def _saving(original: Callable[..., Any], to_file: bool) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        _saves.depth += 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _saves.depth -= 1
+        if _saves.depth == 0 and (not to_file or _a_file(args, kwargs)):
+            with contextlib.suppress(Exception):  # never break a save
+                training.report_saved()
+        return result
+
+    save.aegis_saves = True  # type: ignore[attr-defined]
+    return save
+
+
+def _a_file(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``torch.save(obj, f)`` saved to a file (a path), not to a buffer."""
+    f = args[1] if len(args) > 1 else kwargs.get("f")
+    return isinstance(f, str | bytes | os.PathLike)
 
 
 def _arm_input() -> None:

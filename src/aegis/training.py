@@ -20,7 +20,9 @@ takes requests at all, so the agent can tell a script that never will.
 Layout (64 bytes): step q @0, time d @8 (training); request id q @16, target step q @24,
 hold-until d @32 (agent, ``time.monotonic()`` clock); answered id q @40, opted-in q @48
 (training); input time d @56 (training: the seconds from the end of the last reported step to
-the first forward after it, :mod:`aegis.autoprogress`; 0.0: not measured).
+the first forward after it, :mod:`aegis.autoprogress`; 0.0: not measured); the script's own saves
+(training, :func:`report_saved`): the step of the last q @64, how many so far q @72. A file of an
+older agent (64 bytes) carries no saves.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ OPTED_IN = struct.Struct("<q")
 OPTED_IN_AT = 48
 INPUT = struct.Struct("<d")
 INPUT_AT = 56
-SIZE = 64
+SAVED = struct.Struct("<qq")  # the step of the script's last own save, how many saves so far
+SAVED_AT = 64
+SIZE = 80
 
 
 class _Writer:
@@ -67,9 +71,13 @@ class _Writer:
                 raise FileNotFoundError(ENV_VAR)
             fd = os.open(path, os.O_RDWR)
             try:
-                self.buffer = mmap.mmap(fd, SIZE)
+                buffer = mmap.mmap(fd, 0)  # the whole file: an older agent's is shorter
             finally:
                 os.close(fd)
+            if len(buffer) < SAVED_AT:
+                buffer.close()
+                raise ValueError(f"{path}: {len(buffer)} bytes")
+            self.buffer = buffer
         except (OSError, ValueError):
             self.disabled = True
         else:
@@ -173,6 +181,18 @@ def report_input(seconds: float) -> None:
 
 
 _pack_input = INPUT.pack_into
+
+
+def report_saved() -> None:
+    """The script saved a checkpoint of its own (``torch.save`` to a file, a distributed
+    checkpoint: :mod:`aegis.autoprogress`) after the last reported step: that step, and one more
+    save, into the progress file when it is mapped (and long enough); else nothing."""
+    buffer = _writer.buffer
+    if buffer is None or len(buffer) < SIZE:
+        return
+    step = LAYOUT.unpack_from(buffer, 0)[0]
+    saves = SAVED.unpack_from(buffer, SAVED_AT)[1]
+    SAVED.pack_into(buffer, SAVED_AT, step, saves + 1)
 
 
 @dataclass(frozen=True, slots=True)

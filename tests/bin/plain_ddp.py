@@ -16,6 +16,8 @@ S + k x ``--crash-step-shift``.
 optimizer steps on its own, once GATE exists if given.
 ``--no-optimizer``: no DDP and no ``torch.optim`` optimizer at all: a linear model fitted by hand,
 its gradient summed with ``dist.all_reduce`` (a job with no step signal for Aegis to see).
+``--hidden N``: the hidden layer's width (64: 9 KB of gradients a step; 16384: 2.2 MB, a job
+whose pace a slow network link sets).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hang-how", choices=("sleep", "stop"), default="sleep")
     p.add_argument("--solo", action="append", default=[])
     p.add_argument("--no-optimizer", action="store_true", help="all_reduce by hand, no optimizer")
+    p.add_argument("--hidden", type=int, default=64, help="the hidden layer's width (gradients)")
     return p.parse_args()
 
 
@@ -120,7 +123,7 @@ def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bo
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(32, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     if args.no_optimizer:

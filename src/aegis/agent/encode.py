@@ -103,7 +103,8 @@ def heartbeat(progress: ports.Progress, said: str, beats: int, now: float) -> m.
     again = progress.hang_timeout != said or beats % WATCHDOG_EVERY_BEATS == 0
     sent = now if progress.step is not None else None
     return m.HeartbeatData(progress.step, progress.hang_timeout if again else "",
-                           progress.step_ts, sent, progress.input_s)  # fmt: skip
+                           progress.step_ts, sent, progress.input_s,
+                           progress.saved_step)  # fmt: skip
 
 
 def exception_line(evidence: ports.Evidence, name: str) -> str:

@@ -131,6 +131,9 @@ class Progress:
     ever_stepped: bool = False  # some incarnation of this agent reported a step
     takes_checkpoint_requests: bool = False  # it said it saves on request
     hang_timeout: str = ""  # the watchdog's current timeout and how it was chosen
+    # the step of the script's last own save, once the training has gone past it (the save,
+    # and whatever the script does with the file, such as a rename, is done); None: none
+    saved_step: int | None = None
 
 
 class Training(Protocol):

@@ -137,6 +137,12 @@ class ProgressFile:
         (seconds,) = progress.INPUT.unpack_from(self._map, progress.INPUT_AT)
         return float(seconds) if seconds > 0.0 else None
 
+    def saved(self) -> int | None:
+        """The step of the script's last own save (``torch.save``, a distributed checkpoint:
+        :mod:`aegis.autoprogress`), None when it made none since reset."""
+        step, saves = progress.SAVED.unpack_from(self._map, progress.SAVED_AT)
+        return int(step) if saves > 0 else None
+
     def close(self) -> None:
         self._map.close()
         with contextlib.suppress(FileNotFoundError):

@@ -160,8 +160,8 @@ class JobRunner:
             if stepped.named_changed:  # written at once when the pod named changes
                 self._persist_due = True
                 self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
-            if stepped.slowdown is not None:
-                self.platform_event(ev.SlowdownReported(stepped.slowdown))
+            for event in stepped.events():  # a slowdown; the script's own save: slow pods leave
+                self.platform_event(event)
         if self.safe.due(self.status):  # a request waits for this round's steps (or a while)
             self.queue.put_nowait(None)  # wakes the loop: an empty batch that places it
         if isinstance(beat, m.HeartbeatData) and beat.hang_timeout:

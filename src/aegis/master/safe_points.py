@@ -9,6 +9,9 @@ step it reaches only after the request has arrived (``target_step``), so a reque
 round's first reported steps (a target of "the next call" is not one step for all: a rank whose
 agent gets the order late has already passed it). A drain stops waiting
 (``DrainForced``) when its deadline passes or when a pod's script says it takes no requests.
+A slow pod whose script takes no requests leaves at the script's first own save after it said
+so (``torch.save``, a distributed checkpoint: the heartbeats' ``saved_step``, sent once the
+training has gone past the save); a script that saves nothing of its own keeps it waiting.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -51,6 +54,9 @@ class SafePoints:
     request_seq: int = -1  # the RunCommand round a checkpoint was requested in
     drain_deadlines: dict[PodName, tuple[float, float]] = field(default_factory=dict)
     declined_seq: int = -1
+    # (round, the newest own save of the script then) when a slow pod's script declined
+    script_wait: tuple[int, int] | None = None
+    script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
     def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
@@ -156,7 +162,13 @@ class SafePoints:
 
     def declined(self, status: JobStatus, pod: PodName, reason: str) -> ev.DrainForced | None:
         """A pod's script takes no requests: a drain stops waiting and uses the last periodic
-        checkpoint (a slow pod keeps waiting for that one)."""
+        checkpoint; a slow pod waits for the script's next own save (or the next periodic
+        checkpoint)."""
+        waiting = self.script_wait is not None and self.script_wait[0] == status.seq
+        if status.slow_count > 0 and not waiting:
+            self.script_wait = (status.seq, self._newest_save(status.seq))
+            log.warning("job %s: %s: %s; a slow pod leaves at the script's next own save",
+                        self.job, pod, reason)  # fmt: skip
         draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
         if not draining or self.declined_seq == status.seq:
             return None
@@ -165,6 +177,26 @@ class SafePoints:
         why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
         log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
         return ev.DrainForced(draining, why)
+
+    def script_saved(
+        self, status: JobStatus, pod: PodName, seq: int, step: int | None
+    ) -> int | None:
+        """A heartbeat of round ``seq``: ``pod``'s script saved at ``step`` on its own (None: not
+        since it started). The step to take as committed (the slow pods leave) when it is the
+        script's first own save since it declined a request in this round; else None."""
+        if step is None or seq != status.seq:
+            return None
+        self.script_saves[pod] = (seq, step)
+        wait = self.script_wait
+        if wait is None or wait[0] != seq or step <= wait[1] or status.slow_count == 0:
+            return None
+        self.script_wait = None
+        log.warning("job %s: %s's script saved at step %d: the slow pods leave", self.job, pod,
+                    step)  # fmt: skip
+        return step
+
+    def _newest_save(self, seq: int) -> int:
+        return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
 
     def deadlines_passed(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
         forced = []

@@ -126,6 +126,9 @@ class HeartbeatData(
     # the training's last input time: seconds from a step's end to its next forward (a rank
     # slow before the collective; aegis.autoprogress)
     input_s: float | None = None
+    # the step of the training script's last own save (torch.save, a distributed checkpoint),
+    # once the training has gone past it: a safe point for a script that takes no requests
+    saved_step: int | None = None
 
 
 class CheckpointData(

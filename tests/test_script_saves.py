@@ -1,0 +1,175 @@
+"""A slow pod leaves at the script's own save when the script takes no checkpoint requests.
+
+Found on the emulated cluster: node-1's link throttled (``tc ... tbf``: a degraded NIC) under a
+plain DDP script that saves its own ``torch.save`` checkpoints and never imports aegis. The pace
+watch saw the slowdown and allreduce_perf named node-1 (best pair 0.01x its peers), so its pod
+was marked slow, to leave at the next committed checkpoint. The script declined the master's
+checkpoint request (it takes none), no checkpoint was ever committed, and the job trained on at
+a third of its pace to the end. Now the training side says when the script saved on its own
+(``torch.save`` to a file, a distributed checkpoint: ``aegis.autoprogress``), the heartbeats
+carry the step once training has gone past it, and the master takes the first such save after
+the script declined as the checkpoint the slow pods leave at."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aegis import autoprogress
+from aegis import training as progress
+from aegis.agent import encode, ports, watchdog
+from aegis.core import events as ev
+from aegis.core.recovery import Classification
+from aegis.master.safe_points import SafePoints
+from tests.cluster import PLAIN_DDP, holder_of, last_step, leftovers, run_cluster
+from tests.core_helpers import Driver
+from tests.waits import async_wait_until
+
+SCRIPT = """
+import io, sys
+import torch
+from torch import nn
+model = nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def step():
+    opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()
+out = sys.argv[1]
+step(); step()
+torch.save(model.state_dict(), io.BytesIO())  # to a buffer: not a checkpoint
+step(); step(); step()
+torch.save({"model": model.state_dict()}, out + "/ckpt.pt")  # at step 5
+import torch.distributed.checkpoint as dcp
+step()  # 6: the checkpoint module is loaded by now
+dcp.save({"model": model.state_dict()}, checkpoint_id=out + "/dcp")  # at step 6: one save
+step()
+"""
+
+
+@pytest.fixture
+def shared() -> Iterator[watchdog.ProgressFile]:
+    made = watchdog.ProgressFile()
+    yield made
+    made.close()
+
+
+def _run(tmp_path: Path, progress_file: str) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), progress.ENV_VAR: progress_file}
+    env["PYTHONPATH"] = autoprogress.pythonpath(env) or ""
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_plain_scripts_own_saves_reach_the_progress_file(
+    shared: watchdog.ProgressFile, tmp_path: Path
+) -> None:
+    _run(tmp_path, shared.path)
+    seen = shared.read()
+    assert seen is not None and seen[0] == 7
+    assert shared.saved() == 6  # the checkpoint at 6 (the one at 5 before it)
+    raw = Path(shared.path).read_bytes()
+    assert progress.SAVED.unpack_from(raw, progress.SAVED_AT) == (6, 2)  # two saves, not three
+
+
+def test_an_older_agents_shorter_file_takes_the_steps_and_no_saves(tmp_path: Path) -> None:
+    old = tmp_path / "progress-64"
+    old.write_bytes(bytes(64))
+    _run(tmp_path, str(old))
+    raw = old.read_bytes()
+    assert len(raw) == 64 and struct.unpack_from("<q", raw, 0)[0] == 7
+
+
+def test_a_save_counts_once_training_has_gone_past_it(shared: watchdog.ProgressFile) -> None:
+    with open(shared.path, "r+b") as f, mmap.mmap(f.fileno(), progress.SIZE) as m:
+        progress.LAYOUT.pack_into(m, 0, 20, 1.0)
+        progress.SAVED.pack_into(m, progress.SAVED_AT, 20, 1)
+        assert shared.saved() == 20
+        look = ports.Progress(step=20, saved_step=None)  # what the supervisor sends at 20
+        assert encode.heartbeat(look, "", 1, 2.0).saved_step is None
+        progress.LAYOUT.pack_into(m, 0, 21, 2.0)
+    beat = encode.heartbeat(ports.Progress(step=21, saved_step=20), "", 1, 3.0)
+    assert beat.saved_step == 20
+    shared.reset()
+    assert shared.saved() is None
+
+
+def _slow_then_restarted() -> Driver:
+    """A job whose pod 2 was named slow by a troubleshooting round: back in RunCommand."""
+    job = Driver()
+    job.to_running()
+    job.feed(ev.SlowdownReported("3.0 steps/s, below 50% of 10.0 steps/s"))
+    job.answer_all({2: Classification.SLOW})
+    assert job.status.slow_count == 1
+    return job
+
+
+def test_a_slow_pod_leaves_at_the_scripts_first_own_save_after_it_declined() -> None:
+    job, safe = _slow_then_restarted(), SafePoints("job")
+    a, b, _ = job.pods
+    seq = job.status.seq
+    assert safe.script_saved(job.status, a, seq, 40) is None  # before any decline: nothing
+    assert safe.declined(job.status, b, "no requests") is None  # no drain to force
+    assert safe.script_saved(job.status, a, seq, 40) is None  # the save it knew of then
+    assert safe.script_saved(job.status, a, seq - 1, 60) is None  # a beat of the last round
+    assert safe.script_saved(job.status, a, seq, None) is None
+    assert safe.script_saved(job.status, a, seq, 60) == 60  # the next one: the slow pod leaves
+    assert safe.script_saved(job.status, a, seq, 80) is None  # once
+    actions = job.feed(ev.CheckpointCommitted(60))
+    assert job.status.slow_count == 0 and any(type(a).__name__ == "EvictPod" for a in actions)
+
+
+def test_without_a_slow_pod_a_scripts_saves_commit_nothing() -> None:
+    job, safe = Driver(), SafePoints("job")
+    job.to_running()
+    a = job.pods[0]
+    assert safe.declined(job.status, a, "no requests") is None
+    assert safe.script_saved(job.status, a, job.status.seq, 60) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_node_with_a_degraded_link_is_found_and_left_at_the_scripts_own_save(
+    tmp_path: Path,
+) -> None:
+    """node-1's link throttled to 100 Mbit/s (each step moves 2.2 MB of gradients) while a
+    plain DDP script trains: the job slows to about a third; the pace watch reports it,
+    allreduce_perf names node-1, and its pod moves to the spare right after the script's next
+    ``torch.save``; the job ends with no fault counted."""
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, str(PLAIN_DDP), "--steps", "900", "--step-time-s", "0.05",
+               "--hidden", "16384", "--ckpt-dir", str(ckpt)]  # fmt: skip
+    throttled: list[str] = []
+
+    async def degrade(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        pod_log = log_dir / "pods" / "nic-1.log"
+        await async_wait_until(lambda: last_step(pod_log, 1) >= 150, 200, "node-1 training")
+        net = f"--net=/proc/{holder_of(log_dir, 'node-1')}/ns/net"
+        tc = ["nsenter", net, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+              "100mbit", "burst", "64kbit", "latency", "1s"]  # fmt: skip
+        done = await asyncio.create_subprocess_exec(*tc)
+        assert await done.wait() == 0
+        throttled.append("node-1")
+
+    flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "nic", "--max-retry", "2",
+             "--pace-window-s", "5", "--pace-drop", "0.5"]  # fmt: skip
+    run = await run_cluster(tmp_path, flags, command, during=degrade, timeout_s=560)
+    assert throttled == ["node-1"]
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
+    assert run.pods["nic-1"]["node"] == "spare-0", status
+    # reported, then the script's own save taken as the checkpoint, then the pod moved
+    kinds = ("SlowdownReported", "CheckpointCommitted", "PodRestarted")
+    said = [(e["type"], e.get("pod")) for e in run.events() if e["type"] in kinds]
+    assert said[:3] == [("SlowdownReported", None), ("CheckpointCommitted", None),
+                        ("PodRestarted", "nic-1")], said  # fmt: skip
+    assert "script saved at step" in run.output, run.output
+    assert leftovers(run.log_dir) == []
