@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from aegis import autoprogress
 from aegis.agent import pycmd
 from aegis.checks import host as check_host
 from tests import venvs
@@ -80,6 +81,24 @@ async def test_an_interpreter_runs_the_checks_when_it_can_import_them(tmp_path: 
     assert await check_host.runs_checks(broken, os.environ) == (
         f"{broken} cannot import the checks: SyntaxError: invalid syntax"
     )
+    # an aegis of its own, another version: its checks may not take this agent's arguments
+    own = tmp_path / "own-aegis"
+    (own / "aegis" / "checks").mkdir(parents=True)
+    (own / "aegis" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (own / "aegis" / "checks" / "__init__.py").write_text("")
+    (own / "aegis" / "checks" / "collective.py").write_text("")
+    other = venvs.venv(tmp_path / "other", [str(own)])
+    assert await check_host.runs_checks(other, venvs.without_pythonpath()) == (
+        f"{other} has aegis 0.0.1 of its own ({own / 'aegis'}), not this agent's"
+    )
+
+
+def test_only_another_interpreter_gets_the_agents_aegis_on_its_path(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": f"/theirs{os.pathsep}{autoprogress.SITE_DIR}", "PATH": "/bin"}
+    ours = check_host.check_env(env, sys.executable)
+    assert ours == {**env, "PYTHONUNBUFFERED": "1"}
+    theirs = check_host.check_env(env, str(tmp_path / "python"))
+    assert theirs["PYTHONPATH"] == f"{autoprogress.SITE_DIR}{os.pathsep}/theirs"
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from aegis.agent import encode, ports, watchdog
 from aegis.core import events as ev
 from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
+from aegis.wire import messages
 from tests.cluster import PLAIN_DDP, holder_of, last_step, leftovers, run_cluster
 from tests.core_helpers import Driver
 from tests.waits import async_wait_until
@@ -87,18 +88,26 @@ def test_an_older_agents_shorter_file_takes_the_steps_and_no_saves(tmp_path: Pat
     assert len(raw) == 64 and struct.unpack_from("<q", raw, 0)[0] == 7
 
 
-def test_a_save_counts_once_training_has_gone_past_it(shared: watchdog.ProgressFile) -> None:
+def test_a_save_is_told_once_training_has_gone_past_it_and_again_now_and_then(
+    shared: watchdog.ProgressFile,
+) -> None:
     with open(shared.path, "r+b") as f, mmap.mmap(f.fileno(), progress.SIZE) as m:
-        progress.LAYOUT.pack_into(m, 0, 20, 1.0)
         progress.SAVED.pack_into(m, progress.SAVED_AT, 20, 1)
-        assert shared.saved() == 20
-        look = ports.Progress(step=20, saved_step=None)  # what the supervisor sends at 20
-        assert encode.heartbeat(look, "", 1, 2.0).saved_step is None
-        progress.LAYOUT.pack_into(m, 0, 21, 2.0)
-    beat = encode.heartbeat(ports.Progress(step=21, saved_step=20), "", 1, 3.0)
-    assert beat.saved_step == 20
+    assert shared.saved() == 20
+    assert watchdog.save_behind(20, shared.saved()) is None  # still at the step it saved in
+    assert watchdog.save_behind(21, shared.saved()) == 20  # past it: the file is done
+    assert watchdog.save_behind(None, 20) is None and watchdog.save_behind(30, None) is None
+    saved = ports.Progress(step=21, saved_step=20)
+    assert encode.script_saved(saved, None, 1) == m_saved(20)  # new: told
+    assert encode.script_saved(saved, 20, 2) is None  # told already
+    assert encode.script_saved(saved, 20, encode.WATCHDOG_EVERY_BEATS) == m_saved(20)  # again
+    assert encode.script_saved(ports.Progress(step=21), None, 0) is None  # no save at all
     shared.reset()
     assert shared.saved() is None
+
+
+def m_saved(step: int) -> messages.ScriptSavedData:
+    return messages.ScriptSavedData(step)
 
 
 def _slow_then_restarted() -> Driver:
@@ -115,13 +124,19 @@ def test_a_slow_pod_leaves_at_the_scripts_first_own_save_after_it_declined() -> 
     job, safe = _slow_then_restarted(), SafePoints("job")
     a, b, _ = job.pods
     seq = job.status.seq
+    safe.step_seen(job.status, a, seq, 100, 1.0)  # the heartbeats: a trains at step 100
     assert safe.script_saved(job.status, a, seq, 40) is None  # before any decline: nothing
     assert safe.declined(job.status, b, "no requests") is None  # no drain to force
     assert safe.script_saved(job.status, a, seq, 40) is None  # the save it knew of then
-    assert safe.script_saved(job.status, a, seq - 1, 60) is None  # a beat of the last round
+    assert safe.script_saved(job.status, a, seq - 1, 60) is None  # a report of the last round
     assert safe.script_saved(job.status, a, seq, None) is None
+    assert safe.script_saved(job.status, a, seq, 100) is None  # not past it yet: not believed
+    assert safe.script_saved(job.status, a, seq, -5) is None
+    assert safe.script_saved(job.status, b, seq, 60) is None  # b's heartbeats said no step
     assert safe.script_saved(job.status, a, seq, 60) == 60  # the next one: the slow pod leaves
     assert safe.script_saved(job.status, a, seq, 80) is None  # once
+    assert safe.declined(job.status, b, "no requests") is None  # a late decline: no new wait
+    assert safe.script_saved(job.status, a, seq, 90) is None
     actions = job.feed(ev.CheckpointCommitted(60))
     assert job.status.slow_count == 0 and any(type(a).__name__ == "EvictPod" for a in actions)
 
@@ -130,6 +145,7 @@ def test_without_a_slow_pod_a_scripts_saves_commit_nothing() -> None:
     job, safe = Driver(), SafePoints("job")
     job.to_running()
     a = job.pods[0]
+    safe.step_seen(job.status, a, job.status.seq, 100, 1.0)
     assert safe.declined(job.status, a, "no requests") is None
     assert safe.script_saved(job.status, a, job.status.seq, 60) is None
 

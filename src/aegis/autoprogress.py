@@ -33,12 +33,15 @@ removes the hook again, so every other module call of the step takes torch's hoo
 A rank that is slow before the collective shows there (its peers' steps end with its own: they
 wait for it inside the collective).
 
-The script's own checkpoints: from its first reported step on, ``torch.save`` (to a file, not
-to a buffer) and ``torch.distributed.checkpoint.save`` are wrapped: each one that returns
-writes the step into the progress file (:func:`aegis.training.report_saved`; a save inside
-another counts once). A script that takes no checkpoint requests still has safe points then: a
-slow pod leaves right after the script's next own save (the master's ``SafePoints``). A script
-that bound ``save`` to a name of its own before its first step is not seen.
+The script's own checkpoints: from its first reported step on, ``torch.save`` (to a path or an
+open file, not to an in-memory buffer) and ``torch.distributed.checkpoint.save`` are wrapped:
+each one that returns writes the step into the progress file
+(:func:`aegis.training.report_saved`; a save inside another, in the same thread, counts once).
+A script that takes no checkpoint requests still has safe points then: a slow pod leaves right
+after the script's next own save (the master's ``SafePoints``). Any ``torch.save`` to a file
+counts, a metrics dump too: the pod then leaves there, and the script resumes from its newest
+real checkpoint, as it would at any restart. A script that bound ``save`` to a name of its own
+before its first step is not seen.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -183,21 +187,20 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             _remove()  # the script reports itself, or there is no agent after all
             return
         _arm_input()
-        if _saves.pending:
+        if _wrapping[0]:
             _wrap_saves()
     except Exception:
         pass  # never break a training step
 
 
-class _Saves:
-    __slots__ = ("depth", "pending")
+class _Saves(threading.local):
+    """Per thread: the wrapped saves in progress (a save inside another counts once)."""
 
-    def __init__(self) -> None:
-        self.pending = True  # a save function is not wrapped yet
-        self.depth = 0  # wrapped saves in progress (a save inside another counts once)
+    depth = 0
 
 
 _saves = _Saves()
+_wrapping = [True]  # a save function is not wrapped yet
 
 
 def _wrap_saves() -> None:
@@ -210,7 +213,7 @@ def _wrap_saves() -> None:
             pending = True
         elif not getattr(original, "aegis_saves", False):
             setattr(module, attr, _saving(original, to_file))
-    _saves.pending = pending
+    _wrapping[0] = pending
 
 
 def _saving(original: Callable[..., Any], to_file: bool) -> Callable[..., Any]:
@@ -231,9 +234,10 @@ def _saving(original: Callable[..., Any], to_file: bool) -> Callable[..., Any]:
 
 
 def _a_file(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``torch.save(obj, f)`` saved to a file (a path), not to a buffer."""
+    """Whether ``torch.save(obj, f)`` saved to a file (a path, or an open file: it has a
+    name), not to an in-memory buffer."""
     f = args[1] if len(args) > 1 else kwargs.get("f")
-    return isinstance(f, str | bytes | os.PathLike)
+    return isinstance(f, str | bytes | os.PathLike) or isinstance(getattr(f, "name", None), str)
 
 
 def _arm_input() -> None:

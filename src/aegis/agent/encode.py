@@ -103,8 +103,18 @@ def heartbeat(progress: ports.Progress, said: str, beats: int, now: float) -> m.
     again = progress.hang_timeout != said or beats % WATCHDOG_EVERY_BEATS == 0
     sent = now if progress.step is not None else None
     return m.HeartbeatData(progress.step, progress.hang_timeout if again else "",
-                           progress.step_ts, sent, progress.input_s,
-                           progress.saved_step)  # fmt: skip
+                           progress.step_ts, sent, progress.input_s)  # fmt: skip
+
+
+def script_saved(
+    progress: ports.Progress, said: int | None, beats: int
+) -> m.ScriptSavedData | None:
+    """What goes with the ``beats``-th heartbeat about the script's own saves: a save the last
+    one did not tell (``said``), and the last one again now and then (NATS may lose one)."""
+    saved = progress.saved_step
+    if saved is None or (saved == said and beats % WATCHDOG_EVERY_BEATS != 0):
+        return None
+    return m.ScriptSavedData(saved)
 
 
 def exception_line(evidence: ports.Evidence, name: str) -> str:

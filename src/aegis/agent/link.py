@@ -53,6 +53,7 @@ class MasterLink:
         # (pid, restart count) of incarnations whose fault went ahead of their exit
         self._dying_reported: set[tuple[int, int]] = set()
         self._beats, self._watchdog_said = 0, ""
+        self._saved_said: int | None = None  # the script's own save the last report told
         self.max_epoch = 0
         self.pending: list[m.Message] = []  # reports not yet answered by a newer round
         self.dropped: Counter[str] = Counter()  # orders dropped, by reason
@@ -127,8 +128,12 @@ class MasterLink:
     async def heartbeat(self, progress: ports.Progress) -> None:
         """One heartbeat with this look at the training."""
         data = encode.heartbeat(progress, self._watchdog_said, self._beats, time.monotonic())
+        saved = encode.script_saved(progress, self._saved_said, self._beats)
         self._watchdog_said, self._beats = progress.hang_timeout, self._beats + 1
         await self.send(m.MessageType.HEARTBEAT, data)
+        if saved is not None:  # after the beat: the master knows the step it is behind
+            self._saved_said = saved.step
+            await self.send(m.MessageType.CHECKPOINT, saved)
 
     async def send(self, kind: m.MessageType, data: m.Payload, round_: Round | None = None) -> None:
         """Report ``data`` for ``round_`` (the current round by default); kept for the resend

@@ -29,7 +29,7 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
@@ -61,6 +61,8 @@ async def run_linked(
 ) -> int | None:
     """Run under the master; ``None`` means the master is unreachable (run independently)."""
     the_link = link.MasterLink(settings)
+    # before the ACK: the master watches the pod's heartbeats from then on
+    checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, os.environ))
     failed = await _connect(the_link)
     if failed != 0:
         return failed  # None: run independently; else a configuration error's exit status
@@ -70,7 +72,6 @@ async def run_linked(
     if daemon_settings is not None:
         env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
         env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)
-    checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, env))
     async with (
         reaper.Reaper() as the_reaper,
         check_host.CheckHost(the_reaper, settings=checks) as host,
@@ -105,7 +106,7 @@ async def run_linked(
     return code
 
 
-async def _check_interpreter(argv: Sequence[str], env: dict[str, str]) -> str:
+async def _check_interpreter(argv: Sequence[str], env: Mapping[str, str]) -> str:
     """Where the node checks run: the job's interpreter (``pycmd.job_interpreter``) when it can
     run them, else the agent's own (said in one line)."""
     job = pycmd.job_interpreter(argv, env)

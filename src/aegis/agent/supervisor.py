@@ -158,8 +158,7 @@ class Supervisor:
         seen = self._progress.read()
         self._ever_stepped |= seen is not None
         step, step_ts = (None, None) if seen is None else seen
-        saved = self._progress.saved()
-        done = saved if saved is not None and step is not None and step > saved else None
+        done = watchdog.save_behind(step, self._progress.saved())
         return ports.Progress(step, step_ts, self._progress.input_s(), self._ever_stepped,
                               self._progress.opted_in(), self._hang_timeout, done)  # fmt: skip
 

@@ -82,6 +82,12 @@ def sweep_dead_owners(directory: str) -> list[str]:
     return removed
 
 
+def save_behind(step: int | None, saved: int | None) -> int | None:
+    """The step of the script's last own save once training has gone past it (the save, and
+    whatever the script does with the file after, such as a rename, is done); else None."""
+    return saved if saved is not None and step is not None and step > saved else None
+
+
 class ProgressFile:
     """The shared file training processes write ``aegis.progress()`` into, named after this
     agent (pid namespace, pid and start time): if this one is killed, the next agent on the

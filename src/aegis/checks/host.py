@@ -25,6 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import aegis
 from aegis import autoprogress
 from aegis.spawn import forkclient
 from aegis.spawn import spawner as spawning
@@ -32,32 +33,39 @@ from aegis.spawn import spawner as spawning
 log = logging.getLogger(__name__)
 
 CHECKS_MODULE = "aegis.checks.collective"
-PROBE_TIMEOUT_S = 60.0  # an interpreter's first start on a loaded node
+PROBE_TIMEOUT_S = 20.0  # an interpreter's first start on a loaded node (before the ACK)
+_PROBE = (
+    f"import os, aegis, {CHECKS_MODULE}; print(aegis.__version__, os.path.dirname(aegis.__file__))"
+)
 
 
-def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for a check child: the agent's ``aegis`` reachable from an interpreter with none
-    of its own (:data:`aegis.autoprogress.SITE_DIR` first on ``PYTHONPATH``), output unbuffered."""
-    theirs = [p for p in env.get(autoprogress.PATH_VAR, "").split(os.pathsep)
-              if p and p != autoprogress.SITE_DIR]  # fmt: skip
-    path = os.pathsep.join([autoprogress.SITE_DIR, *theirs])
-    return {**env, autoprogress.PATH_VAR: path, "PYTHONUNBUFFERED": "1"}
+def check_env(env: Mapping[str, str], interpreter: str) -> dict[str, str]:
+    """``env`` for a check child in ``interpreter``, output unbuffered; another interpreter
+    than the agent's reaches the agent's ``aegis`` where it has none of its own
+    (:data:`aegis.autoprogress.SITE_DIR` first on ``PYTHONPATH``)."""
+    out = {**env, "PYTHONUNBUFFERED": "1"}
+    if os.path.abspath(interpreter) != os.path.abspath(sys.executable):
+        theirs = [p for p in env.get(autoprogress.PATH_VAR, "").split(os.pathsep)
+                  if p and p != autoprogress.SITE_DIR]  # fmt: skip
+        out[autoprogress.PATH_VAR] = os.pathsep.join([autoprogress.SITE_DIR, *theirs])
+    return out
 
 
 async def runs_checks(interpreter: str, env: Mapping[str, str]) -> str | None:
-    """Why ``interpreter`` cannot run the checks (it cannot import them: a Python too old for
-    Aegis, or none at all); None when it can. Run before the agent's reaper starts."""
+    """Why ``interpreter`` cannot run this agent's checks (it cannot import them: a Python too
+    old for Aegis, or none at all; or it has another ``aegis`` of its own, whose checks may not
+    take this agent's arguments); None when it can. Run before the agent's reaper starts."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            interpreter, "-c", f"import {CHECKS_MODULE}",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=check_env(env),
+            interpreter, "-c", _PROBE, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=check_env(env, interpreter),
         )  # fmt: skip
     except OSError as exc:
         return f"{interpreter} does not start: {exc.strerror or exc}"
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
-            _, err = await proc.communicate()
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -65,6 +73,9 @@ async def runs_checks(interpreter: str, env: Mapping[str, str]) -> str | None:
     if proc.returncode != 0:
         last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         return f"{interpreter} cannot import the checks: {last[0]}"
+    version, _, where = out.decode(errors="replace").strip().partition(" ")
+    if where != os.path.dirname(aegis.__file__) and version != aegis.__version__:
+        return f"{interpreter} has aegis {version} of its own ({where}), not this agent's"
     return None
 
 
@@ -106,7 +117,7 @@ class CheckHost:
             max_failures=settings.max_failures,
         )
         command = [settings.interpreter, "-m", "aegis.checks.forkserver"]
-        self.env = env = check_env(os.environ if env is None else env)
+        self.env = env = check_env(os.environ if env is None else env, settings.interpreter)
         self._servers = forkclient.ForkServers(spawner, lambda: command, env, server)
         self._said_cold = False
         self.forked: list[WarmChild] = []  # the children forked warm, in order

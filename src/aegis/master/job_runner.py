@@ -96,15 +96,14 @@ class JobRunner:
         self.prefix, self.master_subject = prefix, f"{prefix}.master"
         self.worker_subject = worker_subject(prefix, "*")  # every pod's (one token each)
         self.events = EventLogWriter(log_dir / "events.jsonl" if log_dir else None)
-        self.drops = DropCounter(spec.job)
-        self.seen = SeenIds()
+        self.drops, self.seen = DropCounter(spec.job), SeenIds()
         self.queue: asyncio.Queue[inbox.Input | None] = asyncio.Queue()
         self.done = asyncio.Event()
         self.liveness = Liveness(settings.heartbeat_timeout_s, settings.join_timeout_s)
         self.round_orders: list[RoundOrder] = list(orders)
         self.progress = Progress(spec.job, settings, self.notes.committed_step)
-        self.safe, self.pace = self.progress.safe, self.progress.pace  # its parts, for observers
-        self.stragglers = self.progress.stragglers
+        progress = self.progress  # its parts, for observers
+        self.safe, self.pace, self.stragglers = progress.safe, progress.pace, progress.stragglers
         self._persist_due = False  # a status write wanted without an event (the straggler named)
         self.hang_window = HangWindow(settings.hang_gather, status=lambda: self.status,
                                       put=self.queue.put_nowait, clock=clocks.wall,
@@ -134,11 +133,13 @@ class JobRunner:
                     self.notes.committed_step = committed  # stored with the next status write
                     self.platform_event(ev.CheckpointCommitted(committed))
             case m.CheckpointDeclinedData(reason=reason):
-                forced = self.safe.declined(self.status, pod, reason)
-                if forced is not None:
+                if (forced := self.safe.declined(self.status, pod, reason)) is not None:
                     self.platform_event(forced)
-            case m.CheckpointStoreData():
-                self._checkpoint_store(pod, msg)
+            case m.ScriptSavedData(step=step):  # the script's own save: slow pods may leave
+                if (saved := self.safe.script_saved(self.status, pod, msg.seq, step)) is not None:
+                    self.platform_event(ev.CheckpointCommitted(saved))
+            case m.CheckpointStoreData() as data:
+                self._checkpoint_store(pod, msg, data)
             case _ if report.event is None:
                 self._heartbeat(pod, msg)
             case _:
@@ -160,8 +161,8 @@ class JobRunner:
             if stepped.named_changed:  # written at once when the pod named changes
                 self._persist_due = True
                 self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
-            for event in stepped.events():  # a slowdown; the script's own save: slow pods leave
-                self.platform_event(event)
+            if stepped.slowdown is not None:
+                self.platform_event(ev.SlowdownReported(stepped.slowdown))
         if self.safe.due(self.status):  # a request waits for this round's steps (or a while)
             self.queue.put_nowait(None)  # wakes the loop: an empty batch that places it
         if isinstance(beat, m.HeartbeatData) and beat.hang_timeout:
@@ -172,11 +173,9 @@ class JobRunner:
         """A hang of ``pod`` named from outside (``aegis ctl hang``): no window, it is blamed."""
         self.queue.put_nowait(inbox.operator_hang(pod, reason, self.status, self.clock()))
 
-    def _checkpoint_store(self, pod: PodName, msg: m.Message) -> None:
+    def _checkpoint_store(self, pod: PodName, msg: m.Message, data: m.CheckpointStoreData) -> None:
         """A pod's durable checkpoint directory fails (logged once per outage) or works again;
-        the observers (fault log, metrics) see every report."""
-        data = msg.data
-        assert isinstance(data, m.CheckpointStoreData)
+        the observers (fault log, metrics) see every report (``msg``, carrying ``data``)."""
         self.events.write(msgspec.structs.replace(msg, ts=self.clock()))  # aegis incidents
         if data.opened:
             log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "

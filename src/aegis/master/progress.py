@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aegis.core import actions as act
-from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import Order, Phase
 from aegis.master import round_orders
@@ -29,22 +28,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Stepped:
-    """What a heartbeat's training step told: a slowdown (its reason; None: none), whether the
-    straggler named changed (the record is written at once), and a step to take as committed
-    (the script's own save where it takes no requests: the slow pods leave; None: none)."""
+    """What a heartbeat's training step told: a slowdown (its reason; None: none), and whether
+    the straggler named changed (the record is written at once)."""
 
     slowdown: str | None = None
     named_changed: bool = False
-    saved: int | None = None
-
-    def events(self) -> list[ev.Event]:
-        """The core's events of it: the slowdown, the script's own save taken as committed."""
-        found: list[ev.Event] = []
-        if self.slowdown is not None:
-            found.append(ev.SlowdownReported(self.slowdown))
-        if self.saved is not None:
-            found.append(ev.CheckpointCommitted(self.saved))
-        return found
 
 
 class Progress:
@@ -73,7 +61,6 @@ class Progress:
         self.safe.step_seen(status, pod, seq, step, now)
         if seq != status.seq or status.phase is not Phase.RUN_COMMAND:
             return Stepped()
-        saved = self.safe.script_saved(status, pod, seq, beat.saved_step)
         changed = False
         if beat.step_ts is not None and beat.sent_mono is not None:
             self.stragglers.step_seen(
@@ -85,7 +72,7 @@ class Progress:
             nodes = {pod: info.node for pod, info in status.pod_infos.items()}
             slowed += self.stragglers.naming(nodes)
             log.warning("job %s: training slowed down: %s", self.job, slowed)
-        return Stepped(slowed, changed, saved)
+        return Stepped(slowed, changed)
 
     def checkpoint_request(self, status: JobStatus, now: float) -> RoundOrder | None:
         """The checkpoint order of this round, when a pod waits to leave at a checkpoint."""

@@ -10,8 +10,9 @@ round's first reported steps (a target of "the next call" is not one step for al
 agent gets the order late has already passed it). A drain stops waiting
 (``DrainForced``) when its deadline passes or when a pod's script says it takes no requests.
 A slow pod whose script takes no requests leaves at the script's first own save after it said
-so (``torch.save``, a distributed checkpoint: the heartbeats' ``saved_step``, sent once the
-training has gone past the save); a script that saves nothing of its own keeps it waiting.
+so (``torch.save``, a distributed checkpoint: the agent's ``ScriptSavedData``, sent once the
+training has gone past the save), once per round; a script that saves nothing of its own keeps
+it waiting.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -57,6 +58,7 @@ class SafePoints:
     # (round, the newest own save of the script then) when a slow pod's script declined
     script_wait: tuple[int, int] | None = None
     script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
+    script_taken: int = -1  # the round a script's own save was taken as the commit in
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
     def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
@@ -165,7 +167,7 @@ class SafePoints:
         checkpoint; a slow pod waits for the script's next own save (or the next periodic
         checkpoint)."""
         waiting = self.script_wait is not None and self.script_wait[0] == status.seq
-        if status.slow_count > 0 and not waiting:
+        if status.slow_count > 0 and not waiting and self.script_taken != status.seq:
             self.script_wait = (status.seq, self._newest_save(status.seq))
             log.warning("job %s: %s: %s; a slow pod leaves at the script's next own save",
                         self.job, pod, reason)  # fmt: skip
@@ -181,16 +183,18 @@ class SafePoints:
     def script_saved(
         self, status: JobStatus, pod: PodName, seq: int, step: int | None
     ) -> int | None:
-        """A heartbeat of round ``seq``: ``pod``'s script saved at ``step`` on its own (None: not
-        since it started). The step to take as committed (the slow pods leave) when it is the
-        script's first own save since it declined a request in this round; else None."""
-        if step is None or seq != status.seq:
+        """A report of round ``seq``: ``pod``'s script saved at ``step`` on its own, and trains
+        beyond it. The step to take as committed (the slow pods leave) when it is the script's
+        first own save since it declined a request in this round; else None. A step the pod's
+        heartbeats have not gone past this round (or below 0) is not believed."""
+        beyond = self.steps.get(pod, (-1, 0.0))[0]
+        if step is None or seq != status.seq or not 0 <= step < beyond:
             return None
         self.script_saves[pod] = (seq, step)
         wait = self.script_wait
         if wait is None or wait[0] != seq or step <= wait[1] or status.slow_count == 0:
             return None
-        self.script_wait = None
+        self.script_wait, self.script_taken = None, seq
         log.warning("job %s: %s's script saved at step %d: the slow pods leave", self.job, pod,
                     step)  # fmt: skip
         return step

@@ -158,7 +158,7 @@ class ProcessPods:
         if down is not None and left not in self.blacklist:
             log.warning("node %s is down (%s): %s goes elsewhere", left, down, pod)
             self.blacklist[left] = f"down: {down}"
-            self.sink(ev.NodeDown(NodeName(left), down))
+            self.sink(ev.NodeDown(NodeName(left), f"down: {down}"))
         node = left if same_node and left not in self.blacklist else self._spare()
         if node is None and not self.stopping:
             node = await self._more_node(pod)

@@ -1,7 +1,7 @@
 """The event log (``events.jsonl``): one JSON object per line, every event the master fed the core.
 
 Line 1 is ``JobCreated`` (spec and initial placement); then wire messages (as on the wire) and
-platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``JoinTimedOut``,
+platform and operator events (``PodRestarted``, ``HeartbeatLost``, ``JoinTimedOut``, ``NodeDown``,
 ``QuitRequested``, ``CheckpointCommitted``, ``DrainRequested``, ``DrainForced``,
 ``SlowdownReported``, and
 ``HangJudged``: every pod's hang report and the pod it is about), each with

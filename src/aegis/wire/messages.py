@@ -126,14 +126,21 @@ class HeartbeatData(
     # the training's last input time: seconds from a step's end to its next forward (a rank
     # slow before the collective; aegis.autoprogress)
     input_s: float | None = None
-    # the step of the training script's last own save (torch.save, a distributed checkpoint),
-    # once the training has gone past it: a safe point for a script that takes no requests
-    saved_step: int | None = None
 
 
 class CheckpointData(
     msgspec.Struct, tag="checkpoint", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
+    step: int
+
+
+class ScriptSavedData(
+    msgspec.Struct, tag="script_saved", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    """The training script saved a checkpoint of its own at ``step`` (``torch.save``, a
+    distributed checkpoint: ``aegis.autoprogress``) and training has gone past it: a safe point
+    for a script that takes no checkpoint requests. A master that does not know it drops it."""
+
     step: int
 
 
@@ -180,6 +187,7 @@ Payload = (
     | HangData
     | HeartbeatData
     | CheckpointData
+    | ScriptSavedData
     | CheckpointDeclinedData
     | CheckpointStoreData
 )
@@ -192,7 +200,12 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
     MessageType.ERROR: (ErrorData,),
     MessageType.HANG: (HangData,),
     MessageType.HEARTBEAT: (HeartbeatData,),
-    MessageType.CHECKPOINT: (CheckpointData, CheckpointDeclinedData, CheckpointStoreData),
+    MessageType.CHECKPOINT: (
+        CheckpointData,
+        ScriptSavedData,
+        CheckpointDeclinedData,
+        CheckpointStoreData,
+    ),
 }
 
 
