@@ -110,7 +110,7 @@ async def _check_interpreter(argv: Sequence[str], env: Mapping[str, str]) -> str
     """Where the node checks run: the job's interpreter (``pycmd.job_interpreter``) when it can
     run them, else the agent's own (said in one line)."""
     job = pycmd.job_interpreter(argv, env)
-    if job is None or os.path.abspath(job) == os.path.abspath(sys.executable):
+    if job is None or check_host.is_agents(job):
         return sys.executable
     why = await check_host.runs_checks(job, env)
     if why is None:

@@ -39,12 +39,17 @@ _PROBE = (
 )
 
 
+def is_agents(interpreter: str) -> bool:
+    """Whether ``interpreter`` is the one this agent runs in."""
+    return os.path.abspath(interpreter) == os.path.abspath(sys.executable)
+
+
 def check_env(env: Mapping[str, str], interpreter: str) -> dict[str, str]:
     """``env`` for a check child in ``interpreter``, output unbuffered; another interpreter
     than the agent's reaches the agent's ``aegis`` where it has none of its own
     (:data:`aegis.autoprogress.SITE_DIR` first on ``PYTHONPATH``)."""
     out = {**env, "PYTHONUNBUFFERED": "1"}
-    if os.path.abspath(interpreter) != os.path.abspath(sys.executable):
+    if not is_agents(interpreter):
         theirs = [p for p in env.get(autoprogress.PATH_VAR, "").split(os.pathsep)
                   if p and p != autoprogress.SITE_DIR]  # fmt: skip
         out[autoprogress.PATH_VAR] = os.pathsep.join([autoprogress.SITE_DIR, *theirs])
