@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aegis.core import events as ev
 from aegis.core.phases import Phase
-from aegis.master.safe_points import RequestSettings, SafePoints
+from aegis.master.safe_points import RequestSettings, SafePoints, save_due
 from aegis.wire import messages as m
 from tests.core_helpers import Driver
 
@@ -117,11 +117,11 @@ def test_a_request_waits_for_run_command() -> None:
 
 def test_a_declining_script_forces_the_drain_once_per_round() -> None:
     job, safe = running(drain=2), SafePoints("job")
-    forced = safe.declined(job.status, job.pod(0), "no requests taken")
+    forced = safe.declined(job.status, job.pod(0), "no requests taken", 0.0)
     assert forced is not None and forced.pods == (job.pod(2),)
     assert "last periodic checkpoint (none yet)" in forced.reason
-    assert safe.declined(job.status, job.pod(1), "no requests taken") is None
-    assert SafePoints("job").declined(running().status, job.pod(0), "x") is None  # no drain
+    assert safe.declined(job.status, job.pod(1), "no requests taken", 0.0) is None
+    assert SafePoints("job").declined(running().status, job.pod(0), "x", 0.0) is None  # no drain
 
 
 def test_a_drain_deadline_forces_only_a_pod_still_draining() -> None:
@@ -139,3 +139,48 @@ def test_a_new_leader_restarts_the_deadlines_and_keeps_the_rounds_request() -> N
     safe.taken_over(job.status, requested=True, deadline_s=60.0, now=10.0)
     assert safe.drain_deadlines == {job.pod(0): (70.0, 60.0)}
     assert safe.request(job.status, now=11.0) is None  # already ordered in this round
+
+
+def test_the_next_own_save_is_due_a_margin_of_intervals_after_the_last() -> None:
+    assert save_due((), 1.5) is None and save_due((10.0,), 1.5) is None  # no cadence yet
+    assert save_due((10.0, 20.0), 1.5) == 35.0
+
+
+def _draining_with_saves(*times: float) -> tuple[Driver, SafePoints]:
+    """Pod 2 drains (deadline 60 s from t=100); pod 0's script saved on its own at steps 20,
+    40, ... reported at ``times``."""
+    job, safe = running(drain=2), SafePoints("job")
+    safe.drain((job.pod(2),), deadline_s=60.0, now=100.0)
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 1000, 100.0)
+    for k, t in enumerate(times):
+        assert safe.script_saved(job.status, job.pod(0), job.status.seq, 20 * (k + 1), t) is None
+    return job, safe
+
+
+def test_a_drain_waits_for_the_scripts_own_save_due_before_its_deadline() -> None:
+    job, safe = _draining_with_saves(90.0, 100.0)  # every 10 s: the next one due by 115
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None
+    assert safe.declined(job.status, job.pod(1), "no requests taken", 102.0) is None  # once
+    seq = job.status.seq
+    assert safe.script_saved(job.status, job.pod(1), seq, 40, 105.0) is None  # known already
+    assert safe.script_saved(job.status, job.pod(0), seq, 60, 110.0) == 60  # the commit
+    assert safe.script_saved(job.status, job.pod(0), seq, 80, 120.0) is None  # once a round
+    actions = job.feed(ev.CheckpointCommitted(60))
+    assert job.status.drain_count == 0 and job.status.recover_count == 0
+    assert [type(a).__name__ for a in actions].count("EvictPod") == 1
+
+
+def test_a_drain_stops_waiting_at_once_when_the_scripts_save_is_not_due_in_time() -> None:
+    cases = {
+        "one save: no cadence": (100.0,),
+        "due after the deadline": (50.0, 100.0),  # every 50 s: due by 175, the deadline 160
+        "overdue already": (80.0, 90.0),  # due by 105: late at 110
+    }
+    for case, times in cases.items():
+        job, safe = _draining_with_saves(*times)
+        forced = safe.declined(job.status, job.pod(0), "no requests taken", 110.0)
+        assert forced is not None and forced.pods == (job.pod(2),), case
+        assert "last periodic checkpoint" in forced.reason, case
+    job, safe = _draining_with_saves(90.0, 100.0)
+    safe.drain_deadlines.clear()  # a drain with no deadline known: nothing bounds a wait
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from aegis.core import events as ev
 from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
 from aegis.wire import messages
-from tests.cluster import PLAIN_DDP, holder_of, last_step, leftovers, run_cluster
+from tests.cluster import AEGIS, PLAIN_DDP, holder_of, last_step, leftovers, run_cluster
 from tests.core_helpers import Driver
 from tests.waits import async_wait_until
 
@@ -124,19 +125,23 @@ def test_a_slow_pod_leaves_at_the_scripts_first_own_save_after_it_declined() -> 
     job, safe = _slow_then_restarted(), SafePoints("job")
     a, b, _ = job.pods
     seq = job.status.seq
+
+    def saved(pod: str, seq: int, step: int | None) -> int | None:
+        return safe.script_saved(job.status, pod, seq, step, 0.0)
+
     safe.step_seen(job.status, a, seq, 100, 1.0)  # the heartbeats: a trains at step 100
-    assert safe.script_saved(job.status, a, seq, 40) is None  # before any decline: nothing
-    assert safe.declined(job.status, b, "no requests") is None  # no drain to force
-    assert safe.script_saved(job.status, a, seq, 40) is None  # the save it knew of then
-    assert safe.script_saved(job.status, a, seq - 1, 60) is None  # a report of the last round
-    assert safe.script_saved(job.status, a, seq, None) is None
-    assert safe.script_saved(job.status, a, seq, 100) is None  # not past it yet: not believed
-    assert safe.script_saved(job.status, a, seq, -5) is None
-    assert safe.script_saved(job.status, b, seq, 60) is None  # b's heartbeats said no step
-    assert safe.script_saved(job.status, a, seq, 60) == 60  # the next one: the slow pod leaves
-    assert safe.script_saved(job.status, a, seq, 80) is None  # once
-    assert safe.declined(job.status, b, "no requests") is None  # a late decline: no new wait
-    assert safe.script_saved(job.status, a, seq, 90) is None
+    assert saved(a, seq, 40) is None  # before any decline: nothing
+    assert safe.declined(job.status, b, "no requests", 0.0) is None  # no drain to force
+    assert saved(a, seq, 40) is None  # the save it knew of then
+    assert saved(a, seq - 1, 60) is None  # a report of the last round
+    assert saved(a, seq, None) is None
+    assert saved(a, seq, 100) is None  # not past it yet: not believed
+    assert saved(a, seq, -5) is None
+    assert saved(b, seq, 60) is None  # b's heartbeats said no step
+    assert saved(a, seq, 60) == 60  # the next one: the slow pod leaves
+    assert saved(a, seq, 80) is None  # once
+    assert safe.declined(job.status, b, "no requests", 0.0) is None  # a late decline: no new wait
+    assert saved(a, seq, 90) is None
     actions = job.feed(ev.CheckpointCommitted(60))
     assert job.status.slow_count == 0 and any(type(a).__name__ == "EvictPod" for a in actions)
 
@@ -146,8 +151,8 @@ def test_without_a_slow_pod_a_scripts_saves_commit_nothing() -> None:
     job.to_running()
     a = job.pods[0]
     safe.step_seen(job.status, a, job.status.seq, 100, 1.0)
-    assert safe.declined(job.status, a, "no requests") is None
-    assert safe.script_saved(job.status, a, job.status.seq, 60) is None
+    assert safe.declined(job.status, a, "no requests", 0.0) is None
+    assert safe.script_saved(job.status, a, job.status.seq, 60, 0.0) is None
 
 
 @pytest.mark.slow
@@ -188,4 +193,48 @@ async def test_a_node_with_a_degraded_link_is_found_and_left_at_the_scripts_own_
     assert said[:3] == [("SlowdownReported", None), ("CheckpointCommitted", None),
                         ("PodRestarted", "nic-1")], said  # fmt: skip
     assert "script saved at step" in run.output, run.output
+    assert leftovers(run.log_dir) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
+    tmp_path: Path,
+) -> None:
+    """``aegis ctl drain node-1`` under a plain DDP script that saves every 20 steps and takes
+    no checkpoint requests: the script declines, its cadence puts the next save well before the
+    drain's deadline, so the drain waits for it; the pod moves to the spare at that save, and
+    every rank resumes from it (no step since the last save before the drain is lost by force,
+    nothing counted, no DrainForced)."""
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, str(PLAIN_DDP), "--steps", "400", "--step-time-s", "0.05",
+               "--ckpt-every", "20", "--ckpt-dir", str(ckpt)]  # fmt: skip
+    drained: list[str] = []
+
+    async def drain(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        pod_log = log_dir / "pods" / "dr-1.log"
+        await async_wait_until(lambda: last_step(pod_log, 1) >= 70, 200, "three own saves")
+        ctl = await asyncio.create_subprocess_exec(
+            *AEGIS, "ctl", "drain", "node-1", "--deadline-s", "120", "--log-dir", str(log_dir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said, _ = await ctl.communicate()
+        drained.append(f"{ctl.returncode}: {said.decode()}")
+
+    flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "dr", "--max-retry", "2"]
+    run = await run_cluster(tmp_path, flags, command, during=drain, timeout_s=560)
+    assert drained and drained[0].startswith("0: "), drained
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
+    assert status["error_nodes"] == [] and run.pods["dr-1"]["node"] == "spare-0", status
+    events = run.events()
+    assert not any(e["type"] == "DrainForced" for e in events), events
+    [committed] = [e for e in events if e["type"] == "CheckpointCommitted"]
+    assert committed["step"] % 20 == 0 and committed["step"] > 60, committed
+    assert "script saved at step" in run.output, run.output
+    said = (run.log_dir / "pods" / "dr-1.log").read_text()
+    resumed = [int(n) for n in re.findall(r"rank=1 resumed from step (\d+)", said)]
+    # from that save, or the script's next one if it saved again before it was stopped
+    assert resumed and resumed[0] in (committed["step"], committed["step"] + 20), said[-3000:]
     assert leftovers(run.log_dir) == []

@@ -125,18 +125,19 @@ class JobRunner:
         report = inbox.accept(subject, payload, self.spec, self.status, self.prefix, self.drops)
         if report is None:
             return
-        pod, msg = report.pod, report.msg
-        self.liveness.seen(pod, self.clocks.mono())
+        pod, msg, now = report.pod, report.msg, self.clocks.mono()
+        self.liveness.seen(pod, now)
         match msg.data:
             case m.CheckpointData(step=step):  # once per new step the whole job committed
                 if (committed := self.progress.committed(self.status, pod, step)) is not None:
                     self.notes.committed_step = committed  # stored with the next status write
                     self.platform_event(ev.CheckpointCommitted(committed))
             case m.CheckpointDeclinedData(reason=reason):
-                if (forced := self.safe.declined(self.status, pod, reason)) is not None:
+                if (forced := self.safe.declined(self.status, pod, reason, now)) is not None:
                     self.platform_event(forced)
             case m.ScriptSavedData(step=step):  # the script's own save: slow pods may leave
-                if (saved := self.safe.script_saved(self.status, pod, msg.seq, step)) is not None:
+                saved = self.safe.script_saved(self.status, pod, msg.seq, step, now)
+                if saved is not None:
                     self.platform_event(ev.CheckpointCommitted(saved))
             case m.CheckpointStoreData() as data:
                 self._checkpoint_store(pod, msg, data)

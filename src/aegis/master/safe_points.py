@@ -8,11 +8,13 @@ a pod waits to leave at a checkpoint (drain always; slow when configured): every
 step it reaches only after the request has arrived (``target_step``), so a request waits for this
 round's first reported steps (a target of "the next call" is not one step for all: a rank whose
 agent gets the order late has already passed it). A drain stops waiting
-(``DrainForced``) when its deadline passes or when a pod's script says it takes no requests.
-A slow pod whose script takes no requests leaves at the script's first own save after it said
-so (``torch.save``, a distributed checkpoint: the agent's ``ScriptSavedData``, sent once the
-training has gone past the save), once per round; a script that saves nothing of its own keeps
-it waiting.
+(``DrainForced``) when its deadline passes.
+When a pod's script says it takes no requests, a slow pod leaves at the script's first own save
+after it said so (``torch.save``, a distributed checkpoint: the agent's ``ScriptSavedData``,
+sent once the training has gone past the save), once per round; a script that saves nothing of
+its own keeps it waiting. A drain waits for that save too when the script's cadence
+(``save_due``) puts it before the drain's deadline; otherwise it stops waiting at once and
+resumes from the last periodic checkpoint.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -31,6 +33,14 @@ log = logging.getLogger(__name__)
 KEPT_STEPS = 16  # committed steps remembered per pod
 
 
+def save_due(times: tuple[float, ...], margin: float) -> float | None:
+    """When the script's next own save should have been reported by: the last report plus
+    ``margin`` times the interval between the last two; None until two saves were seen."""
+    if len(times) < 2:
+        return None
+    return times[-1] + margin * (times[-1] - times[-2])
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSettings:
     on_slow: bool = True  # a pod marked slow leaves at the next step boundary, not periodic
@@ -39,6 +49,9 @@ class RequestSettings:
     # a request waits this long for the round's reported steps (its target lies ahead of them);
     # a script that reports none then gets one due at its next call
     progress_wait_s: float = 10.0
+    # a drain waits for the script's own save when it is due (this many intervals after the
+    # last one) before the drain's deadline
+    save_margin: float = 1.5
 
 
 @dataclass(slots=True)
@@ -59,6 +72,8 @@ class SafePoints:
     script_wait: tuple[int, int] | None = None
     script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
     script_taken: int = -1  # the round a script's own save was taken as the commit in
+    save_times: tuple[float, ...] = ()  # when the script's last two new saves were reported
+    newest_save: tuple[int, int] = (-1, -1)  # (round, step) of the newest one
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
     def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
@@ -162,42 +177,59 @@ class SafePoints:
         if requested:
             self.request_seq = status.seq
 
-    def declined(self, status: JobStatus, pod: PodName, reason: str) -> ev.DrainForced | None:
-        """A pod's script takes no requests: a drain stops waiting and uses the last periodic
-        checkpoint; a slow pod waits for the script's next own save (or the next periodic
-        checkpoint)."""
-        waiting = self.script_wait is not None and self.script_wait[0] == status.seq
-        if status.slow_count > 0 and not waiting and self.script_taken != status.seq:
-            self.script_wait = (status.seq, self._newest_save(status.seq))
-            log.warning("job %s: %s: %s; a slow pod leaves at the script's next own save",
-                        self.job, pod, reason)  # fmt: skip
+    def declined(
+        self, status: JobStatus, pod: PodName, reason: str, now: float
+    ) -> ev.DrainForced | None:
+        """A pod's script takes no requests: a slow pod waits for the script's next own save
+        (or the next periodic checkpoint); a drain waits for that save too when it is due
+        before the drain's deadline, else stops waiting and uses the last periodic
+        checkpoint."""
         draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
+        can_wait = self.script_taken != status.seq
+        waits = can_wait and bool(draining) and self._save_before_deadline(draining, now)
+        waiting = self.script_wait is not None and self.script_wait[0] == status.seq
+        if (status.slow_count > 0 or waits) and can_wait and not waiting:
+            self.script_wait = (status.seq, self._newest_save(status.seq))
+            log.warning("job %s: %s: %s; a pod waiting for a checkpoint leaves at the script's "
+                        "next own save", self.job, pod, reason)  # fmt: skip
         if not draining or self.declined_seq == status.seq:
             return None
         self.declined_seq = status.seq
+        if waits:
+            return None
         last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
         why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
         log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
         return ev.DrainForced(draining, why)
 
     def script_saved(
-        self, status: JobStatus, pod: PodName, seq: int, step: int | None
+        self, status: JobStatus, pod: PodName, seq: int, step: int | None, now: float
     ) -> int | None:
         """A report of round ``seq``: ``pod``'s script saved at ``step`` on its own, and trains
-        beyond it. The step to take as committed (the slow pods leave) when it is the script's
-        first own save since it declined a request in this round; else None. A step the pod's
-        heartbeats have not gone past this round (or below 0) is not believed."""
+        beyond it. The step to take as committed (slow and drained pods leave) when it is the
+        script's first own save since it declined a request in this round; else None. A step
+        the pod's heartbeats have not gone past this round (or below 0) is not believed."""
         beyond = self.steps.get(pod, (-1, 0.0))[0]
         if step is None or seq != status.seq or not 0 <= step < beyond:
             return None
         self.script_saves[pod] = (seq, step)
+        if (seq, step) > self.newest_save:  # one save of the job (every rank may report it)
+            self.newest_save, self.save_times = (seq, step), (*self.save_times[-1:], now)
         wait = self.script_wait
-        if wait is None or wait[0] != seq or step <= wait[1] or status.slow_count == 0:
+        leaving = status.slow_count + status.drain_count
+        if wait is None or wait[0] != seq or step <= wait[1] or leaving == 0:
             return None
         self.script_wait, self.script_taken = None, seq
-        log.warning("job %s: %s's script saved at step %d: the slow pods leave", self.job, pod,
-                    step)  # fmt: skip
+        log.warning("job %s: %s's script saved at step %d: the pods waiting for a checkpoint "
+                    "leave", self.job, pod, step)  # fmt: skip
         return step
+
+    def _save_before_deadline(self, draining: tuple[PodName, ...], now: float) -> bool:
+        """Whether the script's next own save is due (``save_due``) before the deadline of
+        every draining pod (and not overdue already)."""
+        due = save_due(self.save_times, self.settings.save_margin)
+        ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
+        return due is not None and now <= due < min(ends)
 
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
