@@ -126,6 +126,15 @@ def holder_of(log_dir: Path, node: str) -> int:
     raise AssertionError(f"no holder of {node}")
 
 
+async def throttle(log_dir: Path, node: str, rate: str) -> None:
+    """Limit ``node``'s egress to ``rate`` (``tc ... tbf``, e.g. ``100mbit``): a degraded NIC."""
+    net = f"--net=/proc/{holder_of(log_dir, node)}/ns/net"
+    tc = ["nsenter", net, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
+          "burst", "64kbit", "latency", "1s"]  # fmt: skip
+    done = await asyncio.create_subprocess_exec(*tc)
+    assert await done.wait() == 0, tc
+
+
 def plain_ddp(ckpt: Path, steps: int, step_time_s: float = 0.05) -> list[str]:
     """The plain DDP script as a run's command (every rank logs ``rank=R step N`` each step)."""
     return [sys.executable, str(PLAIN_DDP), "--steps", str(steps), "--step-time-s",

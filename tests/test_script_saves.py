@@ -31,7 +31,7 @@ from aegis.core import events as ev
 from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
 from aegis.wire import messages
-from tests.cluster import AEGIS, PLAIN_DDP, holder_of, last_step, leftovers, run_cluster
+from tests.cluster import AEGIS, PLAIN_DDP, last_step, leftovers, run_cluster, throttle
 from tests.core_helpers import Driver
 from tests.waits import async_wait_until
 
@@ -172,11 +172,7 @@ async def test_a_node_with_a_degraded_link_is_found_and_left_at_the_scripts_own_
     async def degrade(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         pod_log = log_dir / "pods" / "nic-1.log"
         await async_wait_until(lambda: last_step(pod_log, 1) >= 150, 200, "node-1 training")
-        net = f"--net=/proc/{holder_of(log_dir, 'node-1')}/ns/net"
-        tc = ["nsenter", net, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
-              "100mbit", "burst", "64kbit", "latency", "1s"]  # fmt: skip
-        done = await asyncio.create_subprocess_exec(*tc)
-        assert await done.wait() == 0
+        await throttle(log_dir, "node-1", "100mbit")
         throttled.append("node-1")
 
     flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "nic", "--max-retry", "2",

@@ -131,3 +131,18 @@ def test_a_stretch_of_starvation_anywhere_in_the_check_leaves_the_best_pair_heal
         start = tenth / 10
         pair = measure(FakeClock(starved=(start, start + 1.0)), [])[1]
         assert pair == pytest.approx(healthy), start
+
+
+def test_buffers_keep_their_size_on_a_fast_link_and_shrink_to_fit_a_slow_ones_budget() -> None:
+    mb = 262144  # float32s in 1 MB
+    args = types.SimpleNamespace(pair_mb=1.0, pair_repeats=5, world_size=4, max_pair_rounds=3,
+                                 pair_iterations=4)  # fmt: skip
+    assert perf.pair_floats(args, float("inf")) == mb  # one pod, no pairs probed
+    assert perf.pair_floats(args, 1e9) == mb  # 1 GB/s
+    assert perf.pair_floats(args, 12.5e6) == mb  # 100 Mbit/s: 120 MB in 10 s, within budget
+    slow = 25e3  # 200 kbit/s: 120 transfers of 1 MB would take 80 minutes
+    floats = perf.pair_floats(args, slow)
+    assert floats < mb and 120 * floats * 4 / slow == pytest.approx(perf.PAIR_BUDGET_S, rel=0.01)
+    assert perf.pair_floats(args, 10.0) == perf.LEAST_FLOATS  # never below 4 KB
+    assert perf.sized_floats(0.0, 5.0, 8, 0.001) == 262  # and never above the configured size
+    assert perf.sized_floats(float("nan"), 5.0, 8, 1.0) == mb
