@@ -59,7 +59,7 @@ def maps_torch(proc: psutil.Process) -> bool:
     return any("torch" in m.path for m in proc.memory_maps())
 
 
-def one_run(src: str | None, nodes: int, work: Path) -> dict[str, object]:
+def one_run(src: str | None, nodes: int, work: Path) -> dict[str, list[float]]:
     work.mkdir(parents=True)
     (work / "waiter.py").write_text(WAITER)
     env = dict(os.environ)
@@ -79,7 +79,7 @@ def one_run(src: str | None, nodes: int, work: Path) -> dict[str, object]:
             for p in a.children()
             if "aegis.checks.forkserver" in " ".join(p.cmdline())
         ]
-        figures: dict[str, object] = {
+        figures: dict[str, list[float]] = {
             "agent_rss_mb": [round(a.memory_info().rss / 2**20, 1) for a in agents],
             "agent_maps_torch": [maps_torch(a) for a in agents],
             "forkserver_rss_mb": [round(s.memory_info().rss / 2**20, 1) for s in servers],
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tree", action="append", default=[], help="LABEL=SRC (repeatable)")
     args = parser.parse_args()
-    trees = [("this", None)] + [tuple(t.split("=", 1)) for t in args.tree]  # type: ignore[misc]
+    trees = [("this", None)] + [tuple(t.split("=", 1)) for t in args.tree]
     seen: dict[str, dict[str, list[float]]] = {label: {} for label, _ in trees}
     with tempfile.TemporaryDirectory(prefix="aegis-footprint-") as tmp:
         for round_ in range(args.rounds):
@@ -114,7 +114,7 @@ def main() -> None:
                 figures = one_run(src, args.nodes, Path(tmp) / f"{label}-{round_}")
                 print(label, json.dumps(figures), flush=True)
                 for key, values in figures.items():
-                    seen[label].setdefault(key, []).extend(float(v) for v in values)  # type: ignore[attr-defined]
+                    seen[label].setdefault(key, []).extend(float(v) for v in values)
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, python {platform.python_version()}")
     for label, figures in seen.items():
         line = ", ".join(f"{k} median {statistics.median(v):g}" for k, v in figures.items())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import shutil
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from aegis.checkpoint import api, layout, process
+from aegis.checkpoint import api, layout, nested, process
 
 
 def make_state(size_mb: int) -> dict[str, Any]:
@@ -93,8 +94,7 @@ def bench_memcpy(state: dict[str, Any]) -> float:
     """One copy of every tensor of the state into allocated (touched) tensors: the baseline,
     the fastest of 3 with torch's threads and 3 with one (on a shared machine a parallel copy_
     can be slower than a single thread's: the baseline is the best this machine did)."""
-    tensors: list[Any] = []
-    api._flatten(state, tensors, torch)
+    tensors = [t for t in nested.leaves(state) if isinstance(t, torch.Tensor)]
     targets = [torch.zeros_like(t) for t in tensors]
 
     def copy() -> None:
@@ -146,7 +146,9 @@ def bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float]
 
 def _bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float]:
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from torch.distributed.checkpoint.state_dict_saver import async_save
 
     from aegis.checkpoint.dcp import reader, writer
 
@@ -161,27 +163,25 @@ def _bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float
     template = allocated_like(state)
     try:
         for step in (1, 2, 3, 4):
-            fs = dcp.FileSystemWriter(where / f"dcp-fs-{step}")
-            stall, future = timed(lambda w=fs: dcp.async_save(state, storage_writer=w))
+            fs = FileSystemWriter(where / f"dcp-fs-{step}")
+            stall, future = timed(functools.partial(async_save, state, storage_writer=fs))
             done, _ = timed(future.result)
             out[f"fs{step}"], out[f"fs{step}_durable"] = stall, stall + done
         for step in (1, 2, 3, 4, 5):
             ours = writer.Writer(environ=env)
-            stall, future = timed(lambda w=ours: dcp.async_save(state, storage_writer=w))
-            done, _ = timed(lambda f=future, s=step: (f.result(), wait_marker(shm, s)))
+            stall, future = timed(functools.partial(async_save, state, storage_writer=ours))
+            done, _ = timed(functools.partial(wait_saved, future, shm, step))
             out[f"aegis{step}"], out[f"aegis{step}_durable"] = stall, stall + done
         for name in ("shm_1", "shm_2", "shm_3"):
-            out[name], _ = timed(
-                lambda: dcp.load(template, storage_reader=reader.Reader(environ=env))
-            )
-        out["fs_warm"], _ = timed(lambda: dcp.load(
-            template, storage_reader=dcp.FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
+            out[name], _ = timed(lambda: load(template, storage_reader=reader.Reader(environ=env)))
+        out["fs_warm"], _ = timed(lambda: load(
+            template, storage_reader=FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
         out["dropped"] = float(evict(where))
-        out["fs_cold"], _ = timed(lambda: dcp.load(
-            template, storage_reader=dcp.FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
+        out["fs_cold"], _ = timed(lambda: load(
+            template, storage_reader=FileSystemReader(where / "dcp-fs-4")))  # fmt: skip
         no_shm = {**env, "AEGIS_CKPT_SHM": str(shm / "absent")}
         evict(where)
-        out["aegis_disk_cold"], _ = timed(lambda: dcp.load(
+        out["aegis_disk_cold"], _ = timed(lambda: load(
             template, storage_reader=reader.Reader(environ=no_shm)))  # fmt: skip
     finally:
         daemon.kill()
@@ -198,6 +198,12 @@ def _bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float
     return out
 
 
+def wait_saved(future: Any, shm: Path, step: int) -> None:
+    """Until the async save's ``future`` is done, then until the daemon committed ``step``."""
+    future.result()
+    wait_marker(shm, step)
+
+
 def wait_marker(shm: Path, step: int) -> None:
     while not layout.committed_marker(shm, step).exists():
         time.sleep(0.002)
@@ -210,8 +216,8 @@ def bench_aegis(state: dict[str, Any], shm: Path, ckpt: Path) -> dict[str, float
     out: dict[str, float] = {}
     try:
         for step in (1, 2, 3, 4):
-            stall, _ = timed(lambda s=step: saver.save(s, state))
-            committed, _ = timed(lambda s=step: wait_commit(saver, s))
+            stall, _ = timed(functools.partial(saver.save, step, state))
+            committed, _ = timed(functools.partial(wait_commit, saver, step))
             out[f"save{step}"], out[f"save{step}_durable"] = stall, stall + committed
     finally:
         daemon.kill()
@@ -281,8 +287,7 @@ def main() -> int:
 
 
 def _entries(state: dict[str, Any]) -> list[layout.TensorEntry]:
-    tensors: list[Any] = []
-    api._flatten(state, tensors, torch)
+    tensors = [t for t in nested.leaves(state) if isinstance(t, torch.Tensor)]
     return [layout.TensorEntry("", (), 0, t.numel() * t.element_size()) for t in tensors]
 
 

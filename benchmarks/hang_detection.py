@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "bin" / "plain_ddp.py"
@@ -40,7 +41,7 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def trial(work: Path, rank: int, step: int, ranks: int) -> dict[str, object]:
+def trial(work: Path, rank: int, step: int, ranks: int) -> dict[str, Any]:
     logs, ckpt = work / "logs", work / "ckpt"
     command = [sys.executable, str(SCRIPT), "--steps", str(step + 60), "--ckpt-every", "50",
                "--ckpt-dir", str(ckpt), "--quiet", "--step-time-s", "0.02",
@@ -58,8 +59,8 @@ def trial(work: Path, rank: int, step: int, ranks: int) -> dict[str, object]:
     steps0 = [_stamp(x) for x in pods[0] if " rank=0 step " in x]
     before = [t for t in steps0 if stuck and t < _stamp(stuck[0])]
     intervals = [b - a for a, b in itertools.pairwise(before)]
-    result: dict[str, object] = {"rc": done.returncode, "rank": rank, "step": step,
-                                 "phase": status["phase"]}  # fmt: skip
+    result: dict[str, Any] = {"rc": done.returncode, "rank": rank, "step": step,
+                              "phase": status["phase"]}  # fmt: skip
     if judged and stuck and intervals:
         tail = p99(intervals)
         result.update(
@@ -94,12 +95,12 @@ def main() -> None:
     named = sum(bool(r["named"]) for r in measured)
     print(
         f"named the stuck rank in {named} of {len(results)} trials; "
-        f"other nodes blacklisted: {sum(len(r['others_blacklisted']) for r in measured)}; "  # type: ignore[arg-type]
+        f"other nodes blacklisted: {sum(len(r['others_blacklisted']) for r in measured)}; "
         f"succeeded: {sum(r['phase'] == 'Succeed' for r in results)}"
     )
     if measured:
-        detect = [float(r["detection_s"]) for r in measured]  # type: ignore[arg-type]
-        goal = [float(r["goal_s"]) for r in measured]  # type: ignore[arg-type]
+        detect = [float(r["detection_s"]) for r in measured]
+        goal = [float(r["goal_s"]) for r in measured]
         ratio = [d / g for d, g in zip(detect, goal, strict=True)]
         print(f"detection median {statistics.median(detect):.2f} s (max {max(detect):.2f} s), "
               f"goal median {statistics.median(goal):.2f} s; detection/goal median "

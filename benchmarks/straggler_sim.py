@@ -71,7 +71,7 @@ def main() -> None:
         ("own pace", today),
         ("average period (baseline)", at_average_period),
     ):
-        stragglers._reference = reference  # type: ignore[assignment]
+        stragglers._reference = reference
         print(f"peers read at their {reading}:")
         run(seeds, knobs)
     stragglers._reference = today

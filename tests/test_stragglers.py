@@ -71,7 +71,8 @@ def simulate(  # noqa: PLR0913 (one keyword per thing the simulated run varies)
 def changing_pace(seed: int) -> Callable[[float], float]:
     """A loaded machine's pace for ``simulate``: 40-ms steps, then 120-ms ones, in spells of 1 to
     5 s (the master's time -> the step period)."""
-    spells, edges, t = random.Random(seed), [], 0.0
+    edges: list[tuple[float, float]] = []
+    spells, t = random.Random(seed), 0.0
     while t < 100.0:
         t += spells.uniform(1.0, 5.0)
         edges.append((t, 0.12 if len(edges) % 2 else PERIOD_S))
