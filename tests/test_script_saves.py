@@ -26,7 +26,7 @@ import pytest
 
 from aegis import autoprogress
 from aegis import training as progress
-from aegis.agent import encode, ports, watchdog
+from aegis.agent import encode, executor, link, link_settings, ports, watchdog
 from aegis.core import events as ev
 from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
@@ -105,6 +105,37 @@ def test_a_save_is_told_once_training_has_gone_past_it_and_again_now_and_then(
     assert encode.script_saved(ports.Progress(step=21), None, 0) is None  # no save at all
     shared.reset()
     assert shared.saved() is None
+
+
+async def test_a_new_save_is_told_at_once_not_at_the_next_heartbeat() -> None:
+    """Heartbeats a minute apart: the save training has gone past is told within seconds,
+    after a heartbeat of its own (the master believes a save only below the step it has
+    heard), and once."""
+    settings = link_settings.LinkSettings("127.0.0.1:1", "ns", "job", "job-1", "t",
+                                          heartbeat_s=60.0)  # fmt: skip
+    the_link = link.MasterLink(settings)
+    sent: list[object] = []
+
+    async def send(kind: object, data: messages.Payload, round_: object = None) -> None:
+        sent.append(data)
+
+    the_link.send = send  # type: ignore[method-assign]
+    looks = [ports.Progress(step=5)]
+
+    class Training:
+        def progress(self) -> ports.Progress:
+            return looks[-1]
+
+    beating = asyncio.create_task(executor.beat(the_link, Training()))  # type: ignore[arg-type]
+    await async_wait_until(lambda: len(sent) == 1, 10, "the first heartbeat")
+    looks.append(ports.Progress(step=21, saved_step=20))
+    await async_wait_until(lambda: m_saved(20) in sent, 10, "the save told")
+    assert [type(d).__name__ for d in sent] == ["HeartbeatData", "HeartbeatData",
+                                                "ScriptSavedData"]  # fmt: skip
+    assert sent[1].step == 21  # type: ignore[attr-defined]
+    the_link.done.set_result(0)
+    await asyncio.wait_for(beating, 10)
+    assert len(sent) == 3
 
 
 def m_saved(step: int) -> messages.ScriptSavedData:

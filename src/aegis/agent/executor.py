@@ -196,11 +196,18 @@ async def decline_unless_taken(
 
 async def beat(the_link: link.MasterLink, training: ports.Training) -> None:
     """A heartbeat every ``heartbeat_s`` until the link is done, with a look at the training
-    (its last step, the watchdog's choice: ``encode.heartbeat``)."""
+    (its last step, the watchdog's choice: ``encode.heartbeat``). A new own save of the script
+    that training has gone past is told at once, after a heartbeat of its own: a drain or a
+    slow pod waiting for it leaves sooner, with fewer steps done again after the save."""
     since = aio.cancellations()
+    loop = asyncio.get_running_loop()
     while not the_link.done.done():
         await the_link.heartbeat(training.progress())
-        try:
-            await asyncio.wait_for(asyncio.shield(the_link.done), the_link.settings.heartbeat_s)
-        except TimeoutError:
-            aio.raise_if_cancelled(since)
+        due = loop.time() + the_link.settings.heartbeat_s
+        while (left := due - loop.time()) > 0 and not the_link.done.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(the_link.done), min(left, DECLINE_POLL_S))
+            except TimeoutError:
+                aio.raise_if_cancelled(since)
+            if the_link.untold_save(training.progress()):
+                break

@@ -135,6 +135,10 @@ class MasterLink:
             self._saved_said = saved.step
             await self.send(m.MessageType.CHECKPOINT, saved)
 
+    def untold_save(self, progress: ports.Progress) -> bool:
+        """Whether ``progress`` shows an own save of the script no report has told yet."""
+        return progress.saved_step is not None and progress.saved_step != self._saved_said
+
     async def send(self, kind: m.MessageType, data: m.Payload, round_: Round | None = None) -> None:
         """Report ``data`` for ``round_`` (the current round by default); kept for the resend
         unless a newer report supersedes it (``encode.resent``). Nothing before connecting."""
