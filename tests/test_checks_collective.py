@@ -15,7 +15,7 @@ from itertools import combinations
 import psutil
 import pytest
 
-from aegis.checks import base, group, perf, suites
+from aegis.checks import base, group, links, perf, suites
 from aegis.cli import main as cli
 from aegis.core.recovery import CheckType
 from aegis.wire.messages import CheckResult
@@ -140,8 +140,8 @@ def test_perf_judge_localises_slow_pod_when_two_pods() -> None:
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
 def test_pairing_is_a_matching_and_meets_distinct_partners_when_rounds_repeat(world: int) -> None:
     met: set[tuple[int, int]] = set()
-    for r in range(perf.rounds(world, max_rounds=world)):
-        partners = perf.pairing(world, r)
+    for r in range(links.rounds(world, max_rounds=world)):
+        partners = links.pairing(world, r)
         assert all(partners[partners[a]] == a and partners[a] != a for a in partners)
         assert len(partners) == world - world % 2
         met |= {(min(a, b), max(a, b)) for a, b in partners.items()}

@@ -2,10 +2,10 @@
 
 Found by hand: node-1's egress throttled to 200 kbit/s (``tc ... tbf``) under a plain DDP script
 (a 9-KB model: 18 down to 2 steps/s). The pace watch reported the slowdown, but allreduce_perf
-timed out on every pod: its pairs moved 1-MB buffers, 160 s each at that rate. No node was
-named, the job restarted in place and trained on at a ninth of its pace. Now a first small
-exchange sizes the buffers to the slowest link (``checks.perf.sized_floats``), the check ends
-in its budget and names node-1, and its pod moves to the spare at the script's own save."""
+timed out on every pod: its pairs moved 1-MB buffers, 160 s each at that rate. Every node
+was blacklisted as the check's timeout says, and the job failed. Now each link's buffers are
+sized to what it has shown it moves (``checks.links``), the check ends in its budget and names
+node-1, and its pod moves to the spare at the script's own save."""
 
 from __future__ import annotations
 

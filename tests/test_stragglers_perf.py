@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from aegis.checks import perf
+from aegis.checks import links, perf
 
 
 def rounds_of(*per_rank: list[float]) -> list[list[float]]:
@@ -105,6 +105,7 @@ def measure(clock: FakeClock, calls: list[str]) -> tuple[list[float], float]:
                                  max_pair_rounds=3, rank=0, pair_iterations=4)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(perf, "time", clock)
+        mp.setattr(links, "time", clock)
         mp.setattr(perf, "run_delay_s", lambda: 0.0)
         return perf._measure(FakeTorch, dist, args, None, 5, 0.3)
 
@@ -137,12 +138,81 @@ def test_buffers_keep_their_size_on_a_fast_link_and_shrink_to_fit_a_slow_ones_bu
     mb = 262144  # float32s in 1 MB
     args = types.SimpleNamespace(pair_mb=1.0, pair_repeats=5, world_size=4, max_pair_rounds=3,
                                  pair_iterations=4)  # fmt: skip
-    assert perf.pair_floats(args, float("inf")) == mb  # one pod, no pairs probed
-    assert perf.pair_floats(args, 1e9) == mb  # 1 GB/s
-    assert perf.pair_floats(args, 12.5e6) == mb  # 100 Mbit/s: 120 MB in 10 s, within budget
+    assert links.pair_floats(args, float("inf")) == mb  # one pod, no pairs probed
+    assert links.pair_floats(args, 1e9) == mb  # 1 GB/s
+    assert links.pair_floats(args, 12.5e6) == mb  # 100 Mbit/s: 120 MB in 10 s, within budget
     slow = 25e3  # 200 kbit/s: 120 transfers of 1 MB would take 80 minutes
-    floats = perf.pair_floats(args, slow)
-    assert floats < mb and 120 * floats * 4 / slow == pytest.approx(perf.PAIR_BUDGET_S, rel=0.01)
-    assert perf.pair_floats(args, 10.0) == perf.LEAST_FLOATS  # never below 4 KB
-    assert perf.sized_floats(0.0, 5.0, 8, 0.001) == 262  # and never above the configured size
-    assert perf.sized_floats(float("nan"), 5.0, 8, 1.0) == mb
+    floats = links.pair_floats(args, slow)
+    assert floats < mb and 120 * floats * 4 / slow == pytest.approx(links.PAIR_BUDGET_S, rel=0.01)
+    assert links.pair_floats(args, 10.0) == links.LEAST_FLOATS  # never below 4 KB
+    assert links.sized_floats(0.0, 5.0, 8, 0.001) == 262  # and never above the configured size
+    assert links.sized_floats(float("nan"), 5.0, 8, 1.0) == mb
+
+
+class _Wire:
+    """Rank 0 of 3 and its two partners on a fake clock: a send or receive of ``n`` bytes to
+    ``peer`` takes 50 us plus ``n / rates[peer]``, ten thousand times longer while ``stalled``
+    (the pod held up on a loaded host)."""
+
+    float32, float64, int64 = "float32", "float64", "int64"
+
+    def __init__(self, rates: dict[int, float]) -> None:
+        self.rates, self.now, self.stalled = rates, 0.0, False
+        self.ReduceOp = types.SimpleNamespace(MIN="min")
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def zeros(self, n: int, dtype: object = None, device: object = None) -> object:
+        return types.SimpleNamespace(numel=lambda: n)
+
+    def tensor(self, values: list[float], dtype: object = None, device: object = None) -> object:
+        return types.SimpleNamespace(numel=lambda: len(values), item=lambda: values[0])
+
+    def move(self, buf: types.SimpleNamespace, peer: int) -> None:
+        cost = 50e-6 + buf.numel() * 4 / self.rates[peer]
+        self.now += cost * (10_000 if self.stalled else 1)
+
+    send = recv = move
+
+    def barrier(self) -> None:
+        return None
+
+    def all_reduce(self, t: object, op: object = None) -> None:
+        return None
+
+
+def _links(wire: _Wire) -> links.Links:
+    args = types.SimpleNamespace(pair_mb=1.0, pair_repeats=5, world_size=3, max_pair_rounds=3,
+                                 rank=0, pair_iterations=4)  # fmt: skip
+    return links.Links(wire, wire, args, None, adapt=True)
+
+
+def _best_of_repeats(wire: _Wire, pairs: links.Links) -> float:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(links, "time", wire)
+        pairs.probe()
+        wire.stalled = False
+        return max(pairs.repeat() for _ in range(5))
+
+
+def test_a_pod_held_up_through_its_probes_is_measured_with_full_buffers_after_one_repeat() -> None:
+    calm = _Wire({1: 1e9, 2: 1e9})
+    healthy = _best_of_repeats(calm, _links(calm))
+    wire = _Wire({1: 1e9, 2: 1e9})
+    pairs = _links(wire)
+    wire.stalled = True  # through the whole probe
+    best = _best_of_repeats(wire, pairs)
+    assert best == pytest.approx(healthy, rel=0.01)  # judged at full size, as its peers
+    assert list(pairs.sizes.values()) == [pairs.full, pairs.full]  # both of its partners
+
+
+def test_a_slow_link_gets_small_buffers_and_the_fast_one_keeps_its_own_within_budget() -> None:
+    wire = _Wire({1: 25e3, 2: 1e9})  # the link to rank 1: 200 kbit/s
+    pairs = _links(wire)
+    best = _best_of_repeats(wire, pairs)
+    slow_round = next(r for r in range(3) if links.pairing(3, r).get(0) == 1)
+    fast_round = next(r for r in range(3) if links.pairing(3, r).get(0) == 2)
+    assert pairs.sizes[fast_round] == pairs.full and pairs.sizes[slow_round] < pairs.full // 50
+    assert best > 100  # MB/s: the fast pair, at full size
+    assert wire.now < links.PAIR_BUDGET_S  # 1-MB buffers on that link: 80 minutes

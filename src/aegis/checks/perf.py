@@ -5,10 +5,10 @@ comparable across pods on the same hardware), (2) pairwise ping-pong bandwidth i
 pairing rounds, one repeat after each compute round so that the pair figures span the whole
 check (a slow pod drags down every pair it is in, a healthy pod has at least one fast pair), and
 (3) the world all_reduce bandwidth (reported only: a slow pod slows everyone's).
-The buffers of (2) and (3) are sized from a first small exchange over every pair (the slowest
-link's rate, the same size on every pod): on a fast network they are the configured ones, and a
-link too slow to move them in the check's time (a NIC down to 200 kbit/s) gets buffers it moves
-in a bounded time (:func:`sized_floats`), so the check names its pod instead of timing out.
+Each link's buffers are sized to what it has shown it moves (``aegis.checks.links``): the
+configured ones on a fast network, smaller ones on a link too slow to move those in the check's
+time (a NIC down to 200 kbit/s), so the check names its pod instead of timing out; the world
+all_reduce's by the slowest link of all.
 The figures are all_gathered, so each pod judges itself against the median of its peers: below
 ``slow_factor`` times that median on compute or on best-pair bandwidth is ``slow``. With two pods
 the pair figure is shared, and the compute pairing decides.
@@ -27,36 +27,19 @@ like its peers to every figure here) rates within noise of the lowest, that pod 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from aegis.checks import links
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     slow: bool
     text: str
-
-
-def pairing(world: int, round_: int) -> dict[int, int]:
-    """Round ``round_`` of the circle method: rank -> partner (ranks left out have none)."""
-    n = world + (world % 2)
-    ring = list(range(1, n))
-    shift = round_ % max(n - 1, 1)
-    order = [0, *(ring[shift:] + ring[:shift])]
-    partners = {}
-    for i in range(n // 2):
-        a, b = order[i], order[n - 1 - i]
-        if a < world and b < world:
-            partners[a], partners[b] = b, a
-    return partners
-
-
-def rounds(world: int, max_rounds: int) -> int:
-    return min(world + (world % 2) - 1, max_rounds) if world > 1 else 0
 
 
 def _ratio(mine: float, peers: Sequence[float]) -> tuple[float, float]:
@@ -191,19 +174,6 @@ def _pair_slow(pair: Sequence[float], pair_factor: float) -> bool:
     return False
 
 
-def _ping_pong(dist: Any, buf: Any, rank: int, partner: int, iterations: int) -> float:
-    started = time.monotonic()
-    for _ in range(iterations):
-        if rank < partner:
-            dist.send(buf, partner)
-            dist.recv(buf, partner)
-        else:
-            dist.recv(buf, partner)
-            dist.send(buf, partner)
-    elapsed = max(time.monotonic() - started, 1e-9)
-    return float(2 * buf.numel() * 4 * iterations / elapsed / 1e6)
-
-
 def run_delay_s() -> float:
     """Seconds this thread has waited on a run queue (runnable, not running); 0 if unknown."""
     try:
@@ -252,16 +222,14 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
 
 
 def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s: float,
-             sizes: Mapping[int, int] | None = None) -> tuple[list[float], float]:  # fmt: skip
+             pairs: links.Links | None = None) -> tuple[list[float], float]:  # fmt: skip
     """GFLOP/s in each of ``count`` compute rounds (every pod at once, a barrier starts each) and
     the best ping-pong MB/s over this pod's pairs, one repeat of every pairing after each compute
     round: the pair figures span the whole check, not a burst of a few hundred milliseconds that
     one stretch of starvation on a loaded host covers (a healthy pod held up through all of its
-    pair measurements at once read 0.09x of its peers and was evicted). ``sizes``: the pair
-    buffer's float32s in each pairing round (:func:`_probe_links`; else ``pair_mb``)."""
-    full = max(int(args.pair_mb * 262144), 1)
-    bufs = {r: torch.zeros((sizes or {}).get(r, full), dtype=torch.float32, device=device)
-            for r in range(rounds(args.world_size, args.max_pair_rounds))}  # fmt: skip
+    pair measurements at once read 0.09x of its peers and was evicted). ``pairs``: the links,
+    probed (``links.Links``; else every buffer ``pair_mb``)."""
+    pairs = pairs or links.Links(torch, dist, args, device, adapt=False)
     figures: list[float] = []
     best = 0.0
     for i in range(max(count, args.pair_repeats)):
@@ -269,80 +237,14 @@ def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s:
             dist.barrier()
             figures.append(_compute(torch, args.matrix, round_s, round_s, device))
         if i < args.pair_repeats:
-            best = max(best, _pair_repeat(dist, bufs, args))
+            best = max(best, pairs.repeat())
     dist.barrier()
     return figures, best
 
 
-# The first exchange: a PROBE_FLOATS ping-pong (best of two) with each partner sizes that
-# pair's buffer (the pair measurements of a pod within PAIR_BUDGET_S at that rate), and the
-# slowest link over all pods the world all_reduce's (within ALLREDUCE_BUDGET_S).
-PROBE_FLOATS = 8192  # 32 KB
-PAIR_BUDGET_S = 30.0
-ALLREDUCE_BUDGET_S = 5.0
-LEAST_FLOATS = 1024  # 4 KB: below, a figure is all latency
-
-
-def sized_floats(rate: float, budget_s: float, transfers: int, most_mb: float) -> int:
-    """Float32s in a buffer of which ``transfers`` one-way sends take ``budget_s`` at ``rate``
-    bytes/s (the slowest link probed): the configured ``most_mb`` when that fits, else fewer,
-    down to LEAST_FLOATS."""
-    most = max(int(most_mb * 262144), 1)
-    if not math.isfinite(rate):
-        return most
-    fits = int(max(rate, 0.0) * budget_s / max(transfers, 1) / 4)
-    return max(min(most, fits), min(most, LEAST_FLOATS))
-
-
-def pair_floats(args: Any, link_rate: float) -> int:
-    """A pair buffer's float32s: a pod's pair measurements (``pair_repeats`` x its pairing
-    rounds x ``pair_iterations``, there and back) within PAIR_BUDGET_S, all at ``link_rate``."""
-    pairs = rounds(args.world_size, args.max_pair_rounds)
-    transfers = args.pair_repeats * pairs * args.pair_iterations * 2
-    return sized_floats(link_rate, PAIR_BUDGET_S, transfers, args.pair_mb)
-
-
-def _probe_links(torch: Any, dist: Any, args: Any, device: Any) -> tuple[dict[int, int], float]:
-    """The pair buffer's float32s in each pairing round this pod has a partner in (sized by
-    the lower rank from its best-of-two probe of the link, and sent to the partner: both
-    must move the same buffer), and the slowest link's bytes/s over all pods (infinite with
-    no pairs)."""
-    probe = torch.zeros(PROBE_FLOATS, dtype=torch.float32, device=device)
-    sizes: dict[int, int] = {}
-    slowest = math.inf
-    for r in range(rounds(args.world_size, args.max_pair_rounds)):
-        dist.barrier()
-        partner = pairing(args.world_size, r).get(args.rank)
-        if partner is None:
-            continue
-        rate = max(_ping_pong(dist, probe, args.rank, partner, 1) for _ in range(2)) * 1e6
-        slowest = min(slowest, rate)
-        size = torch.tensor([pair_floats(args, rate)], dtype=torch.int64, device=device)
-        if args.rank < partner:
-            dist.send(size, partner)
-        else:
-            dist.recv(size, partner)
-        sizes[r] = int(size.item())
-    found = torch.tensor([slowest], dtype=torch.float64, device=device)
-    dist.all_reduce(found, op=dist.ReduceOp.MIN)
-    return sizes, float(found.item())
-
-
-def _pair_repeat(dist: Any, bufs: Mapping[int, Any], args: Any) -> float:
-    """One ping-pong with each partner of the pairing rounds (round r's buffer ``bufs[r]``);
-    the best MB/s (0: no partner)."""
-    best = 0.0
-    for r in range(rounds(args.world_size, args.max_pair_rounds)):
-        dist.barrier()
-        partner = pairing(args.world_size, r).get(args.rank)
-        if partner is not None:
-            best = max(best, _ping_pong(dist, bufs[r], args.rank, partner, args.pair_iterations))
-    return best
-
-
 def _allreduce_bandwidth(torch: Any, dist: Any, mb: float, device: Any, link_rate: float) -> float:
     # four all_reduces, each about two sends of the buffer on the slowest link (a ring's)
-    floats = sized_floats(link_rate, ALLREDUCE_BUDGET_S, 8, mb)
+    floats = links.sized_floats(link_rate, links.ALLREDUCE_BUDGET_S, 8, mb)
     buf = torch.ones(floats, dtype=torch.float32, device=device)
     dist.all_reduce(buf)
     started = time.monotonic()
@@ -356,8 +258,10 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     dist.barrier()
     count = COMPUTE_ROUNDS
     round_s = max(args.compute_s / count, ROUND_WINDOWS * args.window_s)  # 0.3 s by default
-    sizes, rate = _probe_links(torch, dist, args, device)
-    mine_rounds, pair = _measure(torch, dist, args, device, count, round_s, sizes)
+    pairs = links.Links(torch, dist, args, device, adapt=True)
+    pairs.probe()
+    mine_rounds, pair = _measure(torch, dist, args, device, count, round_s, pairs)
+    rate = pairs.slowest()
     allreduce = _allreduce_bandwidth(torch, dist, args.allreduce_mb, device, rate)
     score = getattr(args, "straggler_score", 0.0)
     mine = torch.tensor([pair, score, *mine_rounds], dtype=torch.float64, device=device)
@@ -367,9 +271,9 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     rows = [[float(v) for v in t.tolist()] for t in everyone]
     out = round_verdict(rows, args.rank, args.slow_factor, args.pair_slow_factor)
     out["result"] = f"{out['result']}; world all_reduce {allreduce:.3g} MB/s"
-    if sizes and (least := min(sizes.values())) < int(args.pair_mb * 262144):
+    if pairs.sizes and (least := min(pairs.sizes.values())) < pairs.full:
         out["result"] += (
-            f"; pair buffers down to {least / 256:.3g} KB (slowest link {rate / 1e3:.3g} KB/s)"
+            f"; pair buffers down to {least / 256:.3g} KiB (slowest link {rate / 1e3:.3g} kB/s)"
         )
     out["allreduce_mb_s"] = allreduce
     return out
