@@ -3,6 +3,8 @@ a drain stops waiting."""
 
 from __future__ import annotations
 
+import pytest
+
 from aegis.core import events as ev
 from aegis.core.phases import Phase
 from aegis.master.safe_points import RequestSettings, SafePoints, save_due
@@ -22,12 +24,12 @@ def test_the_job_is_committed_at_the_newest_step_every_pod_committed_once_per_st
     job, safe = running(), SafePoints("job")
     a, b, c = job.pods
     for pod in (a, b):
-        assert safe.committed(job.status, pod, 5) is None
-        assert safe.committed(job.status, pod, 10) is None
-    assert safe.committed(job.status, c, 5) == 5
-    assert safe.committed(job.status, c, 10) == 10
-    assert safe.committed(job.status, c, 10) is None  # the same step again
-    assert safe.committed(job.status, a, 8) is None  # an older step changes nothing
+        assert safe.committed(job.status, pod, 5, 0.0) is None
+        assert safe.committed(job.status, pod, 10, 0.0) is None
+    assert safe.committed(job.status, c, 5, 0.0) == 5
+    assert safe.committed(job.status, c, 10, 0.0) == 10
+    assert safe.committed(job.status, c, 10, 0.0) is None  # the same step again
+    assert safe.committed(job.status, a, 8, 0.0) is None  # an older step changes nothing
     assert safe.committed_step == 10 and safe.resume_step() == 10
 
 
@@ -39,11 +41,11 @@ def test_ranks_that_saved_at_different_steps_have_no_common_step_and_restart_tog
     a, b, c = job.pods
     assert safe.resume_step() is None  # nothing committed by anyone: each rank its own
     for pod, step in ((a, 27), (b, 27), (c, 26)):
-        assert safe.committed(job.status, pod, step) is None
+        assert safe.committed(job.status, pod, step, 0.0) is None
     assert safe.committed_step == -1 and safe.resume_step() == 0
-    assert safe.committed(job.status, c, 28) is None
-    assert safe.committed(job.status, a, 28) is None
-    assert safe.committed(job.status, b, 28) == 28  # a step all have, later
+    assert safe.committed(job.status, c, 28, 0.0) is None
+    assert safe.committed(job.status, a, 28, 0.0) is None
+    assert safe.committed(job.status, b, 28, 0.0) == 28  # a step all have, later
 
 
 def test_after_a_rewind_a_step_a_pod_committed_before_counts_only_when_committed_again() -> None:
@@ -52,12 +54,12 @@ def test_after_a_rewind_a_step_a_pod_committed_before_counts_only_when_committed
     job, safe = running(), SafePoints("job")
     a, b, c = job.pods
     for pod, step in ((a, 4), (a, 6), (b, 4), (c, 4)):
-        safe.committed(job.status, pod, step)
+        safe.committed(job.status, pod, step, 0.0)
     assert safe.committed_step == 4
     safe.rewound()
-    assert safe.committed(job.status, b, 6) is None
-    assert safe.committed(job.status, c, 6) is None  # a has not committed its new 6 yet
-    assert safe.committed(job.status, a, 6) == 6
+    assert safe.committed(job.status, b, 6, 0.0) is None
+    assert safe.committed(job.status, c, 6, 0.0) is None  # a has not committed its new 6 yet
+    assert safe.committed(job.status, a, 6, 0.0) == 6
 
 
 def test_target_step_lies_ahead_of_the_furthest_rank_by_the_lead_time() -> None:
@@ -142,8 +144,9 @@ def test_a_new_leader_restarts_the_deadlines_and_keeps_the_rounds_request() -> N
 
 
 def test_the_next_own_save_is_due_a_margin_of_intervals_after_the_last() -> None:
-    assert save_due((), 1.5) is None and save_due((10.0,), 1.5) is None  # no cadence yet
-    assert save_due((10.0, 20.0), 1.5) == 35.0
+    assert save_due((), 1.5, 2.0) is None and save_due((10.0,), 1.5, 2.0) is None  # no cadence
+    assert save_due((10.0, 20.0), 1.5, 2.0) == 35.0
+    assert save_due((10.0, 11.0), 1.5, 2.0) == 14.0  # a short interval: the slack past it
 
 
 def _draining_with_saves(*times: float) -> tuple[Driver, SafePoints]:
@@ -184,3 +187,38 @@ def test_a_drain_stops_waiting_at_once_when_the_scripts_save_is_not_due_in_time(
     job, safe = _draining_with_saves(90.0, 100.0)
     safe.drain_deadlines.clear()  # a drain with no deadline known: nothing bounds a wait
     assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is not None
+
+
+def test_a_waiting_drain_stops_when_the_save_it_waits_for_is_overdue() -> None:
+    job, safe = _draining_with_saves(90.0, 100.0)  # due by 115, the deadline 160
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None
+    assert safe.deadlines_passed(job.status, now=115.0) == []
+    [forced] = safe.deadlines_passed(job.status, now=115.1)
+    assert (
+        forced.pods == (job.pod(2),) and "the next save, due by now, has not come" in forced.reason
+    )
+    assert safe.deadlines_passed(job.status, now=116.0) == []  # once
+
+
+def test_the_jobs_periodic_commits_set_the_cadence_a_drain_waits_by() -> None:
+    """A script that saves through aegis every N steps but takes no requests: its drain waits
+    for the next periodic commit, which the pods leave at."""
+    job, safe = running(drain=2), SafePoints("job")
+    safe.drain((job.pod(2),), deadline_s=60.0, now=100.0)
+    for t, step in ((90.0, 20), (100.0, 40)):
+        for pod in job.pods:
+            safe.committed(job.status, pod, step, t)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None  # waits
+    assert [safe.committed(job.status, pod, 60, 110.0) for pod in job.pods][-1] == 60
+    job.feed(ev.CheckpointCommitted(60))
+    assert job.status.drain_count == 0 and job.status.recover_count == 0
+
+
+def test_heartbeats_close_together_make_no_step_rate_sample() -> None:
+    job, safe = running(), SafePoints("job")
+    pod, seq = job.pod(0), job.status.seq
+    safe.step_seen(job.status, pod, seq, 0, 0.0)
+    safe.step_seen(job.status, pod, seq, 2, 0.1)  # an early beat told a save: 20 steps/s "seen"
+    assert safe.step_rate == 0
+    safe.step_seen(job.status, pod, seq, 20, 1.0)
+    assert safe.step_rate == pytest.approx(20.0)

@@ -129,7 +129,7 @@ class JobRunner:
         self.liveness.seen(pod, now)
         match msg.data:
             case m.CheckpointData(step=step):  # once per new step the whole job committed
-                if (committed := self.progress.committed(self.status, pod, step)) is not None:
+                if (committed := self.progress.committed(self.status, pod, step, now)) is not None:
                     self.notes.committed_step = committed  # stored with the next status write
                     self.platform_event(ev.CheckpointCommitted(committed))
             case m.CheckpointDeclinedData(reason=reason):

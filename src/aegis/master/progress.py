@@ -44,10 +44,10 @@ class Progress:
         self.pace = Pace(settings.pace)
         self.stragglers = StragglerWatch(settings.stragglers)
 
-    def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
+    def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
         """``pod`` committed ``step``: the job's new committed step, once per new step every pod
         committed (None: no new one)."""
-        committed = self.safe.committed(status, pod, step)
+        committed = self.safe.committed(status, pod, step, now)
         if committed is not None:
             self.pace.committed()
         return committed

@@ -12,9 +12,10 @@ agent gets the order late has already passed it). A drain stops waiting
 When a pod's script says it takes no requests, a slow pod leaves at the script's first own save
 after it said so (``torch.save``, a distributed checkpoint: the agent's ``ScriptSavedData``,
 sent once the training has gone past the save), once per round; a script that saves nothing of
-its own keeps it waiting. A drain waits for that save too when the script's cadence
-(``save_due``) puts it before the drain's deadline; otherwise it stops waiting at once and
-resumes from the last periodic checkpoint.
+its own keeps it waiting. A drain waits for that save too, or for the job's next periodic
+commit, when the cadence of the last two (``save_due``) puts it before the drain's deadline, and
+stops waiting once it is overdue; otherwise it stops waiting at once and resumes from the last
+periodic checkpoint.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -31,14 +32,17 @@ from aegis.wire import messages as m
 log = logging.getLogger(__name__)
 
 KEPT_STEPS = 16  # committed steps remembered per pod
+RATE_GAP_S = 0.5  # heartbeats closer than this make no step-rate sample (an early one, a save)
 
 
-def save_due(times: tuple[float, ...], margin: float) -> float | None:
-    """When the script's next own save should have been reported by: the last report plus
-    ``margin`` times the interval between the last two; None until two saves were seen."""
+def save_due(times: tuple[float, ...], margin: float, slack_s: float) -> float | None:
+    """When the next save should have been reported by: the last report plus ``margin`` times
+    the interval between the last two, and at least ``slack_s`` past one interval (a loaded
+    node's jitter on a short one); None until two saves were seen."""
     if len(times) < 2:
         return None
-    return times[-1] + margin * (times[-1] - times[-2])
+    interval = times[-1] - times[-2]
+    return times[-1] + max(margin * interval, interval + slack_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class RequestSettings:
     # a drain waits for the script's own save when it is due (this many intervals after the
     # last one) before the drain's deadline
     save_margin: float = 1.5
+    save_slack_s: float = 2.0
 
 
 @dataclass(slots=True)
@@ -72,13 +77,17 @@ class SafePoints:
     script_wait: tuple[int, int] | None = None
     script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
     script_taken: int = -1  # the round a script's own save was taken as the commit in
-    save_times: tuple[float, ...] = ()  # when the script's last two new saves were reported
+    # when the last two new saves were reported (the script's own, or the job's commits)
+    save_times: tuple[float, ...] = ()
     newest_save: tuple[int, int] = (-1, -1)  # (round, step) of the newest one
+    drain_waits: int = -1  # the round a drain waits for the next save in
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
-    def committed(self, status: JobStatus, pod: PodName, step: int) -> int | None:
+    def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
         """``pod`` committed ``step``: the job's new committed step (the newest step every pod
-        committed), or None if unchanged."""
+        committed), or None if unchanged. A new one is a save of the job's cadence too (a drain
+        of a script that takes no requests waits for the next periodic one when it is due in
+        time, as for the script's own saves)."""
         steps = self.pod_steps.setdefault(pod, set())
         steps.add(step)
         if len(steps) > KEPT_STEPS:
@@ -87,7 +96,7 @@ class SafePoints:
         committed = max(common, default=-1)
         if committed <= self.committed_step:
             return None
-        self.committed_step = committed
+        self.committed_step, self.save_times = committed, (*self.save_times[-1:], now)
         return committed
 
     def rewound(self) -> None:
@@ -115,7 +124,7 @@ class SafePoints:
             return
         before = self.steps.get(pod)
         self.steps[pod] = (step, now)
-        if before is not None and step > before[0] and now > before[1]:
+        if before is not None and step > before[0] and now - before[1] >= RATE_GAP_S:
             rate = (step - before[0]) / (now - before[1])
             self.step_rate = rate if self.step_rate == 0 else 0.7 * self.step_rate + 0.3 * rate
 
@@ -196,6 +205,7 @@ class SafePoints:
             return None
         self.declined_seq = status.seq
         if waits:
+            self.drain_waits = status.seq
             return None
         last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
         why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
@@ -227,15 +237,20 @@ class SafePoints:
     def _save_before_deadline(self, draining: tuple[PodName, ...], now: float) -> bool:
         """Whether the script's next own save is due (``save_due``) before the deadline of
         every draining pod (and not overdue already)."""
-        due = save_due(self.save_times, self.settings.save_margin)
+        due = self._save_due()
         ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
         return due is not None and now <= due < min(ends)
 
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
 
+    def _save_due(self) -> float | None:
+        return save_due(self.save_times, self.settings.save_margin, self.settings.save_slack_s)
+
     def deadlines_passed(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
-        forced = []
+        """The drains that stop waiting now: their deadline passed, or the save they wait for
+        (the script takes no requests) is overdue (the script stopped saving, or slowed)."""
+        forced = self._save_overdue(status, now)
         for pod in [p for p, (t, _) in self.drain_deadlines.items() if now >= t]:
             _, seconds = self.drain_deadlines.pop(pod)
             info = status.pod_infos.get(pod)
@@ -245,3 +260,15 @@ class SafePoints:
             log.warning("job %s: drain of %s: %s; evicting anyway", self.job, pod, why)
             forced.append(ev.DrainForced((pod,), why))
         return forced
+
+    def _save_overdue(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
+        draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
+        due = self._save_due()
+        if self.drain_waits != status.seq or not draining or (due is not None and now <= due):
+            return []
+        self.drain_waits = -1
+        last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
+        why = (f"the next save, due by now, has not come; resuming from the last periodic "
+               f"checkpoint ({last})")  # fmt: skip
+        log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
+        return [ev.DrainForced(draining, why)]
