@@ -222,3 +222,27 @@ def test_heartbeats_close_together_make_no_step_rate_sample() -> None:
     assert safe.step_rate == 0
     safe.step_seen(job.status, pod, seq, 20, 1.0)
     assert safe.step_rate == pytest.approx(20.0)
+
+
+def test_heartbeats_faster_than_the_gap_add_up_to_samples() -> None:
+    job, safe = running(), SafePoints("job")
+    pod, seq = job.pod(0), job.status.seq
+    for k in range(5):  # --heartbeat-s 0.25: 20 steps/s
+        safe.step_seen(job.status, pod, seq, 5 * k, 0.25 * k)
+    assert safe.step_rate == pytest.approx(20.0)
+    assert safe.steps[pod] == (20, 1.0)  # the newest, for the request's target
+
+
+def test_one_save_told_both_ways_counts_once_and_a_restart_forgets_the_cadence() -> None:
+    """A DCP save into aegis' store is the script's own save and a commit of the job: its two
+    reports, a moment apart, are one save of the cadence, not an interval of 0.3 s."""
+    job, safe = running(), SafePoints("job")
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 1000, 80.0)
+    assert safe.script_saved(job.status, job.pod(0), seq, 20, 90.0) is None
+    assert safe.script_saved(job.status, job.pod(0), seq, 40, 100.0) is None
+    for pod in job.pods:
+        safe.committed(job.status, pod, 40, 100.3)
+    assert safe.save_times == (90.0, 100.0)
+    safe.rewound()
+    assert safe.save_times == ()

@@ -93,7 +93,7 @@ class Links:
         self.full = max(int(args.pair_mb * 262144), 1)
         self.rates: dict[int, float] = {}
         self.sizes: dict[int, int] = {}
-        self._bufs: dict[int, Any] = {}
+        self._bufs: dict[int, Any] = {}  # by round (-1: the probe's): the last size only
         cuda = getattr(device, "type", "cpu") == "cuda"
         self.sync = (lambda: torch.cuda.synchronize(device)) if cuda else _nothing
 
@@ -104,13 +104,13 @@ class Links:
             return
         for r, partner in self._partners():
             for _ in range(2):
-                self._seen(r, self._ping_pong(self._buf(PROBE_FLOATS), partner, 1))
+                self._seen(r, self._ping_pong(self._buf(-1, PROBE_FLOATS), partner, 1))
 
     def repeat(self) -> float:
         """One ping-pong with each partner of the pairing rounds; the best MB/s (0: none)."""
         best = 0.0
         for r, partner in self._partners():
-            buf = self._buf(self._agree(r, partner))
+            buf = self._buf(r, self._agree(r, partner))
             figure = self._ping_pong(buf, partner, self.args.pair_iterations)
             self._seen(r, figure)
             best = max(best, figure)
@@ -150,12 +150,12 @@ class Links:
     def _seen(self, r: int, mb_s: float) -> None:
         self.rates[r] = max(self.rates.get(r, 0.0), mb_s * 1e6)
 
-    def _buf(self, floats: int) -> Any:
-        if floats not in self._bufs:
-            self._bufs[floats] = self.torch.zeros(
-                floats, dtype=self.torch.float32, device=self.device
-            )
-        return self._bufs[floats]
+    def _buf(self, key: int, floats: int) -> Any:
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() != floats:
+            buf = self._bufs[key] = self.torch.zeros(floats, dtype=self.torch.float32,
+                                                     device=self.device)  # fmt: skip
+        return buf
 
     def _ping_pong(self, buf: Any, partner: int, iterations: int) -> float:
         return ping_pong(self.dist, buf, self.args.rank, partner, iterations, self.sync)

@@ -273,7 +273,8 @@ def run_round(torch: Any, dist: Any, args: Any, device: Any) -> dict[str, Any]:
     out["result"] = f"{out['result']}; world all_reduce {allreduce:.3g} MB/s"
     if pairs.sizes and (least := min(pairs.sizes.values())) < pairs.full:
         out["result"] += (
-            f"; pair buffers down to {least / 256:.3g} KiB (slowest link {rate / 1e3:.3g} kB/s)"
+            f"; pair buffers down to {least / 256:.3g} KiB "
+            f"(the slowest link of all {rate / 1e3:.3g} kB/s)"
         )
     out["allreduce_mb_s"] = allreduce
     return out

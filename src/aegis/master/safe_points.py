@@ -53,8 +53,9 @@ class RequestSettings:
     # a request waits this long for the round's reported steps (its target lies ahead of them);
     # a script that reports none then gets one due at its next call
     progress_wait_s: float = 10.0
-    # a drain waits for the script's own save when it is due (this many intervals after the
-    # last one) before the drain's deadline
+    # a drain of a script that takes no requests waits for its next save (its own, or the
+    # job's periodic commit) when that is due before the drain's deadline: due this many
+    # intervals after the last one, and at least the slack past one interval (jitter)
     save_margin: float = 1.5
     save_slack_s: float = 2.0
 
@@ -69,6 +70,7 @@ class SafePoints:
     # have no common one: the newest of each is not a step all can load)
     pod_steps: dict[PodName, set[int]] = field(default_factory=dict)
     steps: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # this round's
+    rate_from: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # a sample's start
     step_rate: float = 0.0  # training steps per second, smoothed
     request_seq: int = -1  # the RunCommand round a checkpoint was requested in
     drain_deadlines: dict[PodName, tuple[float, float]] = field(default_factory=dict)
@@ -77,9 +79,10 @@ class SafePoints:
     script_wait: tuple[int, int] | None = None
     script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
     script_taken: int = -1  # the round a script's own save was taken as the commit in
-    # when the last two new saves were reported (the script's own, or the job's commits)
+    # when the last two new saves of this run of training were reported (the script's own,
+    # or the job's commits; one save told both ways counts once: by its step)
     save_times: tuple[float, ...] = ()
-    newest_save: tuple[int, int] = (-1, -1)  # (round, step) of the newest one
+    cadence_step: int = -1  # the step of the newest of them
     drain_waits: int = -1  # the round a drain waits for the next save in
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
@@ -96,7 +99,8 @@ class SafePoints:
         committed = max(common, default=-1)
         if committed <= self.committed_step:
             return None
-        self.committed_step, self.save_times = committed, (*self.save_times[-1:], now)
+        self.committed_step = committed
+        self._saved_at(committed, now)
         return committed
 
     def rewound(self) -> None:
@@ -109,6 +113,8 @@ class SafePoints:
             p: {s for s in steps if s <= self.committed_step} for p, steps in self.pod_steps.items()
         }
         self.steps.clear()
+        self.rate_from.clear()
+        self.save_times, self.cadence_step = (), -1  # a cadence across a restart: its downtime
 
     def resume_step(self) -> int | None:
         """The step every rank resumes from (``AEGIS_RESUME_STEP``): the committed step; 0 (a
@@ -122,9 +128,12 @@ class SafePoints:
         """A heartbeat's training step (of the current round only: a restart rewinds)."""
         if seq != status.seq:
             return
-        before = self.steps.get(pod)
         self.steps[pod] = (step, now)
-        if before is not None and step > before[0] and now - before[1] >= RATE_GAP_S:
+        before = self.rate_from.setdefault(pod, (step, now))
+        if now - before[1] < RATE_GAP_S:  # heartbeats close together add up to one sample
+            return
+        self.rate_from[pod] = (step, now)
+        if step > before[0]:
             rate = (step - before[0]) / (now - before[1])
             self.step_rate = rate if self.step_rate == 0 else 0.7 * self.step_rate + 0.3 * rate
 
@@ -223,8 +232,7 @@ class SafePoints:
         if step is None or seq != status.seq or not 0 <= step < beyond:
             return None
         self.script_saves[pod] = (seq, step)
-        if (seq, step) > self.newest_save:  # one save of the job (every rank may report it)
-            self.newest_save, self.save_times = (seq, step), (*self.save_times[-1:], now)
+        self._saved_at(step, now)
         wait = self.script_wait
         leaving = status.slow_count + status.drain_count
         if wait is None or wait[0] != seq or step <= wait[1] or leaving == 0:
@@ -235,11 +243,18 @@ class SafePoints:
         return step
 
     def _save_before_deadline(self, draining: tuple[PodName, ...], now: float) -> bool:
-        """Whether the script's next own save is due (``save_due``) before the deadline of
-        every draining pod (and not overdue already)."""
+        """Whether the next save (the script's own, or a periodic commit) is due (``save_due``)
+        before the deadline of every draining pod (and not overdue already)."""
         due = self._save_due()
         ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
         return due is not None and now <= due < min(ends)
+
+    def _saved_at(self, step: int, now: float) -> None:
+        """A save at ``step`` was reported at ``now``: a new one of the cadence when it is newer
+        than the last (every rank may report the same save, a DCP save to aegis' store comes
+        both as the script's own and as a commit)."""
+        if step > self.cadence_step:
+            self.cadence_step, self.save_times = step, (*self.save_times[-1:], now)
 
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
