@@ -7,9 +7,13 @@ platform (real nats-server, agents, checkpoint savers) and drains the node of ra
 training step (uniform over two checkpoint intervals, the same points for both modes) through
 the same control path as ``aegis ctl drain``. Modes:
 - request: the script calls ``aegis.checkpoint.save_if_requested`` every step (the default);
-- periodic: ``--no-ckpt-requests``: the script only saves every ``--ckpt-every`` steps, so the
-  drain (declined by the agent) moves the pod at once and the job resumes from the last periodic
-  checkpoint.
+- periodic: ``--no-ckpt-requests``: the script only saves every ``--ckpt-every`` steps. The
+  agent declines the request; once two saves have shown the script's cadence, the drain waits
+  for the next one (due before the deadline), else it moves the pod at once and the job resumes
+  from the last periodic checkpoint;
+- plain: ``tests/bin/plain_ddp.py``, a script that never imports aegis and ``torch.save``s every
+  ``--ckpt-every`` steps on rank 0 (its own saves, seen by the agent's start-up hook), the same
+  rule as periodic.
 Work lost = training steps done twice (a rank's step lines minus its distinct steps, the worst
 rank), and the time from the drain to every rank's first step on the new placement.
 """
@@ -37,6 +41,7 @@ from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+PLAIN = Path(__file__).resolve().parent.parent / "tests" / "bin" / "plain_ddp.py"
 STEP = re.compile(r"^(\S+) rank=(\d+) step (\d+) ")
 
 
@@ -44,8 +49,9 @@ async def one_run(mode: str, drain_at: int, args: argparse.Namespace) -> tuple[i
     """(steps redone, seconds from the drain to every rank's next step elsewhere)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"aegis-drain-{mode}-"))
     extra = ["--no-ckpt-requests"] if mode == "periodic" else []
+    script = PLAIN if mode == "plain" else TRAIN
     settings = local_run.RunSettings(
-        command=(sys.executable, str(TRAIN), "--steps", str(args.steps), "--step-time-s", "0.05",
+        command=(sys.executable, str(script), "--steps", str(args.steps), "--step-time-s", "0.05",
                  "--ckpt-every", str(args.ckpt_every), "--ckpt-dir", str(tmp / "ckpt"), *extra),
         nodes=2, spare_nodes=1, max_retry=2, job=f"drain-{mode}", log_dir=tmp / "logs",
         grace_s=3.0, ckpt_dir=tmp / "ckpt",
@@ -80,7 +86,7 @@ async def one_run(mode: str, drain_at: int, args: argparse.Namespace) -> tuple[i
 
 
 def _step(runner: JobRunner) -> int:
-    return max((step for step, _ in runner.steps.values()), default=-1)
+    return max((step for step, _ in runner.safe.steps.values()), default=-1)
 
 
 def _ts(text: str) -> float:
@@ -106,7 +112,7 @@ async def main() -> None:
     print(f"# drain benchmark, {now:%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; checkpoint every "
           f"{args.ckpt_every} steps of 0.05 s; drains at steps {points}")  # fmt: skip
-    results: dict[str, list[tuple[int, float]]] = {"request": [], "periodic": []}
+    results: dict[str, list[tuple[int, float]]] = {"request": [], "periodic": [], "plain": []}
     for at in points:
         for mode, rows in results.items():
             redone, back = await one_run(mode, at, args)
