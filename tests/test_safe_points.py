@@ -144,9 +144,9 @@ def test_a_new_leader_restarts_the_deadlines_and_keeps_the_rounds_request() -> N
 
 
 def test_the_next_own_save_is_due_a_margin_of_intervals_after_the_last() -> None:
-    assert save_due((), 1.5, 2.0) is None and save_due((10.0,), 1.5, 2.0) is None  # no cadence
-    assert save_due((10.0, 20.0), 1.5, 2.0) == 35.0
-    assert save_due((10.0, 11.0), 1.5, 2.0) == 14.0  # a short interval: the slack past it
+    assert save_due(None, 10.0, 1.5, 2.0) is None and save_due(20.0, None, 1.5, 2.0) is None
+    assert save_due(20.0, 10.0, 1.5, 2.0) == 35.0
+    assert save_due(11.0, 1.0, 1.5, 2.0) == 14.0  # a short interval: the slack past it
 
 
 def _draining_with_saves(*times: float) -> tuple[Driver, SafePoints]:
@@ -175,7 +175,7 @@ def test_a_drain_waits_for_the_scripts_own_save_due_before_its_deadline() -> Non
 
 def test_a_drain_stops_waiting_at_once_when_the_scripts_save_is_not_due_in_time() -> None:
     cases = {
-        "one save: no cadence": (100.0,),
+        "no save yet: no cadence": (),
         "due after the deadline": (50.0, 100.0),  # every 50 s: due by 175, the deadline 160
         "overdue already": (80.0, 90.0),  # due by 105: late at 110
     }
@@ -233,7 +233,7 @@ def test_heartbeats_faster_than_the_gap_add_up_to_samples() -> None:
     assert safe.steps[pod] == (20, 1.0)  # the newest, for the request's target
 
 
-def test_one_save_told_both_ways_counts_once_and_a_restart_forgets_the_cadence() -> None:
+def test_one_save_told_both_ways_counts_once_in_the_cadence() -> None:
     """A DCP save into aegis' store is the script's own save and a commit of the job: its two
     reports, a moment apart, are one save of the cadence, not an interval of 0.3 s."""
     job, safe = running(), SafePoints("job")
@@ -243,6 +243,37 @@ def test_one_save_told_both_ways_counts_once_and_a_restart_forgets_the_cadence()
     assert safe.script_saved(job.status, job.pod(0), seq, 40, 100.0) is None
     for pod in job.pods:
         safe.committed(job.status, pod, 40, 100.3)
-    assert safe.save_times == (90.0, 100.0)
-    safe.rewound()
-    assert safe.save_times == ()
+    assert (safe.save_interval, safe.save_last) == (10.0, 100.0)
+
+
+def test_the_first_interval_runs_from_the_start_and_a_restart_keeps_it() -> None:
+    """A fresh job: the first step heard to the first save is a first interval (a drain then
+    waits for the next save). A restart keeps the interval (the script's) and anchors the next
+    save at the restart's first step, not at a save before the downtime."""
+    job, safe = running(drain=2), SafePoints("job")
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 5, 0.0)  # training starts
+    safe.step_seen(job.status, job.pod(0), seq, 300, 19.0)
+    assert safe.script_saved(job.status, job.pod(0), seq, 200, 20.0) is None  # the first save
+    assert (safe.save_interval, safe.save_last) == (20.0, 20.0)
+    safe.drain((job.pod(2),), deadline_s=60.0, now=25.0)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 25.0) is None  # waits
+    safe.rewound()  # a restart, 100 s of downtime
+    assert safe.save_interval == 20.0 and safe.save_last is None
+    safe.step_seen(job.status, job.pod(0), seq, 201, 150.0)  # its first step
+    assert safe.save_last == 150.0 and save_due(150.0, 20.0, 1.5, 2.0) == 180.0
+    for step, t in ((400, 168.0), (600, 186.0)):
+        safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
+        safe.script_saved(job.status, job.pod(0), seq, step, t)
+    assert safe.save_interval == 18.0  # between two saves of the new run only
+
+
+def test_a_new_leaders_first_look_is_no_start_of_training() -> None:
+    job, safe = running(), SafePoints("job")
+    seq = job.status.seq
+    safe.taken_over(job.status, requested=False, deadline_s=60.0, now=300.0)
+    safe.step_seen(job.status, job.pod(0), seq, 1000, 300.0)  # somewhere between two saves
+    assert safe.script_saved(job.status, job.pod(0), seq, 900, 301.0) is None
+    assert safe.save_interval is None  # one second is not the script's interval
+    assert safe.script_saved(job.status, job.pod(0), seq, 950, 311.0) is None
+    assert safe.save_interval == 10.0

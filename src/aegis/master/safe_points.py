@@ -13,8 +13,9 @@ When a pod's script says it takes no requests, a slow pod leaves at the script's
 after it said so (``torch.save``, a distributed checkpoint: the agent's ``ScriptSavedData``,
 sent once the training has gone past the save), once per round; a script that saves nothing of
 its own keeps it waiting. A drain waits for that save too, or for the job's next periodic
-commit, when the cadence of the last two (``save_due``) puts it before the drain's deadline, and
-stops waiting once it is overdue; otherwise it stops waiting at once and resumes from the last
+commit, when the save cadence puts it before the drain's deadline (``save_due``: the interval
+between two saves, or from the start of training to the first, kept across restarts), and stops
+waiting once it is overdue; otherwise it stops waiting at once and resumes from the last
 periodic checkpoint.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
@@ -35,14 +36,15 @@ KEPT_STEPS = 16  # committed steps remembered per pod
 RATE_GAP_S = 0.5  # heartbeats closer than this make no step-rate sample (an early one, a save)
 
 
-def save_due(times: tuple[float, ...], margin: float, slack_s: float) -> float | None:
-    """When the next save should have been reported by: the last report plus ``margin`` times
-    the interval between the last two, and at least ``slack_s`` past one interval (a loaded
-    node's jitter on a short one); None until two saves were seen."""
-    if len(times) < 2:
+def save_due(
+    last: float | None, interval: float | None, margin: float, slack_s: float
+) -> float | None:
+    """When the next save should have been reported by: ``last`` (the last save's report, or
+    the start of this run of training) plus ``margin`` intervals, and at least ``slack_s`` past
+    one interval (a loaded node's jitter on a short one); None while either is unknown."""
+    if last is None or interval is None:
         return None
-    interval = times[-1] - times[-2]
-    return times[-1] + max(margin * interval, interval + slack_s)
+    return last + max(margin * interval, interval + slack_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +81,14 @@ class SafePoints:
     script_wait: tuple[int, int] | None = None
     script_saves: dict[PodName, tuple[int, int]] = field(default_factory=dict)  # (round, step)
     script_taken: int = -1  # the round a script's own save was taken as the commit in
-    # when the last two new saves of this run of training were reported (the script's own,
-    # or the job's commits; one save told both ways counts once: by its step)
-    save_times: tuple[float, ...] = ()
-    cadence_step: int = -1  # the step of the newest of them
+    # the save cadence (the script's own saves and the job's commits; one save told both ways
+    # counts once, by its step): the interval between two saves, kept across restarts (it is
+    # the script's), first measured from the start of training; and when the last save of this
+    # run of training was reported, or the run started (its first step heard)
+    save_interval: float | None = None
+    save_last: float | None = None
+    cadence_step: int = -1  # the step of the last save of this run (-1: none yet)
+    start_heard: bool = True  # save_last from a heartbeat is a start (not a new leader's look)
     drain_waits: int = -1  # the round a drain waits for the next save in
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
@@ -114,7 +120,8 @@ class SafePoints:
         }
         self.steps.clear()
         self.rate_from.clear()
-        self.save_times, self.cadence_step = (), -1  # a cadence across a restart: its downtime
+        # the next save comes about one interval after the restart's first step
+        self.save_last, self.cadence_step, self.start_heard = None, -1, True
 
     def resume_step(self) -> int | None:
         """The step every rank resumes from (``AEGIS_RESUME_STEP``): the committed step; 0 (a
@@ -128,6 +135,8 @@ class SafePoints:
         """A heartbeat's training step (of the current round only: a restart rewinds)."""
         if seq != status.seq:
             return
+        if self.save_last is None:  # the first step of this run of training
+            self.save_last = now
         self.steps[pod] = (step, now)
         before = self.rate_from.setdefault(pod, (step, now))
         if now - before[1] < RATE_GAP_S:  # heartbeats close together add up to one sample
@@ -194,6 +203,7 @@ class SafePoints:
                 self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
         if requested:
             self.request_seq = status.seq
+        self.start_heard = False  # its first heartbeat is somewhere between two saves
 
     def declined(
         self, status: JobStatus, pod: PodName, reason: str, now: float
@@ -253,14 +263,21 @@ class SafePoints:
         """A save at ``step`` was reported at ``now``: a new one of the cadence when it is newer
         than the last (every rank may report the same save, a DCP save to aegis' store comes
         both as the script's own and as a commit)."""
-        if step > self.cadence_step:
-            self.cadence_step, self.save_times = step, (*self.save_times[-1:], now)
+        if step <= self.cadence_step:
+            return
+        last, from_start = self.save_last, self.cadence_step < 0
+        # two saves of one run; or the start and the first save, while no interval is known
+        measured = not from_start or (self.start_heard and self.save_interval is None)
+        if last is not None and now > last and measured:
+            self.save_interval = now - last
+        self.save_last, self.cadence_step = now, step
 
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
 
     def _save_due(self) -> float | None:
-        return save_due(self.save_times, self.settings.save_margin, self.settings.save_slack_s)
+        s = self.settings
+        return save_due(self.save_last, self.save_interval, s.save_margin, s.save_slack_s)
 
     def deadlines_passed(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
         """The drains that stop waiting now: their deadline passed, or the save they wait for
