@@ -1,6 +1,7 @@
 """``aegis ctl drain`` against a running ``aegis run`` job (real nats-server, agents, gloo DDP):
 the job checkpoints on request, the pod moves to a spare at the commit, the job resumes from
-that step with nothing counted; without the API it drains from the last periodic checkpoint;
+that step with nothing counted; without the API, when its next periodic checkpoint would come
+after the drain's deadline, it drains at once from the last one;
 the deadline evicts anyway; undrain, an empty node and bad names behave; a standalone master
 replica serves the same controls to its leader's jobs."""
 
@@ -143,10 +144,14 @@ async def test_drain_checkpoints_on_request_moves_the_pod_and_resumes_at_that_st
 async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint(
     tmp_path: Path,
 ) -> None:
+    # held at step 60 until the request has come, and at the end until the test is done; 0.2 s
+    # a step: the next periodic save (step 100, due 1.5 intervals of 50 steps after step 50's)
+    # comes after the drain's deadline of 10 s, so the drain does not wait for it
+    command = (sys.executable, str(TRAIN), "--steps", "150", "--step-time-s", "0.2",
+               "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "50", "--no-ckpt-requests",
+               "--hold-at-step", "60", "--hold-at-end-until", str(tmp_path / "done"))  # fmt: skip
     settings = local_run.RunSettings(
-        # held at step 60 until the request has come, and at the end until the test is done
-        command=train(tmp_path, "--ckpt-every", "50", "--no-ckpt-requests", "--hold-at-step", "60",
-                      "--hold-at-end-until", str(tmp_path / "done")),
+        command=command,
         nodes=2, spare_nodes=2, max_retry=2, job="plain", log_dir=tmp_path / "logs",
         grace_s=3.0, ckpt_dir=tmp_path / "ckpt",
     )  # fmt: skip
@@ -156,7 +161,7 @@ async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint
         await async_wait_until(
             lambda: runner.safe.committed_step >= 50, 60, "a periodic checkpoint"
         )
-        replies.append(await ctl("drain", "node-0", *where))
+        replies.append(await ctl("drain", "node-0", "--deadline-s", "10", *where))
         await async_wait_until(lambda: runner.status.drain_count == 0, 60, "the eviction")
         replies.append(await ctl("drain", "spare-1", *where))  # nothing runs there
         replies.append(await ctl("drain", "node-7", *where))  # no such node
