@@ -214,14 +214,24 @@ def test_the_jobs_periodic_commits_set_the_cadence_a_drain_waits_by() -> None:
     assert job.status.drain_count == 0 and job.status.recover_count == 0
 
 
-def test_heartbeats_close_together_make_no_step_rate_sample() -> None:
+def test_heartbeats_close_together_make_no_step_rate_sample_once_a_rate_is_known() -> None:
     job, safe = running(), SafePoints("job")
     pod, seq = job.pod(0), job.status.seq
     safe.step_seen(job.status, pod, seq, 0, 0.0)
-    safe.step_seen(job.status, pod, seq, 2, 0.1)  # an early beat told a save: 20 steps/s "seen"
-    assert safe.step_rate == 0
-    safe.step_seen(job.status, pod, seq, 20, 1.0)
+    safe.step_seen(job.status, pod, seq, 20, 1.0)  # 20 steps/s
+    safe.step_seen(job.status, pod, seq, 24, 1.1)  # an early beat told a save: 40 steps/s "seen"
     assert safe.step_rate == pytest.approx(20.0)
+    safe.step_seen(job.status, pod, seq, 40, 2.0)
+    assert safe.step_rate == pytest.approx(20.0)  # from 1.0 to 2.0
+
+
+def test_the_first_rate_comes_from_the_first_two_heartbeats_however_close() -> None:
+    """The first rate places a drain's checkpoint request: it does not wait for a gap."""
+    job, safe = running(), SafePoints("job")
+    pod, seq = job.pod(0), job.status.seq
+    safe.step_seen(job.status, pod, seq, 10, 5.0)
+    safe.step_seen(job.status, pod, seq, 20, 5.01)
+    assert safe.step_rate > 0
 
 
 def test_heartbeats_faster_than_the_gap_add_up_to_samples() -> None:

@@ -139,8 +139,9 @@ class SafePoints:
             self.save_last = now
         self.steps[pod] = (step, now)
         before = self.rate_from.setdefault(pod, (step, now))
-        if now - before[1] < RATE_GAP_S:  # heartbeats close together add up to one sample
-            return
+        gap = now - before[1]
+        if gap <= 0 or (gap < RATE_GAP_S and self.step_rate > 0):
+            return  # once a rate is known, heartbeats close together add up to one sample
         self.rate_from[pod] = (step, now)
         if step > before[0]:
             rate = (step - before[0]) / (now - before[1])
