@@ -350,3 +350,41 @@ async def test_an_aegisjob_named_outside_the_rule_gets_no_pods() -> None:
     cluster.jobs[("ml", "my.job")] = body
     assert await handlers.job_created(body, cluster) == []
     assert cluster.pods == {} and cluster.secrets == {} and cluster.services == {}
+
+
+class CreatePausingCluster(FakeCluster):
+    """Its next ``create_pod`` waits for ``go``: a replacement caught after it read the job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pause = False
+        self.creating, self.go = asyncio.Event(), asyncio.Event()
+
+    async def create_pod(self, namespace: str, body: Body) -> bool:
+        if self.pause:
+            self.pause = False
+            self.creating.set()
+            await self.go.wait()
+        return await super().create_pod(namespace, body)
+
+
+async def test_replacement_under_way_when_the_job_fails_is_deleted_with_the_other_pods() -> None:
+    """The operator end-to-end test's flake: a replacement read the job while it ran, the
+    master wrote Failed, the deletion listed the pods before the replacement was made, and
+    the replacement outlived the job."""
+    cluster = CreatePausingCluster()
+    cluster.jobs[("ml", "train")] = job_body(phase="Restarting")
+    locks = handlers.JobLocks()
+    await handlers.job_created(job_body(), cluster, locks=locks)
+    pod = exited(cluster.pods.pop(("ml", "train-1")), 1)
+    cluster.pause = True
+    replacing = asyncio.create_task(handlers.pod_changed("DELETED", pod, cluster, locks=locks))
+    await cluster.creating.wait()
+    failed = job_body(phase="Failed", should_quit=True)
+    cluster.jobs[("ml", "train")] = failed
+    deleting = asyncio.create_task(handlers.job_status_changed(failed, cluster, locks=locks))
+    await asyncio.sleep(0)  # the deletion runs up to the lock (or, unlocked, lists the pods)
+    cluster.go.set()
+    assert await replacing == "created train-1"
+    assert sorted(await deleting) == ["train-0", "train-1", "train-2"]
+    assert cluster.pods == {}

@@ -29,7 +29,7 @@ def build_registry(api: ApiFactory) -> kopf.OperatorRegistry:
     """The operator's handlers; ``api`` is called once, on the first handler call."""
     registry = kopf.OperatorRegistry()
     cache: list[handlers.ClusterApi] = []
-    locks = handlers.JobLocks()  # pod creations of one job never interleave
+    locks = handlers.JobLocks()  # a job's pod creations and deletions never interleave
 
     def cluster() -> handlers.ClusterApi:
         if not cache:
@@ -53,7 +53,7 @@ def build_registry(api: ApiFactory) -> kopf.OperatorRegistry:
             locks.forget(body.get("metadata", {}).get("namespace", "default"),
                          body.get("metadata", {}).get("name", ""))  # fmt: skip
         else:
-            await handlers.job_status_changed(body, cluster())
+            await handlers.job_status_changed(body, cluster(), locks=locks)
 
     @kopf.on.event("", "v1", "pods", labels={manifests.LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:

@@ -12,6 +12,8 @@ pod found gone was deleted before the job was read, so the replacement is placed
 at least as new as its deletion (the master writes them before the pod exits). Reading the job
 first made a late creation run place a replacement with the ErrorNodes of before the fault.
 A ``DELETED`` pod brings exactly its own rank back (retried, idempotent on AlreadyExists).
+Deleting every pod of a failed job takes the same lock, so no creation that read the job
+before it failed ends after the deletion.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class ClusterApi(Protocol):
 
 
 class JobLocks:
-    """One lock per job: the operator's pod creations for a job never interleave."""
+    """One lock per job: the operator's pod creations for a job, and its deletion of them
+    all, never interleave."""
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -201,14 +204,25 @@ async def _create(api: ClusterApi, job: manifests.JobView, rank: int) -> bool:
     return False
 
 
-async def job_status_changed(body: Mapping[str, Any], api: ClusterApi) -> list[str]:
+async def job_status_changed(
+    body: Mapping[str, Any], api: ClusterApi, *, locks: JobLocks | None = None
+) -> list[str]:
     """Failed or stopped: delete every pod of the job. Otherwise delete each pod the master
     waits to see replaced (``.status.replacing``: a lost pod, e.g. silent but not exited) if
     it is still the very pod named there (same uid); its deletion brings the replacement.
-    Return the names deleted."""
+    Return the names deleted.
+
+    Under the job's lock, like every creation: a replacement that read the job before it
+    failed is made before the pods are listed here, so it is deleted with them (without the
+    lock it came after the listing and outlived the job)."""
     job = manifests.view(body)
     if not job.failed_or_stopped and not job.replacing:
         return []
+    async with (locks or JobLocks()).of(job.namespace, job.name):
+        return await _delete_pods(api, job)
+
+
+async def _delete_pods(api: ClusterApi, job: manifests.JobView) -> list[str]:
     deleted = []
     for pod in await api.list_pods(job.namespace, job.name):
         meta = pod.get("metadata") or {}
