@@ -23,6 +23,7 @@ import pytest
 
 from aegis.adapters import netns
 from aegis.platforms import emulated
+from tests.waits import async_wait_until
 
 AEGIS = [sys.executable, "-m", "aegis.cli.main"]
 PROBE = Path(__file__).parent / "bin" / "cluster_probe.py"
@@ -133,6 +134,37 @@ async def throttle(log_dir: Path, node: str, rate: str) -> None:
           "burst", "64kbit", "latency", "1s"]  # fmt: skip
     done = await asyncio.create_subprocess_exec(*tc)
     assert await done.wait() == 0, tc
+
+
+async def run_with_a_degraded_link(
+    tmp_path: Path, job: str, rate: str, command: Sequence[str]
+) -> ClusterRun:
+    """``command`` on three nodes and a spare; node-1's egress is throttled to ``rate`` once
+    rank 1 has logged step 150. Checks what every such run shows: the job ended well with no
+    fault counted, the pace watch reported the slowdown, a checkpoint was committed (the
+    script's own save) and then ``<job>-1`` moved to the spare; nothing was left behind."""
+    throttled: list[str] = []
+
+    async def degrade(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        pod_log = log_dir / "pods" / f"{job}-1.log"
+        await async_wait_until(lambda: last_step(pod_log, 1) >= 150, 200, "node-1 training")
+        await throttle(log_dir, "node-1", rate)
+        throttled.append("node-1")
+
+    flags = ["--nodes", "3", "--spare-nodes", "1", "--job", job, "--max-retry", "2",
+             "--pace-window-s", "5", "--pace-drop", "0.5"]  # fmt: skip
+    run = await run_cluster(tmp_path, flags, command, during=degrade, timeout_s=560)
+    assert throttled == ["node-1"]
+    assert run.rc == 0, run.output
+    status = run.status["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
+    assert run.pods[f"{job}-1"]["node"] == "spare-0", status
+    kinds = ("SlowdownReported", "CheckpointCommitted", "PodRestarted")
+    said = [(e["type"], e.get("pod")) for e in run.events() if e["type"] in kinds]
+    assert said[:3] == [("SlowdownReported", None), ("CheckpointCommitted", None),
+                        ("PodRestarted", f"{job}-1")], said  # fmt: skip
+    assert leftovers(run.log_dir) == []
+    return run
 
 
 def plain_ddp(ckpt: Path, steps: int, step_time_s: float = 0.05) -> list[str]:

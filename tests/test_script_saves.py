@@ -31,7 +31,14 @@ from aegis.core import events as ev
 from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
 from aegis.wire import messages
-from tests.cluster import AEGIS, PLAIN_DDP, last_step, leftovers, run_cluster, throttle
+from tests.cluster import (
+    AEGIS,
+    PLAIN_DDP,
+    last_step,
+    leftovers,
+    run_cluster,
+    run_with_a_degraded_link,
+)
 from tests.core_helpers import Driver
 from tests.waits import async_wait_until
 
@@ -195,32 +202,10 @@ async def test_a_node_with_a_degraded_link_is_found_and_left_at_the_scripts_own_
     plain DDP script trains: the job slows to about a third; the pace watch reports it,
     allreduce_perf names node-1, and its pod moves to the spare right after the script's next
     ``torch.save``; the job ends with no fault counted."""
-    ckpt = tmp_path / "ckpt"
     command = [sys.executable, str(PLAIN_DDP), "--steps", "900", "--step-time-s", "0.05",
-               "--hidden", "16384", "--ckpt-dir", str(ckpt)]  # fmt: skip
-    throttled: list[str] = []
-
-    async def degrade(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
-        pod_log = log_dir / "pods" / "nic-1.log"
-        await async_wait_until(lambda: last_step(pod_log, 1) >= 150, 200, "node-1 training")
-        await throttle(log_dir, "node-1", "100mbit")
-        throttled.append("node-1")
-
-    flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "nic", "--max-retry", "2",
-             "--pace-window-s", "5", "--pace-drop", "0.5"]  # fmt: skip
-    run = await run_cluster(tmp_path, flags, command, during=degrade, timeout_s=560)
-    assert throttled == ["node-1"]
-    assert run.rc == 0, run.output
-    status = run.status["status"]
-    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
-    assert run.pods["nic-1"]["node"] == "spare-0", status
-    # reported, then the script's own save taken as the checkpoint, then the pod moved
-    kinds = ("SlowdownReported", "CheckpointCommitted", "PodRestarted")
-    said = [(e["type"], e.get("pod")) for e in run.events() if e["type"] in kinds]
-    assert said[:3] == [("SlowdownReported", None), ("CheckpointCommitted", None),
-                        ("PodRestarted", "nic-1")], said  # fmt: skip
+               "--hidden", "16384", "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    run = await run_with_a_degraded_link(tmp_path, "nic", "100mbit", command)
     assert "script saved at step" in run.output, run.output
-    assert leftovers(run.log_dir) == []
 
 
 @pytest.mark.slow
