@@ -24,7 +24,9 @@ from aegis.wire import messages as m
 
 log = logging.getLogger(__name__)
 
-DECLINE_POLL_S = 0.1  # the progress file has no notification: looked at this often
+# The progress file has no notification: looked at this often (a request declined, a new own
+# save to tell).
+PROGRESS_POLL_S = 0.1
 
 
 class OrderExecutor:
@@ -191,7 +193,7 @@ async def decline_unless_taken(
         if verdict is decline_rule.Verdict.DECLINED:
             await decline()
             return
-        await asyncio.sleep(DECLINE_POLL_S)
+        await asyncio.sleep(PROGRESS_POLL_S)
 
 
 async def beat(the_link: link.MasterLink, training: ports.Training) -> None:
@@ -206,7 +208,7 @@ async def beat(the_link: link.MasterLink, training: ports.Training) -> None:
         due = loop.time() + the_link.settings.heartbeat_s
         while (left := due - loop.time()) > 0 and not the_link.done.done():
             try:
-                await asyncio.wait_for(asyncio.shield(the_link.done), min(left, DECLINE_POLL_S))
+                await asyncio.wait_for(asyncio.shield(the_link.done), min(left, PROGRESS_POLL_S))
             except TimeoutError:
                 aio.raise_if_cancelled(since)
             if the_link.untold_save(training.progress()):

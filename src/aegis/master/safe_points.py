@@ -227,10 +227,7 @@ class SafePoints:
         if waits:
             self.drain_waits = status.seq
             return None
-        last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
-        why = f"{pod}: {reason}; resuming from the last periodic checkpoint ({last})"
-        log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
-        return ev.DrainForced(draining, why)
+        return self._forced(draining, f"{pod}: {reason}")
 
     def script_saved(
         self, status: JobStatus, pod: PodName, seq: int, step: int | None, now: float
@@ -300,8 +297,12 @@ class SafePoints:
         if self.drain_waits != status.seq or not draining or (due is not None and now <= due):
             return []
         self.drain_waits = -1
+        return [self._forced(draining, "the next save, due by now, has not come")]
+
+    def _forced(self, draining: tuple[PodName, ...], cause: str) -> ev.DrainForced:
+        """The drain of ``draining`` stops waiting for a save: they resume from the last
+        periodic checkpoint."""
         last = f"step {self.committed_step}" if self.committed_step >= 0 else "none yet"
-        why = (f"the next save, due by now, has not come; resuming from the last periodic "
-               f"checkpoint ({last})")  # fmt: skip
+        why = f"{cause}; resuming from the last periodic checkpoint ({last})"
         log.warning("job %s: drain of %s: %s", self.job, ", ".join(draining), why)
-        return [ev.DrainForced(draining, why)]
+        return ev.DrainForced(draining, why)
