@@ -80,11 +80,14 @@ class Master:
     async def submit(
         self, job: str, nodes: tuple[str, str] = ("node-0", "node-1")
     ) -> asyncio.Queue[pm.PlatformRequest]:
-        """Submit a job of two pods; the platform requests the leader sends it."""
+        """Submit a job of two pods; the platform requests the leader sends it (but its
+        ``resend`` on adoption: see ``test_platform_node_down``)."""
         requests: asyncio.Queue[pm.PlatformRequest] = asyncio.Queue()
 
         async def on_request(subject: str, payload: bytes) -> None:
-            requests.put_nowait(msgspec.json.decode(payload, type=pm.PlatformRequest))
+            request = msgspec.json.decode(payload, type=pm.PlatformRequest)
+            if request.kind is not pm.RequestKind.RESEND:
+                requests.put_nowait(request)
 
         await self.bus.subscribe(pm.subject("default", job, "requests"), on_request)
         await self.bus.flush()

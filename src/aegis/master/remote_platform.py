@@ -42,6 +42,11 @@ class RemotePlatform:
     async def end_job(self, job: str, phase: Phase) -> None:
         await self._send(pm.RequestKind.END, job, phase=phase.value)
 
+    async def resend_events(self) -> None:
+        """This leader listens to the job's events now: the platform publishes again the
+        events it may have missed (once per leader term)."""
+        await self._send(pm.RequestKind.RESEND, "", f"resend:{self.epoch}")
+
     # -- aegis ctl drain / undrain (control.NodeDrainer) ------------------------------------------
 
     async def drain_node(self, node: str, reason: str) -> None:

@@ -264,6 +264,7 @@ class Replica:
             await platform.drain_node(node, reason)
         self._observe(runner)
         await self.platform_events.follow(runner)
+        await platform.resend_events()  # a NodeDown published while no replica listened
         try:
             await runner.takeover()
         except BaseException:

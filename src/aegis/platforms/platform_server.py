@@ -5,7 +5,10 @@ pending work of a round after a takeover); the platform's events go back on the 
 subject, where whichever replica leads picks them up. A quit is published again every
 ``REPEAT_QUIT_S`` until the leader ends the job: one sent before any replica had subscribed to
 the job's events (the job was just submitted, or a takeover was under way) would be lost, and
-the job would run on (a repeat reaching a job that ended already changes nothing).
+the job would run on (a repeat reaching a job that ended already changes nothing). Each node
+found down is published again when a new leader asks (``resend``, once it listens): one
+published during a takeover would be lost, and the node never blacklisted (the core ignores a
+node it knows already).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class PlatformServer:
         self._subscription: Subscription | None = None
         self._repeating: asyncio.Task[None] | None = None
         self.quits_sent = 0
+        self.down: dict[str, str] = {}  # node -> reason: every node found down, for a resend
 
     async def start(self) -> None:
         subject = pm.subject(self.namespace, self.job, "requests")
@@ -62,6 +66,7 @@ class PlatformServer:
             case ev.PodRestarted(pod=pod, node=node, pod_ip=ip):
                 out = pm.PlatformEvent(kind="restarted", pod=pod, node=node, pod_ip=ip)
             case ev.NodeDown(node=node, reason=reason):
+                self.down.setdefault(node, reason)
                 out = pm.PlatformEvent(kind="node_down", node=node, reason=reason)
             case ev.QuitRequested(reason=reason):
                 out = pm.PlatformEvent(kind="quit", reason=reason)
@@ -70,7 +75,10 @@ class PlatformServer:
                     return
             case _:
                 return
-        task = asyncio.create_task(self._publish(out))
+        self._publish_soon(out)
+
+    def _publish_soon(self, event: pm.PlatformEvent) -> None:
+        task = asyncio.create_task(self._publish(event))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -112,6 +120,9 @@ class PlatformServer:
                 self.ended.set()
             case pm.RequestKind.DRAIN | pm.RequestKind.UNDRAIN:
                 await self._drain(request)
+            case pm.RequestKind.RESEND:
+                for node, reason in self.down.items():
+                    self._publish_soon(pm.PlatformEvent(kind="node_down", node=node, reason=reason))
 
     async def _drain(self, request: pm.PlatformRequest) -> None:
         """The same as ``aegis ctl drain``/``undrain`` on a platform in the master's process."""

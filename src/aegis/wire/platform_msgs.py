@@ -1,7 +1,8 @@
 """Messages between a master replica and a platform process (``aegis run --masters N``).
 
 On ``aegis-platform.<namespace>.<job>.requests`` the leader asks for pod work; on
-``.events`` the platform reports pods that are up again and nodes it found down. The subjects
+``.events`` the platform reports pods that are up again and nodes it found down (again, on a
+new leader's ``resend``: an event published while the leader changed reached no one). The subjects
 are outside the job's ``aegis.<namespace>.<job>.>`` space, so a worker's credentials cannot
 reach them.
 """
@@ -20,6 +21,9 @@ class RequestKind(enum.StrEnum):
     END = "end"
     DRAIN = "drain"  # aegis ctl drain: keep pods off the node (and drain it in the scheduler)
     UNDRAIN = "undrain"
+    # a new leader, now listening to the job's events: publish again what it may have missed
+    # while no replica listened (the nodes found down)
+    RESEND = "resend"
 
 
 class PlatformRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

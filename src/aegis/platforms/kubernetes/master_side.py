@@ -304,6 +304,8 @@ class KubernetesSide:
                     await platform.drain_node(request.node, request.reason)
                 case pm.RequestKind.UNDRAIN:
                     await platform.undrain_node(request.node)
+                case pm.RequestKind.RESEND:
+                    pass  # no node is found down here (the pods are watched): nothing to resend
         except Exception:
             log.exception("kubernetes: %s of %s failed", request.kind, job.key)
 
