@@ -18,6 +18,7 @@ import msgspec
 
 from aegis.core.model import JobSpec, JobStatus
 from aegis.master.round_orders import RoundOrder
+from aegis.master.safe_point_notes import SafePointNotes
 from aegis.wire import status_json
 
 
@@ -32,6 +33,8 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     # the straggler scores of the round (``pace.StragglerWatch.summary``; empty: none yet)
     stragglers: dict[str, Any] = msgspec.field(default_factory=dict)
     ended: str = ""  # why the job ended, in the master's words (the EndJob reason; "": it runs)
+    # the save cadence and the waits for a save, for a new leader (None: an older record)
+    safe_points: SafePointNotes | None = None
 
 
 class JobRecord(JobNotes, kw_only=True, omit_defaults=True):

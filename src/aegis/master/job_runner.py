@@ -36,7 +36,7 @@ from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Order, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import inbox, job_record
+from aegis.master import inbox, job_record, safe_point_notes
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.executor import Executor
@@ -139,12 +139,17 @@ class JobRunner:
                 saved = self.safe.script_saved(self.status, pod, msg.seq, step, now)
                 if saved is not None:
                     self.platform_event(ev.CheckpointCommitted(saved))
-            case m.CheckpointStoreData() as data:
-                self._checkpoint_store(pod, msg, data)
+            case m.CheckpointStoreData() as data:  # logged, for aegis incidents and observers
+                self.events.write(msgspec.structs.replace(msg, ts=self.clock()))
+                self.progress.store_report(pod, data)
+                self.observers.message(msg)
             case _ if report.event is None:
                 self._heartbeat(pod, msg)
             case _:
                 self._queue_report(msg, report.event)
+        if self.progress.notes_moved():  # a save, a wait for one: a new leader goes on with it
+            self._persist_due = True
+            self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
 
     def _queue_report(self, msg: m.Message, event: ev.Event) -> None:
         if not self.seen.check_and_add(msg.id):
@@ -173,19 +178,6 @@ class JobRunner:
     def hang_named(self, pod: PodName, reason: str) -> None:
         """A hang of ``pod`` named from outside (``aegis ctl hang``): no window, it is blamed."""
         self.queue.put_nowait(inbox.operator_hang(pod, reason, self.status, self.clock()))
-
-    def _checkpoint_store(self, pod: PodName, msg: m.Message, data: m.CheckpointStoreData) -> None:
-        """A pod's durable checkpoint directory fails (logged once per outage) or works again;
-        the observers (fault log, metrics) see every report (``msg``, carrying ``data``)."""
-        self.events.write(msgspec.structs.replace(msg, ts=self.clock()))  # aegis incidents
-        if data.opened:
-            log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "
-                      "memory, training goes on", self.spec.job, pod, data.directory, data.errno,
-                      data.strerror, data.step)  # fmt: skip
-        elif data.ok:
-            log.warning("job %s pod %s: checkpoint store %s back after %.1f s", self.spec.job,
-                        pod, data.directory, data.down_s)  # fmt: skip
-        self.observers.message(msg)
 
     def drain(self, pods: tuple[PodName, ...], reason: str, deadline_s: float) -> None:
         """``aegis ctl drain``: these pods leave at the next committed checkpoint (requested
@@ -236,6 +228,8 @@ class JobRunner:
         requested = any(o.order is Order.CHECKPOINT and o.seq == status.seq
                         for o in self.round_orders)  # fmt: skip
         self.safe.taken_over(status, requested, self.settings.drain_deadline_s, now)
+        if self.notes.safe_points is not None:  # the old leader's cadence and waits
+            safe_point_notes.restore(self.safe, self.notes.safe_points, status, now, self.clock())
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
         for order in self.round_orders:
@@ -359,6 +353,7 @@ class JobRunner:
 
     def record(self) -> job_record.JobRecord:
         """What the store keeps of the job (``job_record``)."""
+        self.notes.safe_points = safe_point_notes.note(self.safe, self.clocks.mono(), self.clock())
         return job_record.build(self.spec, self.status, self.notes, self.round_orders, self.epoch)
 
     async def _persist(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aegis.core import actions as act
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import Order, Phase
-from aegis.master import round_orders
+from aegis.master import round_orders, safe_point_notes
 from aegis.master.job_settings import JobSettings
 from aegis.master.pace import Pace, StragglerWatch
 from aegis.master.round_orders import RoundOrder
@@ -43,6 +43,24 @@ class Progress:
         self.safe = SafePoints(job, requests, committed_step=committed_step)
         self.pace = Pace(settings.pace)
         self.stragglers = StragglerWatch(settings.stragglers)
+        self._noted: tuple[object, ...] = safe_point_notes.key(self.safe)
+
+    def notes_moved(self) -> bool:
+        """Whether the safe points' notes for a new leader changed since the last call (a save,
+        a wait for one began or ended): the record is then written at once."""
+        now = safe_point_notes.key(self.safe)
+        moved, self._noted = now != self._noted, now
+        return moved
+
+    def store_report(self, pod: PodName, data: m.CheckpointStoreData) -> None:
+        """A pod's durable checkpoint directory fails (logged once per outage) or works again."""
+        if data.opened:
+            log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "
+                      "memory, training goes on", self.job, pod, data.directory, data.errno,
+                      data.strerror, data.step)  # fmt: skip
+        elif data.ok:
+            log.warning("job %s pod %s: checkpoint store %s back after %.1f s", self.job,
+                        pod, data.directory, data.down_s)  # fmt: skip
 
     def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
         """``pod`` committed ``step``: the job's new committed step, once per new step every pod

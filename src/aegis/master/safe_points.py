@@ -197,8 +197,9 @@ class SafePoints:
             self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
 
     def taken_over(self, status: JobStatus, requested: bool, deadline_s: float, now: float) -> None:
-        """A new leader: the old one's drain deadlines are lost (a full one from now); a
-        request already ordered in this round is not made again."""
+        """A new leader: a full drain deadline from now (``safe_point_notes.restore`` then
+        puts back the old leader's, when its record kept them); a request already ordered in
+        this round is not made again."""
         for pod, info in status.pod_infos.items():
             if info.drain:
                 self.drain_deadlines[pod] = (now + deadline_s, deadline_s)
