@@ -251,3 +251,32 @@ async def test_a_suspect_only_slow_still_joins_the_collectives() -> None:
     assert not by_type[CheckType.HANG].passed
     assert by_type[CheckType.ALLREDUCE_CONNECT].passed
     assert not by_type[CheckType.ALLREDUCE_CONNECT].not_applicable
+
+
+@pytest.mark.parametrize("slow_side", [0, 1])
+def test_both_sides_of_a_link_measure_with_the_buffer_the_lower_rank_sized(slow_side: int) -> None:
+    """Each side of a pair has its own view of the link's rate (here one saw 100 kB/s, the
+    other nothing yet): the lower rank sizes the buffer and tells its partner, so both move the
+    same one (sizes that differ would leave gloo's send and recv waiting on each other)."""
+    port = group.free_port()
+    script = os.path.join(os.path.dirname(__file__), "bin", "links_pair.py")
+    rates = ["1e5" if rank == slow_side else "none" for rank in range(2)]
+    pods = [
+        subprocess.Popen(
+            [PY, script, str(rank), str(port), rates[rank]],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outs = [pod.communicate(timeout=120)[0] for pod in pods]
+    finally:
+        for pod in pods:
+            if pod.poll() is None:
+                pod.kill()
+    assert [pod.returncode for pod in pods] == [0, 0], outs
+    said = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    assert said[0]["own"] != said[1]["own"]  # the two views differ
+    assert said[0]["floats"] == said[1]["floats"] == said[0]["own"], said
