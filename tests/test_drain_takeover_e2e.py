@@ -43,18 +43,18 @@ def _events(log_dir: Path, job: str) -> list[dict[str, Any]]:
 async def test_a_drain_waiting_for_the_scripts_save_goes_on_under_the_new_leader(
     tmp_path: Path,
 ) -> None:
-    """Saves every 150 steps of 0.1 s. node-1 is drained after the second; the script declines
-    the request, the leader waits for the save at step 450 and is SIGKILLed before it. The
+    """Saves every 200 steps of 0.1 s. node-1 is drained after the second; the script declines
+    the request, the leader waits for the save at step 600 and is SIGKILLed before it. The
     standby leads, takes that save, and the pod moves to the spare: nothing forced, nothing
     counted."""
-    command = [sys.executable, str(PLAIN_DDP), "--steps", "700", "--step-time-s", "0.1",
-               "--ckpt-every", "150", "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    command = [sys.executable, str(PLAIN_DDP), "--steps", "800", "--step-time-s", "0.1",
+               "--ckpt-every", "200", "--ckpt-dir", str(tmp_path / "ckpt")]  # fmt: skip
     killed: list[int] = []
     drained: list[str] = []
 
     async def drain_then_kill(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         pod_log = log_dir / "pods" / "dt-1.log"
-        await async_wait_until(lambda: last_step(pod_log, 1) >= 310, 300, "two own saves")
+        await async_wait_until(lambda: last_step(pod_log, 1) >= 410, 300, "two own saves")
         ctl = await asyncio.create_subprocess_exec(
             *AEGIS, "ctl", "drain", "node-1", "--deadline-s", "300", "--log-dir", str(log_dir),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -74,7 +74,7 @@ async def test_a_drain_waiting_for_the_scripts_save_goes_on_under_the_new_leader
         waited_at = last_step(pod_log, 1)
         # the wait is stored with the leader's next write, at once: 20 steps (2 s) later it is
         await async_wait_until(lambda: last_step(pod_log, 1) >= waited_at + 20, 60, "20 steps")
-        assert last_step(pod_log, 1) < 430, "too late: the save at 450 would come first"
+        assert last_step(pod_log, 1) < 580, "too late: the save at 600 would come first"
         os.kill(_master_pid(log_dir, leader), signal.SIGKILL)
         killed.append(leader)
 
@@ -88,8 +88,8 @@ async def test_a_drain_waiting_for_the_scripts_save_goes_on_under_the_new_leader
     assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
     assert status["error_nodes"] == [] and run.pods["dt-1"]["node"] == "spare-0", status
     standby = (run.log_dir / f"master-{1 - killed[0]}.log").read_text()
-    assert "leads job default.dt" in standby and "script saved at step 450" in standby, standby
+    assert "leads job default.dt" in standby and "script saved at step 600" in standby, standby
     events = _events(run.log_dir, "dt")
     assert not any(e["type"] == "DrainForced" for e in events), events
-    assert [e["step"] for e in events if e["type"] == "CheckpointCommitted"] == [450], events
+    assert [e["step"] for e in events if e["type"] == "CheckpointCommitted"] == [600], events
     assert leftovers(run.log_dir) == []

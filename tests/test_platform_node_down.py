@@ -80,7 +80,7 @@ async def test_a_node_found_down_while_no_replica_listened_is_recorded_by_the_ne
                 return bool((await served.status()).error_nodes)
 
             await async_wait_until(recorded, 30, "node-1 in the error nodes")
-            assert len(heard) == 2  # published once more, on the leader's resend
+            await async_wait_until(lambda: len(heard) == 2, what="the resend heard")
             served.server.sink(ev.QuitRequested("over"))
 
             async def ended() -> bool:

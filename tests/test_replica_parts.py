@@ -6,10 +6,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from aegis.adapters import memory
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Phase
 from aegis.master import job_record, platform_events, records
+from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.ports import NullPlatform
+from aegis.wire import platform_msgs as pm
+from tests.core_helpers import Driver
 
 
 @pytest.mark.parametrize(
@@ -57,3 +62,25 @@ def test_job_access_from_a_record_and_an_ended_job_gets_no_more_credentials() ->
     assert (failed := records.job_access("ns", "j", None, over, ended=False)) is not None
     assert failed.ended
     assert records.job_access("ns", "j", None, None, ended=False) is None
+
+
+async def test_a_node_down_said_again_for_a_known_node_is_not_handed_to_the_job() -> None:
+    """A new leader's resend says every node found down again: one the job knows already is
+    nothing new (not logged, not counted as a rejection); another is handed on."""
+    job = Driver(workers=2)
+    job.to_running()
+    job.feed(ev.NodeDown(NodeName("node-1"), "gone"))
+    bus = memory.MemoryBus()
+    runner = JobRunner(job.spec, job.status, bus=bus, store=memory.MemoryStore(),
+                       platform=NullPlatform(), settings=JobSettings(), log_dir=None)  # fmt: skip
+    await platform_events.PlatformEvents(bus).follow(runner)
+    subject = pm.subject(job.spec.namespace, job.spec.job, "events")
+    for node in ("node-1", "node-0"):
+        event = pm.PlatformEvent(kind="node_down", node=node, reason="gone")
+        await bus.publish(subject, msgspec.json.encode(event))
+    await bus.flush()
+    handed = [runner.queue.get_nowait() for _ in range(runner.queue.qsize())]
+    assert [getattr(item, "event", None) for item in handed] == [
+        ev.NodeDown(NodeName("node-0"), "gone")
+    ]
+    assert runner.drops.counts == {}

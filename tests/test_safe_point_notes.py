@@ -15,8 +15,10 @@ from aegis.core import events as ev
 from aegis.master import job_builder, job_record, records
 from aegis.master.job_runner import JobSettings
 from aegis.master.ports import NullPlatform
+from aegis.master.progress import Progress
 from aegis.master.safe_point_notes import SafePointNotes, note, restore
 from aegis.master.safe_points import SafePoints
+from aegis.wire import messages as m
 from tests.core_helpers import Driver
 from tests.test_job_record import OLD_RECORD
 
@@ -118,3 +120,34 @@ async def test_a_record_with_notes_is_adopted_with_its_cadence_and_written_back(
     assert written is not None and (written.interval_s, written.step) == (10.0, 40)
     assert abs(written.last_wall - last_wall) < 1.0  # the same save, as the new leader sees it
     await runner.unsubscribe()
+
+
+def test_a_save_told_again_after_the_takeover_is_not_the_one_awaited() -> None:
+    """The old leader died before its record had the wait: the agent tells the decline again,
+    and its script's save at step 40 again (it does now and then). The new leader knows step 40
+    from the notes, so only a newer save is taken."""
+    job, old = _waiting_drain()
+    old.script_wait, old.declined_seq, old.drain_waits = None, -1, -1  # the wait unwritten
+    safe = _new_leader(job, note(old, OLD_MONO, OLD_WALL))
+    seq = job.status.seq
+    assert safe.declined(job.status, job.pod(0), "no requests taken", NEW_MONO + 1) is None
+    assert safe.script_saved(job.status, job.pod(0), seq, 40, NEW_MONO + 2) is None
+    assert safe.script_saved(job.status, job.pod(0), seq, 60, NEW_MONO + 6) == 60
+
+
+def test_the_record_is_written_at_once_for_a_save_or_a_wait_not_for_a_heartbeat() -> None:
+    job = Driver(workers=3)
+    job.to_running()
+    progress, seq, pod = Progress("job", JobSettings()), job.status.seq, job.pod(0)
+    progress.notes(0.0, OLD_WALL)  # a record written
+    beat = m.HeartbeatData(step=10)
+    progress.step_seen(job.status, pod, seq, beat, 1.0)  # the start of training: noted
+    assert progress.notes_moved()
+    progress.notes(1.0, OLD_WALL)
+    for k in range(2, 6):
+        progress.step_seen(job.status, pod, seq, msgspec.structs.replace(beat, step=10 * k), k)
+        assert not progress.notes_moved()
+    assert progress.safe.script_saved(job.status, pod, seq, 45, 6.0) is None
+    assert progress.notes_moved()  # a save of the cadence
+    progress.notes(6.0, OLD_WALL)
+    assert not progress.notes_moved()

@@ -140,10 +140,14 @@ def evict(
     return status, tuple(actions)
 
 
+def is_error_node(nodes: tuple[ErrorNode, ...], node: str) -> bool:
+    return any(entry.node == node for entry in nodes)
+
+
 def add_error_node(
     nodes: tuple[ErrorNode, ...], node: NodeName, reason: str, now: float
 ) -> tuple[ErrorNode, ...]:
-    if any(entry.node == node for entry in nodes):
+    if is_error_node(nodes, node):
         return nodes
     return (*nodes, ErrorNode(node=node, reason=reason, ts=now))
 
@@ -188,7 +192,7 @@ def replace_elsewhere(
 def node_down(status: JobStatus, node: NodeName, reason: str, now: float) -> Result:
     """A node found down joins ErrorNodes and is blacklisted; the phase, the round and the
     budget stay. A node already there, or no node named: rejected."""
-    if not node or any(entry.node == node for entry in status.error_nodes):
+    if not node or is_error_node(status.error_nodes, node):
         return reject(status, act.RejectReason.IGNORED, f"node {node!r} is known")
     nodes = add_error_node(status.error_nodes, node, reason, now)
     return updates.status(status, error_nodes=nodes), (act.BlacklistNode(node, reason),)

@@ -353,7 +353,7 @@ class JobRunner:
 
     def record(self) -> job_record.JobRecord:
         """What the store keeps of the job (``job_record``)."""
-        self.notes.safe_points = safe_point_notes.note(self.safe, self.clocks.mono(), self.clock())
+        self.notes.safe_points = self.progress.notes(self.clocks.mono(), self.clock())
         return job_record.build(self.spec, self.status, self.notes, self.round_orders, self.epoch)
 
     async def _persist(self) -> None:

@@ -11,6 +11,7 @@ import msgspec
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
+from aegis.core.rounds import is_error_node
 from aegis.master.job_runner import JobRunner, status_key
 from aegis.wire import platform_msgs as pm
 
@@ -47,6 +48,9 @@ class PlatformEvents:
             if event is None:
                 runner.drops.add("platform_malformed")
                 return
+            if isinstance(event, ev.NodeDown) and is_error_node(runner.status.error_nodes,
+                                                                event.node):  # fmt: skip
+                return  # said again (a new leader's resend): nothing new, not logged again
             runner.platform_event(event)
 
         spec = runner.spec

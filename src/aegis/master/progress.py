@@ -45,12 +45,15 @@ class Progress:
         self.stragglers = StragglerWatch(settings.stragglers)
         self._noted: tuple[object, ...] = safe_point_notes.key(self.safe)
 
+    def notes(self, now: float, wall: float) -> safe_point_notes.SafePointNotes | None:
+        """The safe points' notes for a new leader, as a record write carries them."""
+        self._noted = safe_point_notes.key(self.safe)
+        return safe_point_notes.note(self.safe, now, wall)
+
     def notes_moved(self) -> bool:
-        """Whether the safe points' notes for a new leader changed since the last call (a save,
-        a wait for one began or ended): the record is then written at once."""
-        now = safe_point_notes.key(self.safe)
-        moved, self._noted = now != self._noted, now
-        return moved
+        """Whether the safe points' notes changed since the record was last written (a save, a
+        wait for one began or ended): it is then written at once."""
+        return safe_point_notes.key(self.safe) != self._noted
 
     def store_report(self, pod: PodName, data: m.CheckpointStoreData) -> None:
         """A pod's durable checkpoint directory fails (logged once per outage) or works again."""

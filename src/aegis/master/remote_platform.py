@@ -44,8 +44,9 @@ class RemotePlatform:
 
     async def resend_events(self) -> None:
         """This leader listens to the job's events now: the platform publishes again the
-        events it may have missed (once per leader term)."""
-        await self._send(pm.RequestKind.RESEND, "", f"resend:{self.epoch}")
+        events it may have missed (each adoption's own: a job adopted again in the same term
+        after its loop died was not listened to in between)."""
+        await self._send(pm.RequestKind.RESEND, "", f"resend:{self.epoch}:{next(self._ops)}")
 
     # -- aegis ctl drain / undrain (control.NodeDrainer) ------------------------------------------
 

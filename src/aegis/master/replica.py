@@ -264,8 +264,8 @@ class Replica:
             await platform.drain_node(node, reason)
         self._observe(runner)
         await self.platform_events.follow(runner)
-        await platform.resend_events()  # a NodeDown published while no replica listened
         try:
+            await platform.resend_events()  # a NodeDown published while no replica listened
             await runner.takeover()
         except BaseException:
             del self.runners[key]

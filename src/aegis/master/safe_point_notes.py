@@ -26,6 +26,8 @@ class SafePointNotes(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     wait_after: int = -1  # the newest own save when they began to wait (the one awaited is newer)
     taken_round: int = -1  # the round a script's own save was taken as the commit in
     drain_waits: int = -1  # the round a drain waits for the next save in
+    # each pod's last own save (round, step): a save told again after the takeover is no new one
+    saves: dict[str, tuple[int, int]] = msgspec.field(default_factory=dict)
     # each draining pod's deadline (wall clock) and the seconds it was given
     deadlines: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
 
@@ -35,7 +37,8 @@ def key(safe: SafePoints) -> tuple[object, ...]:
     when it changes."""
     return (safe.save_interval, safe.save_last, safe.start_heard, safe.cadence_step,
             safe.declined_seq, safe.script_wait, safe.script_taken, safe.drain_waits,
-            tuple(sorted(safe.drain_deadlines.items())))  # fmt: skip
+            tuple(sorted(safe.drain_deadlines.items())),
+            tuple(sorted(safe.script_saves.items())))  # fmt: skip
 
 
 def note(safe: SafePoints, now: float, wall: float) -> SafePointNotes | None:
@@ -54,6 +57,7 @@ def note(safe: SafePoints, now: float, wall: float) -> SafePointNotes | None:
         wait_round=waiting[0], wait_after=waiting[1], taken_round=safe.script_taken,
         drain_waits=safe.drain_waits,
         deadlines={p: (to_wall(t), s) for p, (t, s) in safe.drain_deadlines.items()},
+        saves={str(p): saved for p, saved in safe.script_saves.items()},
     )  # fmt: skip
     return None if notes == SafePointNotes() else notes
 
@@ -79,6 +83,9 @@ def restore(
     safe.declined_seq = seq if notes.declined_round == seq else safe.declined_seq
     safe.script_taken = seq if notes.taken_round == seq else safe.script_taken
     safe.drain_waits = seq if notes.drain_waits == seq else safe.drain_waits
+    for pod, (round_, step) in notes.saves.items():
+        if round_ == seq:
+            safe.script_saves[PodName(pod)] = (seq, step)
     for pod, (deadline, seconds) in notes.deadlines.items():
         info = status.pod_infos.get(PodName(pod))
         if info is not None and info.drain:

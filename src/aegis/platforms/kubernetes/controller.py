@@ -6,7 +6,8 @@
 - every event of a pod labelled ``aegis.dev/job``: an exit non-zero deletes the pod, and its
   deletion brings a replacement (kept off the ErrorNodes).
 
-Pod creations of one job are serialised by a per-job lock (``handlers.JobLocks``).
+Pod creations of one job, and its deletion of them all, are serialised by a per-job lock
+(``handlers.JobLocks``).
 """
 
 from __future__ import annotations
