@@ -383,3 +383,29 @@ async def test_a_warm_child_has_the_blas_pool_of_a_cold_start(
         threads, parent = map(int, out.read_text().split())
         assert parent != os.getpid()  # forked from the zygote: warm
         assert threads == cold_threads
+
+
+def test_a_save_counts_as_a_checkpoint_only_when_it_holds_training_state() -> None:
+    import torch
+    from torch import nn
+
+    model = nn.Linear(2, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpoints = [
+        model,
+        optimizer,
+        model.state_dict(),
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 40},
+        [torch.zeros(4)],
+    ]
+    assert all(autoprogress.holds_state(c) for c in checkpoints)
+    dumps = [
+        {"loss": 0.25, "acc": torch.tensor(0.9), "names": ["a", "b"]},
+        torch.tensor(1.5),
+        [0.1, 0.2, 0.3],
+        "text",
+        None,
+        # a tensor beyond the first STATE_LOOKS objects looked at (the last one first)
+        [torch.zeros(2)] + [torch.tensor(float(k)) for k in range(autoprogress.STATE_LOOKS)],
+    ]
+    assert not any(autoprogress.holds_state(d) for d in dumps)

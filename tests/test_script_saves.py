@@ -59,6 +59,7 @@ import torch.distributed.checkpoint as dcp
 step()  # 6: the checkpoint module is loaded by now
 dcp.save({"model": model.state_dict()}, checkpoint_id=out + "/dcp")  # at step 6: one save
 step()
+torch.save({"loss": 0.25, "acc": torch.tensor(0.9)}, out + "/metrics.pt")  # no checkpoint
 """
 
 
@@ -83,7 +84,7 @@ def test_a_plain_scripts_own_saves_reach_the_progress_file(
     _run(tmp_path, shared.path)
     seen = shared.read()
     assert seen is not None and seen[0] == 7
-    assert shared.saved() == 6  # the checkpoint at 6 (the one at 5 before it)
+    assert shared.saved() == 6  # the checkpoint at 6 (the one at 5 before it; no metrics dump)
     raw = Path(shared.path).read_bytes()
     assert progress.SAVED.unpack_from(raw, progress.SAVED_AT) == (6, 2)  # two saves, not three
 

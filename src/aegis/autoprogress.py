@@ -38,10 +38,11 @@ open file, not to an in-memory buffer) and ``torch.distributed.checkpoint.save``
 each one that returns writes the step into the progress file
 (:func:`aegis.training.report_saved`; a save inside another, in the same thread, counts once).
 A script that takes no checkpoint requests still has safe points then: a slow pod leaves right
-after the script's next own save (the master's ``SafePoints``). Any ``torch.save`` to a file
-counts, a metrics dump too: the pod then leaves there, and the script resumes from its newest
-real checkpoint, as it would at any restart. A script that bound ``save`` to a name of its own
-before its first step is not seen.
+after the script's next own save (the master's ``SafePoints``). A ``torch.save`` to a file counts
+when what it saves holds training state (:func:`holds_state`: a module, an optimizer, a tensor of
+more than one element); a metrics dump (numbers, scalar tensors) does not, so no pod leaves at
+it to resume from an older checkpoint. A script that bound ``save`` to a name of its own before
+its first step is not seen.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def _saving(original: Callable[..., Any], to_file: bool) -> Callable[..., Any]:
             result = original(*args, **kwargs)
         finally:
             _saves.depth -= 1
-        if _saves.depth == 0 and (not to_file or _a_file(args, kwargs)):
+        if _saves.depth == 0 and (not to_file or _a_checkpoint_file(args, kwargs)):
             with contextlib.suppress(Exception):  # never break a save
                 training.report_saved()
         return result
@@ -233,11 +234,36 @@ def _saving(original: Callable[..., Any], to_file: bool) -> Callable[..., Any]:
     return save
 
 
-def _a_file(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``torch.save(obj, f)`` saved to a file (a path, or an open file: it has a
-    name), not to an in-memory buffer."""
+def _a_checkpoint_file(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``torch.save(obj, f)`` saved training state (:func:`holds_state`) to a file (a
+    path, or an open file: it has a name), not to an in-memory buffer."""
     f = args[1] if len(args) > 1 else kwargs.get("f")
-    return isinstance(f, str | bytes | os.PathLike) or isinstance(getattr(f, "name", None), str)
+    to_file = isinstance(f, str | bytes | os.PathLike) or isinstance(getattr(f, "name", None), str)
+    return to_file and holds_state(args[0] if args else kwargs.get("obj"))
+
+
+STATE_LOOKS = 4096  # the objects of a saved structure looked at, at most
+
+
+def holds_state(obj: Any) -> bool:
+    """Whether a saved object holds training state: something with a ``state_dict`` (a module,
+    an optimizer) or a tensor of more than one element, among the first STATE_LOOKS objects of
+    its dicts, lists and tuples. A metrics dump (numbers, strings, scalar tensors) does not."""
+    stack, looked = [obj], 0
+    while stack and looked < STATE_LOOKS:
+        item = stack.pop()
+        looked += 1
+        if callable(getattr(item, "state_dict", None)):
+            return True
+        numel = getattr(item, "numel", None)
+        if callable(numel) and hasattr(item, "dtype"):  # a tensor
+            if numel() > 1:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def _arm_input() -> None:
