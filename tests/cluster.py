@@ -118,6 +118,32 @@ def leftovers(log_dir: Path) -> list[str]:
     return found
 
 
+async def ctl(*args: str) -> str:
+    """``aegis ctl ARGS`` run on the host: ``"<exit status>: <what it said>"``."""
+    proc = await asyncio.create_subprocess_exec(
+        *AEGIS, "ctl", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    said, _ = await proc.communicate()
+    return f"{proc.returncode}: {said.decode()}"
+
+
+async def drain_at_step(log_dir: Path, job: str, step: int, deadline_s: float) -> str:
+    """Once rank 1 (``<job>-1``, on node-1) has logged ``step``: ``aegis ctl drain node-1``."""
+    pod_log = log_dir / "pods" / f"{job}-1.log"
+    await async_wait_until(lambda: last_step(pod_log, 1) >= step, 300, f"rank 1 at step {step}")
+    return await ctl("drain", "node-1", "--deadline-s", f"{deadline_s:g}", "--log-dir",
+                     str(log_dir))  # fmt: skip
+
+
+def master_pid(log_dir: Path, index: int) -> int:
+    """The pid of the run's master ``index`` (``--masters N``)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if f"master-{index}" in cmdline and str(log_dir) in cmdline:
+            return int(proc.pid)
+    raise AssertionError(f"no master-{index} process")
+
+
 def holder_of(log_dir: Path, node: str) -> int:
     """The pid of ``node``'s holder (``aegis-node NODE HOSTS``, its hosts file in the run)."""
     for proc in psutil.process_iter(["cmdline"]):

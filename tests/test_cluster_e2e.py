@@ -24,7 +24,9 @@ from tests.cluster import (
     TRAIN,
     address_of,
     assert_each_node_kept_to_itself,
+    ctl,
     leftovers,
+    master_pid,
     probe,
     require_namespaces,
     run_cluster,
@@ -226,12 +228,7 @@ async def test_a_drain_from_the_host_moves_the_pod_to_a_spare_with_nothing_count
     async def drain(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         out = tmp_path / "out"
         await async_wait_until((out / "rank-1.jsonl").exists, 120, "training to start on node-1")
-        ctl = await asyncio.create_subprocess_exec(
-            *AEGIS, "ctl", "drain", "node-1", "--log-dir", str(log_dir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        said, _ = await ctl.communicate()
-        drained.append(f"{ctl.returncode}: {said.decode()}")
+        drained.append(await ctl("drain", "node-1", "--log-dir", str(log_dir)))
 
     run = await run_cluster(
         tmp_path, ["--nodes", "2", "--spare-nodes", "1", "--job", "d"], command, during=drain
@@ -272,7 +269,7 @@ async def test_the_leader_killed_mid_training_the_standby_leads_and_training_goe
             if "leads job default.f" in (log_dir / f"master-{i}.log").read_text()
         )  # fmt: skip
         scraped.append(await asyncio.to_thread(scrape, port + leader))
-        pid = _master_pid(log_dir, leader)
+        pid = master_pid(log_dir, leader)
         os.kill(pid, signal.SIGKILL)
         killed.append(f"master-{leader}")
 
@@ -294,14 +291,6 @@ async def test_the_leader_killed_mid_training_the_standby_leads_and_training_goe
     assert "aegis_" in scraped[0]
     assert_each_node_kept_to_itself(run, 2)
     assert leftovers(run.log_dir) == []
-
-
-def _master_pid(log_dir: Path, index: int) -> int:
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if f"master-{index}" in cmdline and str(log_dir) in cmdline:
-            return int(proc.pid)
-    raise AssertionError(f"no master-{index} process")
 
 
 @pytest.mark.timeout(420)

@@ -16,23 +16,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.cluster import AEGIS, PLAIN_DDP, last_step, leftovers, run_cluster
+from tests.cluster import (
+    PLAIN_DDP,
+    drain_at_step,
+    last_step,
+    leftovers,
+    master_pid,
+    run_cluster,
+)
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(600)]
 
 WAITS = "leaves at the script's next own save"  # the leader's line when the wait begins
-
-
-def _master_pid(log_dir: Path, index: int) -> int:
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if f"master-{index}" in cmdline and str(log_dir) in cmdline:
-            return int(proc.pid)
-    raise AssertionError(f"no master-{index} process")
 
 
 def _events(log_dir: Path, job: str) -> list[dict[str, Any]]:
@@ -54,13 +52,7 @@ async def test_a_drain_waiting_for_the_scripts_save_goes_on_under_the_new_leader
 
     async def drain_then_kill(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         pod_log = log_dir / "pods" / "dt-1.log"
-        await async_wait_until(lambda: last_step(pod_log, 1) >= 410, 300, "two own saves")
-        ctl = await asyncio.create_subprocess_exec(
-            *AEGIS, "ctl", "drain", "node-1", "--deadline-s", "300", "--log-dir", str(log_dir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        said, _ = await ctl.communicate()
-        drained.append(f"{ctl.returncode}: {said.decode()}")
+        drained.append(await drain_at_step(log_dir, "dt", 410, 300))  # after two own saves
 
         def waiting() -> int | None:
             for i in range(2):
@@ -75,7 +67,7 @@ async def test_a_drain_waiting_for_the_scripts_save_goes_on_under_the_new_leader
         # the wait is stored with the leader's next write, at once: 20 steps (2 s) later it is
         await async_wait_until(lambda: last_step(pod_log, 1) >= waited_at + 20, 60, "20 steps")
         assert last_step(pod_log, 1) < 580, "too late: the save at 600 would come first"
-        os.kill(_master_pid(log_dir, leader), signal.SIGKILL)
+        os.kill(master_pid(log_dir, leader), signal.SIGKILL)
         killed.append(leader)
 
     flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "dt", "--max-retry", "2",

@@ -20,6 +20,19 @@ from tests.poll_helpers import leads, standalone_master
 from tests.waits import async_wait_until
 
 
+async def _quit_with_node_1_in_the_error_nodes(served: ServedJob) -> None:
+    """The job quits; its status keeps node-1 in the error nodes, once, and counts nothing."""
+    served.server.sink(ev.QuitRequested("over"))
+
+    async def ended() -> bool:
+        return (await served.status()).phase.value == "Failed"
+
+    await async_wait_until(ended, what="the job to end")
+    status = await served.status()
+    assert [(e.node, e.reason) for e in status.error_nodes] == [("node-1", "its holder exited")]
+    assert status.recover_count == 0
+
+
 async def test_a_node_the_platform_finds_down_joins_the_error_nodes_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -37,17 +50,7 @@ async def test_a_node_the_platform_finds_down_joins_the_error_nodes_once(
                 return bool((await served.status()).error_nodes)
 
             await async_wait_until(recorded, what="node-1 in the error nodes")
-            served.server.sink(ev.QuitRequested("over"))
-
-            async def ended() -> bool:
-                return (await served.status()).phase.value == "Failed"
-
-            await async_wait_until(ended, what="the job to end")
-            status = await served.status()
-            assert [(e.node, e.reason) for e in status.error_nodes] == [
-                ("node-1", "its holder exited")
-            ]
-            assert status.recover_count == 0
+            await _quit_with_node_1_in_the_error_nodes(served)
         finally:
             await served.close()
 
@@ -81,17 +84,7 @@ async def test_a_node_found_down_while_no_replica_listened_is_recorded_by_the_ne
 
             await async_wait_until(recorded, 30, "node-1 in the error nodes")
             await async_wait_until(lambda: len(heard) == 2, what="the resend heard")
-            served.server.sink(ev.QuitRequested("over"))
-
-            async def ended() -> bool:
-                return (await served.status()).phase.value == "Failed"
-
-            await async_wait_until(ended, what="the job to end")
-            status = await served.status()
-            assert [(e.node, e.reason) for e in status.error_nodes] == [
-                ("node-1", "its holder exited")
-            ]
-            assert status.recover_count == 0
+            await _quit_with_node_1_in_the_error_nodes(served)
         finally:
             await events.unsubscribe()
             await served.close()

@@ -32,9 +32,8 @@ from aegis.core.recovery import Classification
 from aegis.master.safe_points import SafePoints
 from aegis.wire import messages
 from tests.cluster import (
-    AEGIS,
     PLAIN_DDP,
-    last_step,
+    drain_at_step,
     leftovers,
     run_cluster,
     run_with_a_degraded_link,
@@ -226,14 +225,7 @@ async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
     drained: list[str] = []
 
     async def drain(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
-        pod_log = log_dir / "pods" / "dr-1.log"
-        await async_wait_until(lambda: last_step(pod_log, 1) >= 130, 200, "two own saves")
-        ctl = await asyncio.create_subprocess_exec(
-            *AEGIS, "ctl", "drain", "node-1", "--deadline-s", "120", "--log-dir", str(log_dir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        said, _ = await ctl.communicate()
-        drained.append(f"{ctl.returncode}: {said.decode()}")
+        drained.append(await drain_at_step(log_dir, "dr", 130, 120))  # after two own saves
 
     flags = ["--nodes", "3", "--spare-nodes", "1", "--job", "dr", "--max-retry", "2"]
     run = await run_cluster(tmp_path, flags, command, during=drain, timeout_s=560)
