@@ -72,7 +72,7 @@ def failures(scrape: str) -> float:
 async def test_a_full_checkpoint_disk_is_reported_training_goes_on_and_persisting_resumes(
     tmp_path: Path, disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="aegis.master.job_runner")
+    caplog.set_level(logging.WARNING, logger="aegis.master")
     control = tmp_path / "control"
     control.mkdir()
     settings = local_run.RunSettings(
@@ -150,7 +150,7 @@ def _assert_told_once_and_every_commit_loads(
         assert (f"checkpoint store down: [Errno 28] No space left on device: {disk / pod}"
                 in faults)  # fmt: skip
     assert faults.count("checkpoint store down") == 2
-    master_lines = [r.getMessage() for r in caplog.records if r.name == "aegis.master.job_runner"]
+    master_lines = [r.getMessage() for r in caplog.records if r.name.startswith("aegis.master.")]
     down = [line for line in master_lines if "checkpoint store" in line and " down: " in line]
     assert len(down) == 2 and all("[Errno 28] No space left on device" in line for line in down)
     assert sum("checkpoint store" in line and " back after " in line for line in master_lines) == 2
