@@ -313,3 +313,63 @@ def test_what_a_peer_shows_beyond_a_dead_peer_still_counts_under_torchrun() -> N
 )
 def test_without_the_root_causes_own_lines_every_match_counts(lines: list[str]) -> None:
     assert _evidence(lines).fault_class == FC.CONNECTION
+
+
+# A CI run on this 2-core machine under load (2026-12-05, ``tests/test_local_ranks_e2e.py``):
+# rank 1 raised, but was slow to exit; rank 0 aborted on the broken connection first, and
+# torchrun named rank 0 the root cause (frames shortened).
+TORCHRUN_SLOW_EXIT = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/tmp/ci41/examples/train_ddp.py", line 132, in main',
+    '[rank1]:     raise RuntimeError(f"injected crash of rank {rank} at step {step}")',
+    "[rank1]: RuntimeError: injected crash of rank 1 at step 12",
+    "[rank1]: [aegis] exiting on an uncaught RuntimeError (pid 9201)",
+    "[rank0]: Traceback (most recent call last):",
+    '[rank0]:   File "/tmp/ci41/examples/train_ddp.py", line 141, in main',
+    "[rank0]:     loss.backward()",
+    "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
+    " Connection closed by peer [127.0.0.1]:17554. This is typically caused by a remote worker"
+    " crashing.",
+    "[rank0]: [aegis] exiting on an uncaught RuntimeError (pid 9200)",
+    "terminate called without an active exception",
+    "W1205 11:06:00.908000 9197 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+    "process 9201 closing signal SIGTERM",
+    "E1205 11:06:00.924000 9197 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+    "(exitcode: -6) local_rank: 0 (pid: 9200) of binary: /tmp/ci41/.venv/bin/python3.11",
+    "Traceback (most recent call last):",
+    '  File "/tmp/ci41/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "======================================================",
+    "Failures:",
+    "[1]:",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : -15 (pid: 9201)  (SIGTERM)",
+    "  traceback : Signal 15 (SIGTERM) received by PID 9201",
+    "------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : -6 (pid: 9200)  (SIGABRT)",
+    "  traceback : Signal 6 (SIGABRT) received by PID 9200",
+    "======================================================",
+]
+
+
+def test_the_first_rank_to_raise_a_plain_exception_is_the_root_cause_when_slow_to_exit() -> None:
+    """torchrun named rank 0, which only aborted on the connection rank 1's exit broke: rank 1's
+    exception, raised first, is the fault (it was ``connection``, and the checks ran first)."""
+    evidence = _evidence(TORCHRUN_SLOW_EXIT)
+    assert evidence.fault_class == FC.PYTHON_TRACEBACK
+    assert [m.line for m in evidence.matches] == [
+        "RuntimeError: injected crash of rank 1 at step 12"
+    ]
+
+
+def test_a_first_exception_that_is_a_peers_consequence_leaves_torchruns_root_cause() -> None:
+    """The first rank to raise did so on a broken connection (its peer died without a
+    traceback, by a signal): torchrun's root cause, the dead peer, decides as before."""
+    lines = [line for line in TORCHRUN_SLOW_EXIT if not line.startswith("[rank1]:")]
+    lines = [line.replace("-6 (pid: 9200)  (SIGABRT)", "-11 (pid: 9200)  (SIGSEGV)")
+             .replace("Signal 6 (SIGABRT)", "Signal 11 (SIGSEGV)") for line in lines]  # fmt: skip
+    assert _evidence(lines).fault_class != FC.PYTHON_TRACEBACK
+    assert _evidence(TORCHRUN_POD).fault_class == FC.PYTHON_TRACEBACK  # named and first agree

@@ -17,6 +17,10 @@ lines matched, what the other ranks show when a peer dies (:data:`CONSEQUENCES`:
 connections, their SIGTERM from torchrun, their tracebacks, their collective timeouts) is not
 evidence: one rank's plain exception stays a software fault (restarted at once) rather than a
 ``connection`` fault from its peers' sockets (the checks first). Whatever else they show counts.
+torchrun names the first worker it saw exit, and a rank slow to exit (a loaded host) loses that
+race to the peer its exception broke. So when the first exception any rank raised was a plain
+one, and torchrun named another rank, that first rank is the root cause
+(:func:`first_raise_evidence`).
 """
 
 from __future__ import annotations
@@ -180,6 +184,17 @@ def root_cause_evidence(
             if rank in (None, root) or m.fault_class not in CONSEQUENCES]  # fmt: skip
 
 
+def first_raise_evidence(
+    matches: Iterable[tuple[ports.SignatureMatch, int | None]], first: int
+) -> list[ports.SignatureMatch]:
+    """Rank ``first`` raised a plain exception before any other rank raised anything: its
+    traceback is the evidence, with whatever is no consequence of a dead peer (its own kill
+    by torchrun, the peers' broken connections and torchrun's own traceback are)."""
+    return [m for m, rank in matches
+            if m.fault_class not in CONSEQUENCES
+            or (rank == first and m.fault_class == FC.PYTHON_TRACEBACK)]  # fmt: skip
+
+
 @dataclasses.dataclass(slots=True)
 class _TracebackState:
     open: bool = False
@@ -203,6 +218,7 @@ class Scanner:
         )
         self._tracebacks: dict[tuple[str, int | None], _TracebackState] = {}
         self._report = _Report()
+        self._first_raise: tuple[int, bool] | None = None  # (rank, a plain exception)
 
     def feed(self, stream: str, line: str) -> tuple[ports.SignatureMatch, ...]:
         """Record one line (without its newline); return what it matched."""
@@ -217,6 +233,8 @@ class Scanner:
                 break
         traceback = self._follow_traceback(stream, line, rank)
         if traceback is not None:
+            if rank is not None and self._first_raise is None:  # plain: nothing else matched
+                self._first_raise = (rank, not found)
             found.append(traceback)
         self._matches.extend((match, rank) for match in found)
         return tuple(found)
@@ -242,7 +260,11 @@ class Scanner:
         )
 
     def evidence(self, *, fallback_class: str | None = None) -> ports.Evidence:
-        matches = tuple(root_cause_evidence(self._matches, self._report.root))
+        root, first = self._report.root, self._first_raise
+        if root is not None and first is not None and first[1] and first[0] != root:
+            matches = tuple(first_raise_evidence(self._matches, first[0]))
+        else:
+            matches = tuple(root_cause_evidence(self._matches, root))
         classes = [m.fault_class for m in matches]
         if fallback_class is not None:
             classes.append(fallback_class)
