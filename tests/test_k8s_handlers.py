@@ -11,6 +11,7 @@ import pytest
 
 from aegis.platforms.kubernetes import crd_status, handlers, manifests
 from aegis.wire.tokens import pod_token
+from tests.waits import async_wait_until
 
 Body = dict[str, Any]
 
@@ -368,13 +369,25 @@ class CreatePausingCluster(FakeCluster):
         return await super().create_pod(namespace, body)
 
 
+class CountingLocks(handlers.JobLocks):
+    """Counts the times a handler asked for a job's lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def of(self, namespace: str, job: str) -> asyncio.Lock:
+        self.asked += 1
+        return super().of(namespace, job)
+
+
 async def test_replacement_under_way_when_the_job_fails_is_deleted_with_the_other_pods() -> None:
     """The operator end-to-end test's flake: a replacement read the job while it ran, the
     master wrote Failed, the deletion listed the pods before the replacement was made, and
     the replacement outlived the job."""
     cluster = CreatePausingCluster()
     cluster.jobs[("ml", "train")] = job_body(phase="Restarting")
-    locks = handlers.JobLocks()
+    locks = CountingLocks()
     await handlers.job_created(job_body(), cluster, locks=locks)
     pod = exited(cluster.pods.pop(("ml", "train-1")), 1)
     cluster.pause = True
@@ -382,8 +395,10 @@ async def test_replacement_under_way_when_the_job_fails_is_deleted_with_the_othe
     await cluster.creating.wait()
     failed = job_body(phase="Failed", should_quit=True)
     cluster.jobs[("ml", "train")] = failed
+    asked = locks.asked
     deleting = asyncio.create_task(handlers.job_status_changed(failed, cluster, locks=locks))
-    await asyncio.sleep(0)  # the deletion runs up to the lock (or, unlocked, lists the pods)
+    # the deletion waits at the lock (unlocked, it would have listed and deleted by then)
+    await async_wait_until(lambda: deleting.done() or locks.asked > asked, what="the deletion")
     cluster.go.set()
     assert await replacing == "created train-1"
     assert sorted(await deleting) == ["train-0", "train-1", "train-2"]
