@@ -151,3 +151,22 @@ def test_the_record_is_written_at_once_for_a_save_or_a_wait_not_for_a_heartbeat(
     assert progress.notes_moved()  # a save of the cadence
     progress.notes(6.0, OLD_WALL)
     assert not progress.notes_moved()
+
+
+def test_a_new_leader_keeps_the_step_cadence_a_pause_is_judged_by() -> None:
+    """The old leader knew the script saves every 20 steps (the last at 40); the new one hears
+    training paused at step 50: the save due by the clock is not overdue, as it was not for the
+    old leader, until training goes 1.5 intervals of steps past 40."""
+    job, old = _waiting_drain()
+    notes = note(old, OLD_MONO, OLD_WALL)
+    assert notes is not None and (notes.interval_steps, notes.step) == (20, 40)
+    safe = SafePoints("job")
+    safe.taken_over(job.status, requested=True, deadline_s=60.0, now=NEW_MONO)
+    restore(safe, msgspec.json.decode(msgspec.json.encode(notes), type=SafePointNotes),
+            job.status, NEW_MONO, NEW_WALL)  # fmt: skip
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 50, NEW_MONO + 1)
+    assert (safe.save_steps, safe.cadence_step) == (20, 40)
+    assert safe.deadlines_passed(job.status, now=NEW_MONO + 20.0) == []  # 9 s past due: paused
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 70, NEW_MONO + 21.0)
+    [forced] = safe.deadlines_passed(job.status, now=NEW_MONO + 21.0)
+    assert "the next save, due by now, has not come" in forced.reason

@@ -200,6 +200,92 @@ def test_a_waiting_drain_stops_when_the_save_it_waits_for_is_overdue() -> None:
     assert safe.deadlines_passed(job.status, now=116.0) == []  # once
 
 
+def _paused_drain(heard: int) -> tuple[Driver, SafePoints]:
+    """Pod 0's script saves every 100 steps (10 s), the last at step 300 (t=100); training is
+    heard at step ``heard``; pod 2 drains (deadline 60 s from t=101) and the script takes no
+    requests: the drain waits for the save at 400, due by t=115."""
+    job, safe = running(drain=2), SafePoints("job")
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 100, 70.0)  # training starts
+    for step, t in ((200, 90.0), (300, 100.0)):
+        safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
+        assert safe.script_saved(job.status, job.pod(0), seq, step, t) is None
+    assert (safe.save_interval, safe.save_steps) == (10.0, 100)
+    safe.step_seen(job.status, job.pod(0), seq, heard, 101.0)
+    safe.drain((job.pod(2),), deadline_s=60.0, now=101.0)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None  # waits
+    return job, safe
+
+
+def test_a_pause_in_training_does_not_make_the_save_overdue() -> None:
+    """An evaluation stops training at step 340: the save at 400 is late by the clock, but not
+    by the steps (it is not 1.5 intervals of steps past 300): the drain waits on, then leaves
+    at that save."""
+    job, safe = _paused_drain(heard=340)
+    seq = job.status.seq
+    assert safe.deadlines_passed(job.status, now=130.0) == []  # 15 s past due
+    safe.step_seen(job.status, job.pod(0), seq, 401, 140.0)  # training goes on after the pause
+    assert safe.script_saved(job.status, job.pod(0), seq, 400, 140.0) == 400
+    job.feed(ev.CheckpointCommitted(400))
+    assert job.status.drain_count == 0 and job.status.recover_count == 0
+
+
+def test_a_save_late_by_both_clock_and_steps_ends_the_wait() -> None:
+    """Training went past step 450 and no save came: the script stopped saving."""
+    job, safe = _paused_drain(heard=340)
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 450, 116.0)
+    [forced] = safe.deadlines_passed(job.status, now=116.0)
+    assert "the next save, due by now, has not come" in forced.reason
+
+
+def test_a_pause_still_ends_at_the_drains_deadline() -> None:
+    job, safe = _paused_drain(heard=340)
+    assert safe.deadlines_passed(job.status, now=160.9) == []
+    [forced] = safe.deadlines_passed(job.status, now=161.0)
+    assert forced.pods == (job.pod(2),) and "drain deadline of 60 s" in forced.reason
+
+
+def test_a_drain_asked_for_during_a_pause_waits_for_the_save() -> None:
+    """Asked for 20 s after the last save (late by the clock) while training pauses at step
+    340: the save is still to come, the drain waits for it rather than resume from step 300."""
+    job, safe = running(drain=2), SafePoints("job")
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 100, 70.0)
+    for step, t in ((200, 90.0), (300, 100.0)):
+        safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
+        safe.script_saved(job.status, job.pod(0), seq, step, t)
+    safe.step_seen(job.status, job.pod(0), seq, 340, 120.0)
+    safe.drain((job.pod(2),), deadline_s=60.0, now=120.0)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 120.0) is None
+    safe.step_seen(job.status, job.pod(0), seq, 400, 121.0)  # not heard past 450 yet
+    assert safe.deadlines_passed(job.status, now=125.0) == []
+
+
+def test_the_step_cadence_is_measured_like_the_clocks() -> None:
+    """From the start's first step to the first save, then between saves of one run; a restart
+    keeps it, a new leader's first look is no start."""
+    job, safe = running(), SafePoints("job")
+    seq = job.status.seq
+    safe.step_seen(job.status, job.pod(0), seq, 0, 0.0)
+    safe.step_seen(job.status, job.pod(0), seq, 60, 11.0)
+    safe.script_saved(job.status, job.pod(0), seq, 50, 11.0)
+    assert safe.save_steps == 50
+    safe.rewound()
+    assert safe.save_steps == 50 and safe.start_step == -1
+    safe.step_seen(job.status, job.pod(0), seq, 50, 20.0)
+    safe.step_seen(job.status, job.pod(0), seq, 121, 30.0)
+    safe.script_saved(job.status, job.pod(0), seq, 120, 30.0)
+    assert safe.save_steps == 50  # the interval is known: the restart's first save is no new one
+    safe.step_seen(job.status, job.pod(0), seq, 201, 40.0)
+    safe.script_saved(job.status, job.pod(0), seq, 200, 40.0)
+    assert safe.save_steps == 80
+    other = SafePoints("job")
+    other.taken_over(job.status, requested=False, deadline_s=60.0, now=50.0)
+    other.step_seen(job.status, job.pod(0), seq, 230, 50.0)
+    other.script_saved(job.status, job.pod(0), seq, 225, 51.0)
+    assert other.save_steps is None  # 230 is no start: 225 - 230 is no interval
+
+
 def test_the_jobs_periodic_commits_set_the_cadence_a_drain_waits_by() -> None:
     """A script that saves through aegis every N steps but takes no requests: its drain waits
     for the next periodic commit, which the pods leave at."""

@@ -33,6 +33,7 @@ from aegis.master.safe_points import SafePoints
 from aegis.wire import messages
 from tests.cluster import (
     PLAIN_DDP,
+    ClusterRun,
     drain_at_step,
     leftovers,
     run_cluster,
@@ -208,20 +209,14 @@ async def test_a_node_with_a_degraded_link_is_found_and_left_at_the_scripts_own_
     assert "script saved at step" in run.output, run.output
 
 
-@pytest.mark.slow
-@pytest.mark.timing
-@pytest.mark.timeout(600)
-async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
-    tmp_path: Path,
-) -> None:
-    """``aegis ctl drain node-1`` under a plain DDP script that saves every 60 steps and takes
-    no checkpoint requests: the script declines, its cadence puts the next save well before the
-    drain's deadline, so the drain waits for it; the pod moves to the spare at that save, and
-    every rank resumes from it (no step since the last save before the drain is lost by force,
-    nothing counted, no DrainForced)."""
+async def _drain_at_the_next_own_save(tmp_path: Path, *script_args: str) -> ClusterRun:
+    """``aegis ctl drain node-1`` at step 130 of a plain DDP script that saves every 60 steps
+    and takes no checkpoint requests: the run's pod moves to the spare at a save of the
+    script's after the drain, and every rank resumes from it (no DrainForced, nothing
+    counted)."""
     ckpt = tmp_path / "ckpt"
     command = [sys.executable, str(PLAIN_DDP), "--steps", "400", "--step-time-s", "0.05",
-               "--ckpt-every", "60", "--ckpt-dir", str(ckpt)]  # fmt: skip
+               "--ckpt-every", "60", "--ckpt-dir", str(ckpt), *script_args]  # fmt: skip
     drained: list[str] = []
 
     async def drain(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
@@ -244,3 +239,30 @@ async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
     # from that save, or the script's next one if it saved again before it was stopped
     assert resumed and resumed[0] in (committed["step"], committed["step"] + 60), said[-3000:]
     assert leftovers(run.log_dir) == []
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+@pytest.mark.timeout(600)
+async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
+    tmp_path: Path,
+) -> None:
+    """The script's cadence puts its next save well before the drain's deadline: the drain
+    waits for it (see ``_drain_at_the_next_own_save``)."""
+    await _drain_at_the_next_own_save(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+@pytest.mark.timeout(600)
+async def test_a_drain_waits_through_an_evaluation_pause_for_the_scripts_save(
+    tmp_path: Path,
+) -> None:
+    """The script stops training for 10 s at step 140 (an evaluation), right after the drain:
+    its save at step 180 is late by the clock (due about 5 s after the one at 120), but
+    training has not gone the cadence's steps past 120, so the drain waits on and the pod
+    leaves at that save, instead of resuming every rank from step 120."""
+    run = await _drain_at_the_next_own_save(tmp_path, "--pause-at-step", "140", "--pause-s", "10")
+    said = (run.log_dir / "pods" / "dr-0.log").read_text()
+    assert "rank=0 pausing at step 140" in said, said[-3000:]

@@ -10,6 +10,8 @@ with no traceback; ``--stop-after-crash K`` ends the run K steps after the remem
 checkpoint directory), while the other ranks wait for it in DDP's backward; with ``--hang-how
 stop`` it stops itself with SIGSTOP instead (as a debugger, Ctrl-Z or a freezer would).
 ``--quiet``: only rank 0 logs its steps.
+``--pause-at-step S --pause-s P``: every rank stops training for P seconds after step S, once (an
+evaluation; a marker in the checkpoint directory).
 ``--crash-times N`` crashes in N incarnations (not once), the k-th at the step
 S + k x ``--crash-step-shift``.
 ``--solo R:K[:GATE]`` (repeatable): after the last step and a barrier, rank R makes K more
@@ -53,6 +55,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-how", choices=("sleep", "stop"), default="sleep")
+    p.add_argument("--pause-at-step", type=int, default=-1)
+    p.add_argument("--pause-s", type=float, default=0.0)
     p.add_argument("--solo", action="append", default=[])
     p.add_argument("--no-optimizer", action="store_true", help="all_reduce by hand, no optimizer")
     p.add_argument("--hidden", type=int, default=64, help="the hidden layer's width (gradients)")
@@ -192,6 +196,11 @@ def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bo
             )
             torch.save(state, tmp)
             tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
+        paused = ckpt_dir / f".paused-rank-{rank}"
+        if step == args.pause_at_step and not paused.exists():
+            paused.touch()
+            log(rank, f"pausing at step {step} for {args.pause_s:g} s")
+            time.sleep(args.pause_s)
         time.sleep(args.step_time_s)
     dist.barrier()
     if by_hand is None:

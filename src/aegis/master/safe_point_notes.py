@@ -21,6 +21,8 @@ class SafePointNotes(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     last_wall: float = 0.0  # the last save's report, or the start of this run (0: neither)
     start_heard: bool = True  # ``last_wall`` is a start of training heard (not a new leader's)
     step: int = -1  # the last save's step in this run of training (-1: none yet)
+    interval_steps: int = 0  # the steps between two saves (0: not known yet)
+    start_step: int = -1  # the first step heard of this run of training (-1: none)
     declined_round: int = -1  # the round a script declined a request in (told once)
     wait_round: int = -1  # the round pods wait for the script's next own save in (-1: none)
     wait_after: int = -1  # the newest own save when they began to wait (the one awaited is newer)
@@ -36,6 +38,7 @@ def key(safe: SafePoints) -> tuple[object, ...]:
     """What the notes are made of, as the leader holds it: the notes are to be written again
     when it changes."""
     return (safe.save_interval, safe.save_last, safe.start_heard, safe.cadence_step,
+            safe.save_steps, safe.start_step,
             safe.declined_seq, safe.script_wait, safe.script_taken, safe.drain_waits,
             tuple(sorted(safe.drain_deadlines.items())),
             tuple(sorted(safe.script_saves.items())))  # fmt: skip
@@ -53,6 +56,7 @@ def note(safe: SafePoints, now: float, wall: float) -> SafePointNotes | None:
         interval_s=safe.save_interval or 0.0,
         last_wall=to_wall(last) if last is not None else 0.0,
         start_heard=safe.start_heard or last is None, step=safe.cadence_step,
+        interval_steps=safe.save_steps or 0, start_step=safe.start_step,
         declined_round=safe.declined_seq,
         wait_round=waiting[0], wait_after=waiting[1], taken_round=safe.script_taken,
         drain_waits=safe.drain_waits,
@@ -73,10 +77,12 @@ def restore(
 
     if notes.interval_s > 0:
         safe.save_interval = notes.interval_s
+    if notes.interval_steps > 0:
+        safe.save_steps = notes.interval_steps
     if notes.last_wall > 0:
         safe.save_last = min(to_mono(notes.last_wall), now)
         safe.start_heard = notes.start_heard
-        safe.cadence_step = notes.step
+        safe.cadence_step, safe.start_step = notes.step, notes.start_step
     seq = status.seq
     if notes.wait_round == seq:
         safe.script_wait = (seq, notes.wait_after)

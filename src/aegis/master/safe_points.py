@@ -16,7 +16,9 @@ its own keeps it waiting. A drain waits for that save too, or for the job's next
 commit, when the save cadence puts it before the drain's deadline (``save_due``: the interval
 between two saves, or from the start of training to the first, kept across restarts), and stops
 waiting once it is overdue; otherwise it stops waiting at once and resumes from the last
-periodic checkpoint.
+periodic checkpoint. A save is overdue only when training has also gone the cadence's steps
+past the last one (``steps_short``): a pause (an evaluation, a slow spell) delays a save that
+comes every N steps, and the drain then waits, at most until its deadline.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -45,6 +47,15 @@ def save_due(
     if last is None or interval is None:
         return None
     return last + max(margin * interval, interval + slack_s)
+
+
+def steps_short(furthest: int, last: int, steps: int | None, margin: float) -> bool:
+    """Whether training, at step ``furthest``, has not yet gone ``margin`` save intervals of
+    ``steps`` past the last save (or the start) at step ``last``: a save due by the clock is not
+    overdue while it is (training paused or slowed); False while the step cadence is unknown."""
+    if steps is None or last < 0 or furthest < 0:
+        return False
+    return furthest < last + margin * steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +99,10 @@ class SafePoints:
     save_interval: float | None = None
     save_last: float | None = None
     cadence_step: int = -1  # the step of the last save of this run (-1: none yet)
+    # the same cadence in steps (a pause delays a save the script makes every N steps): the
+    # steps between two saves, and the first step heard of this run of training
+    save_steps: int | None = None
+    start_step: int = -1
     start_heard: bool = True  # save_last from a heartbeat is a start (not a new leader's look)
     drain_waits: int = -1  # the round a drain waits for the next save in
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
@@ -122,6 +137,7 @@ class SafePoints:
         self.rate_from.clear()
         # the next save comes about one interval after the restart's first step
         self.save_last, self.cadence_step, self.start_heard = None, -1, True
+        self.start_step = -1
 
     def resume_step(self) -> int | None:
         """The step every rank resumes from (``AEGIS_RESUME_STEP``): the committed step; 0 (a
@@ -136,7 +152,7 @@ class SafePoints:
         if seq != status.seq:
             return
         if self.save_last is None:  # the first step of this run of training
-            self.save_last = now
+            self.save_last, self.start_step = now, step
         self.steps[pod] = (step, now)
         before = self.rate_from.setdefault(pod, (step, now))
         gap = now - before[1]
@@ -256,7 +272,7 @@ class SafePoints:
         before the deadline of every draining pod (and not overdue already)."""
         due = self._save_due()
         ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
-        return due is not None and now <= due < min(ends)
+        return due is not None and (now <= due or self._steps_short()) and due < min(ends)
 
     def _saved_at(self, step: int, now: float) -> None:
         """A save at ``step`` was reported at ``now``: a new one of the cadence when it is newer
@@ -269,10 +285,18 @@ class SafePoints:
         measured = not from_start or (self.start_heard and self.save_interval is None)
         if last is not None and now > last and measured:
             self.save_interval = now - last
+        base = self.cadence_step if not from_start else self.start_step
+        if (not from_start or (self.start_heard and self.save_steps is None)) and 0 <= base < step:
+            self.save_steps = step - base
         self.save_last, self.cadence_step = now, step
 
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
+
+    def _steps_short(self) -> bool:
+        furthest = max((step for step, _ in self.steps.values()), default=-1)
+        last = self.cadence_step if self.cadence_step >= 0 else self.start_step
+        return steps_short(furthest, last, self.save_steps, self.settings.save_margin)
 
     def _save_due(self) -> float | None:
         s = self.settings
@@ -296,6 +320,8 @@ class SafePoints:
         draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
         due = self._save_due()
         if self.drain_waits != status.seq or not draining or (due is not None and now <= due):
+            return []
+        if self._steps_short():  # training paused or slowed: the save comes, later
             return []
         self.drain_waits = -1
         return [self._forced(draining, "the next save, due by now, has not come")]
