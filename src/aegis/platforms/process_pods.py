@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aegis.adapters import nats_auth
 from aegis.core import events as ev
@@ -44,6 +44,39 @@ class PodSettings:
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
     exit_wait_s: float = 30.0
+
+
+class PodSource(Protocol):
+    """What a run's settings say of its pods, whichever process platform runs them."""
+
+    @property
+    def command(self) -> tuple[str, ...]: ...
+    @property
+    def inject(self) -> Mapping[str, frozenset[str]]: ...
+    @property
+    def grace_s(self) -> float: ...
+    @property
+    def hang_timeout_s(self) -> float | None: ...
+
+
+S = TypeVar("S", bound=PodSettings)
+
+
+def pod_settings(
+    kind: type[S],
+    source: PodSource,
+    nodes: Sequence[str],
+    spares: Sequence[str],
+    log_dir: Path,
+    **more: Any,
+) -> S:
+    """A process platform's settings (``kind``) for a run's pods on ``nodes`` (in rank order)
+    with ``spares``, logging under ``log_dir``; ``more``: the platform's own fields."""
+    return kind(
+        nodes=tuple(nodes), spares=tuple(spares), command=source.command, log_dir=log_dir,
+        inject=source.inject, grace_s=source.grace_s, hang_timeout_s=source.hang_timeout_s,
+        **more,
+    )  # fmt: skip
 
 
 @dataclass(slots=True)

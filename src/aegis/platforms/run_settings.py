@@ -24,6 +24,7 @@ from aegis.core.phases import Phase
 from aegis.core.rendezvous import RendezvousRule
 from aegis.platforms import emulated
 from aegis.platforms.local import Hosts, LocalSettings, SharedHost
+from aegis.platforms.process_pods import pod_settings
 
 log = logging.getLogger(__name__)
 
@@ -158,19 +159,13 @@ def job_spec(settings: RunSettings) -> JobSpec:
 def local_settings(settings: RunSettings, log_dir: Path) -> LocalSettings:
     """The local platform's settings for the run's pods, logging under ``log_dir``."""
     nodes, spares = node_names(settings)
-    return LocalSettings(
-        nodes=tuple(nodes),
-        spares=tuple(spares),
-        command=settings.command,
-        log_dir=log_dir,
-        inject=settings.inject,
-        grace_s=settings.grace_s,
-        hang_timeout_s=settings.hang_timeout_s,
+    return pod_settings(
+        LocalSettings, settings, nodes, spares, log_dir,
         heartbeat_s=settings.heartbeat_s,
         ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
         prewarm=settings.prewarm,
         slow_from_start=settings.slow_from_start,
-    )
+    )  # fmt: skip
 
 
 def log_dir_of(settings: RunSettings) -> Path:

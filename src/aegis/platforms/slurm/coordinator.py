@@ -41,6 +41,7 @@ from aegis.master.job_runner import JobSettings, status_key
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
 from aegis.platforms import job_files
 from aegis.platforms.master_bootstrap import run_master
+from aegis.platforms.process_pods import pod_settings
 from aegis.platforms.served_job import ServedJob
 from aegis.platforms.slurm import commands
 from aegis.platforms.slurm.platform import SlurmPlatform, SlurmSettings
@@ -334,17 +335,11 @@ def _already_over(
 def _platform(
     settings: CoordinatorSettings, nodes: list[str], log_dir: Path, slurm: commands.SlurmCommands
 ) -> SlurmPlatform:
+    ranked, spares = nodes[: settings.nodes], nodes[settings.nodes :]
     return SlurmPlatform(
-        SlurmSettings(
-            nodes=tuple(nodes[: settings.nodes]),
-            spares=tuple(nodes[settings.nodes :]),
-            command=settings.command,
-            log_dir=log_dir,
-            inject=settings.inject,
-            grace_s=settings.grace_s,
-            hang_timeout_s=settings.hang_timeout_s,
-            partition=settings.partition,
-            holder_options=settings.holder_options,
+        pod_settings(
+            SlurmSettings, settings, ranked, spares, log_dir,
+            partition=settings.partition, holder_options=settings.holder_options,
         ),
         slurm,
-    )
+    )  # fmt: skip
