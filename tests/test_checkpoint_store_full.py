@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import shutil
 import subprocess
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -193,3 +195,35 @@ def test_a_slot_replaced_while_it_is_persisted_is_never_committed(
     assert every_committed_step_loads(ckpt) == [1]
     assert store.persist(shm, ckpt, 2, still_handed=lambda: True) == lay.step_dir(ckpt, 2)
     assert every_committed_step_loads(ckpt) == [1, 2]
+
+
+def test_a_save_of_empty_tensors_only_is_persisted_and_loads(shm: Path, tmp_path: Path) -> None:
+    """No data bytes at all (a state of empty tensors, say a model not built yet): the copy
+    has a checksum for each tensor and loads (its manifest had none, and reading it raised)."""
+    ckpt = tmp_path / "ckpt"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt, policy=api.BusyPolicy.RAISE))
+    saver.save(3, {"w": torch.empty(0), "b": torch.zeros(0, 4)})
+    store.persist(shm, ckpt, 3)
+    copy = store.read_committed(ckpt, 3)
+    assert copy.layout.data_bytes == 0 and len(copy.layout.tensors) == 2 and copy.data == b""
+
+
+@pytest.mark.parametrize(
+    "crcs", [[], "none", None], ids=["too few (an older copy of empty tensors)", "text", "null"]
+)
+def test_a_manifest_whose_checksums_do_not_fit_its_tensors_is_corrupt(
+    shm: Path, tmp_path: Path, crcs: object
+) -> None:
+    """Read as corrupt (the loader falls back to the previous copy), never a crash."""
+    ckpt = tmp_path / "ckpt"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt, policy=api.BusyPolicy.RAISE))
+    saver.save(1, {"w": torch.full((N,), 1.0)})
+    where = store.persist(shm, ckpt, 1)
+    manifest = json.loads((where / "manifest.json").read_bytes())
+    manifest["tensor_crc32"] = crcs
+    written = json.dumps(manifest).encode()
+    (where / "manifest.json").write_bytes(written)
+    marker = {"step": 1, "manifest_crc32": zlib.crc32(written)}
+    (where / lay.COMMIT).write_text(json.dumps(marker))
+    with pytest.raises(store.CorruptCheckpointError):
+        store.read_committed(ckpt, 1)

@@ -26,10 +26,12 @@ fsync'd, atomic rename). A directory without ``COMMIT`` or with a bad checksum i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,21 @@ class Layout:
 
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@contextlib.contextmanager
+def mapped(path: Path, size: int) -> Iterator[memoryview]:
+    """The first ``size`` bytes of ``path`` (a slot's buffer), mapped read-only; nothing is
+    opened for 0 bytes."""
+    if size == 0:
+        yield memoryview(b"")
+        return
+    with path.open("rb") as src, mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mm:
+        view = memoryview(mm)
+        try:
+            yield view
+        finally:
+            view.release()
 
 
 def buffer_path(shm: Path, buffer: int) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
 import time
@@ -97,22 +96,14 @@ def _write_durable(path: Path, data: bytes) -> None:
 def _write_data(source: Path, target: Path, layout: lay.Layout, max_mb_s: float) -> list[int]:
     size = layout.data_bytes
     started = time.monotonic()
-    with target.open("wb") as out:
-        if size == 0:
-            os.fsync(out.fileno())
-            return []
-        with source.open("rb") as src, mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mm:
-            view = memoryview(mm)
-            try:
-                crcs = [zlib.crc32(view[t.offset : t.offset + t.nbytes]) for t in layout.tensors]
-                for start in range(0, size, CHUNK):
-                    out.write(view[start : start + CHUNK])
-                    if max_mb_s > 0:
-                        ahead = (start + CHUNK) / (max_mb_s * 1e6) - (time.monotonic() - started)
-                        if ahead > 0:
-                            time.sleep(ahead)  # rate limit: leave bandwidth to training
-            finally:
-                view.release()
+    with target.open("wb") as out, lay.mapped(source, size) as view:
+        crcs = [zlib.crc32(view[t.offset : t.offset + t.nbytes]) for t in layout.tensors]
+        for start in range(0, size, CHUNK):
+            out.write(view[start : start + CHUNK])
+            if max_mb_s > 0:
+                ahead = (start + CHUNK) / (max_mb_s * 1e6) - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)  # rate limit: leave bandwidth to training
         out.flush()
         os.fsync(out.fileno())
     return crcs
@@ -137,10 +128,13 @@ def read_committed(ckpt: Path, step: int) -> DiskCopy:
             raise CorruptCheckpointError(step, "meta.pkl checksum mismatch")
         layout = lay.Layout.from_json(manifest["layout"])
         data = _read_exact(where / "data.bin", layout.data_bytes, step)
-    except (OSError, KeyError, ValueError) as exc:
+        crcs = manifest["tensor_crc32"]
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
         raise CorruptCheckpointError(step, f"unreadable: {exc}") from None
+    if not isinstance(crcs, list) or len(crcs) != len(layout.tensors):
+        raise CorruptCheckpointError(step, "manifest checksums do not match its tensors")
     view = memoryview(data)
-    for number, (t, want) in enumerate(zip(layout.tensors, manifest["tensor_crc32"], strict=True)):
+    for number, (t, want) in enumerate(zip(layout.tensors, crcs, strict=True)):
         if zlib.crc32(view[t.offset : t.offset + t.nbytes]) != want:
             view.release()
             raise CorruptCheckpointError(step, f"checksum mismatch in tensor {number} of data.bin")

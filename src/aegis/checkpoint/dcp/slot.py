@@ -13,9 +13,7 @@ daemon once every rank's files are there, is what makes the directory a DCP chec
 
 from __future__ import annotations
 
-import contextlib
 import json
-import mmap
 import os
 import shutil
 import time
@@ -127,7 +125,7 @@ def persist(
     blob = lay.slot_pkl(shm, slot.step).read_bytes()
     where = slot.directory
     where.mkdir(parents=True, exist_ok=True)
-    with _mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
+    with lay.mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
         for spec in slot.files:
             _write_file(where, spec.name, spec.pieces, blob, data)
             _place(where, spec.name, slot.step, still_handed)
@@ -146,19 +144,6 @@ def persist(
     lay.fsync_dir(where)
     prune(where.parent, keep)
     return where
-
-
-@contextlib.contextmanager
-def _mapped(path: Path, size: int) -> Any:
-    if size == 0:
-        yield memoryview(b"")
-        return
-    with path.open("rb") as src, mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mm:
-        view = memoryview(mm)
-        try:
-            yield view
-        finally:
-            view.release()
 
 
 def _tmp(where: Path, name: str) -> Path:
