@@ -269,7 +269,8 @@ class SafePoints:
 
     def _save_before_deadline(self, draining: tuple[PodName, ...], now: float) -> bool:
         """Whether the next save (the script's own, or a periodic commit) is due (``save_due``)
-        before the deadline of every draining pod (and not overdue already)."""
+        before the deadline of every draining pod (and not overdue already: a save late by the
+        clock while training pauses is still to come)."""
         due = self._save_due()
         ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
         return due is not None and (now <= due or self._steps_short()) and due < min(ends)
@@ -304,7 +305,8 @@ class SafePoints:
 
     def deadlines_passed(self, status: JobStatus, now: float) -> list[ev.DrainForced]:
         """The drains that stop waiting now: their deadline passed, or the save they wait for
-        (the script takes no requests) is overdue (the script stopped saving, or slowed)."""
+        (the script takes no requests) is overdue (late by the clock and the steps: the script
+        stopped saving)."""
         forced = self._save_overdue(status, now)
         for pod in [p for p, (t, _) in self.drain_deadlines.items() if now >= t]:
             _, seconds = self.drain_deadlines.pop(pod)
