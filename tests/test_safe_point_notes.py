@@ -102,22 +102,27 @@ async def test_a_record_with_notes_is_adopted_with_its_cadence_and_written_back(
     one's, and the record it writes at the takeover keeps them."""
     last_wall = time.time() - 4.0
     raw = json.loads(OLD_RECORD)
-    raw["safe_points"] = {"interval_s": 10.0, "last_wall": last_wall, "step": 40}
+    raw["safe_points"] = {"interval_s": 10.0, "last_wall": last_wall, "step": 40,
+                          "interval_steps": 20, "start_step": 3}  # fmt: skip
     store, bus = memory.MemoryStore(), memory.MemoryBus()
     encoded = json.dumps(raw).encode()
     revision = await store.put("default.up", encoded, expected_revision=None)
     record, _, _ = records.decode_record(encoded)
-    assert record.safe_points == SafePointNotes(interval_s=10.0, last_wall=last_wall, step=40)
+    assert record.safe_points == SafePointNotes(
+        interval_s=10.0, last_wall=last_wall, step=40, interval_steps=20, start_step=3
+    )
     builder = job_builder.JobBuilder(bus, store, JobSettings(heartbeat_timeout_s=60))
     runner = builder.adopt(record, revision, NullPlatform(), None, epoch=4, fence=lambda: None)
     await runner.takeover()
     safe = runner.safe
     assert safe.save_interval == 10.0 and safe.cadence_step == 40 and safe.start_heard
+    assert (safe.save_steps, safe.start_step) == (20, 3)
     assert safe.save_last is not None and time.monotonic() - safe.save_last >= 4.0
     got = await store.get("default.up")
     assert got is not None
     written = job_record.decode(got[0]).safe_points
     assert written is not None and (written.interval_s, written.step) == (10.0, 40)
+    assert (written.interval_steps, written.start_step) == (20, 3)
     assert abs(written.last_wall - last_wall) < 1.0  # the same save, as the new leader sees it
     await runner.unsubscribe()
 
@@ -164,9 +169,11 @@ def test_a_new_leader_keeps_the_step_cadence_a_pause_is_judged_by() -> None:
     safe.taken_over(job.status, requested=True, deadline_s=60.0, now=NEW_MONO)
     restore(safe, msgspec.json.decode(msgspec.json.encode(notes), type=SafePointNotes),
             job.status, NEW_MONO, NEW_WALL)  # fmt: skip
-    safe.step_seen(job.status, job.pod(0), job.status.seq, 50, NEW_MONO + 1)
     assert (safe.save_steps, safe.cadence_step) == (20, 40)
-    assert safe.deadlines_passed(job.status, now=NEW_MONO + 20.0) == []  # 9 s past due: paused
+    # 9 s past due by the clock: the new leader hears the step before it judges
+    assert safe.deadlines_passed(job.status, now=NEW_MONO + 20.0) == []
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 50, NEW_MONO + 20.0)
+    assert safe.deadlines_passed(job.status, now=NEW_MONO + 20.1) == []  # paused
     safe.step_seen(job.status, job.pod(0), job.status.seq, 70, NEW_MONO + 21.0)
     [forced] = safe.deadlines_passed(job.status, now=NEW_MONO + 21.0)
     assert "the next save, due by now, has not come" in forced.reason

@@ -238,11 +238,40 @@ def test_a_save_late_by_both_clock_and_steps_ends_the_wait() -> None:
     assert "the next save, due by now, has not come" in forced.reason
 
 
-def test_a_pause_still_ends_at_the_drains_deadline() -> None:
+def test_a_pause_ends_the_wait_once_the_save_cannot_come_before_the_deadline() -> None:
+    """The 60 steps to the save take 3.7 s at the pace before the pause (16.3 steps/s): the
+    drain waits until less than that is left before its deadline (161)."""
     job, safe = _paused_drain(heard=340)
-    assert safe.deadlines_passed(job.status, now=160.9) == []
-    [forced] = safe.deadlines_passed(job.status, now=161.0)
-    assert forced.pods == (job.pod(2),) and "drain deadline of 60 s" in forced.reason
+    assert safe.step_rate == pytest.approx(16.27, abs=0.01)
+    assert safe.deadlines_passed(job.status, now=157.0) == []
+    [forced] = safe.deadlines_passed(job.status, now=157.5)
+    assert "the next save, due by now, has not come" in forced.reason
+
+
+def test_a_slowdown_that_puts_the_save_past_the_deadline_ends_the_wait_at_once() -> None:
+    """Training slowed to a step every 2 s at step 340: at that pace the save at 400 comes
+    after the drain's deadline, so waiting on would only delay the drain."""
+    job, safe = _paused_drain(heard=340)
+    for k in range(1, 13):
+        safe.step_seen(job.status, job.pod(0), job.status.seq, 340 + k, 101.0 + 2 * k)
+    assert safe.step_rate < 1.0
+    [forced] = safe.deadlines_passed(job.status, now=125.0)
+    assert "the next save, due by now, has not come" in forced.reason
+
+
+def test_steps_heard_below_the_last_save_leave_the_clock_to_decide() -> None:
+    """A script that numbers its saves otherwise than its steps (samples, say): the step
+    cadence cannot be read against the steps, and a late save ends the wait as before."""
+    job, safe = running(drain=2), SafePoints("job")
+    for step, t in ((20_000, 90.0), (40_000, 100.0)):  # aegis' saves, numbered by samples
+        for pod in job.pods:
+            safe.committed(job.status, pod, step, t)
+    assert safe.save_steps == 20_000
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 45, 101.0)  # no pace known yet
+    safe.drain((job.pod(2),), deadline_s=60.0, now=101.0)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None
+    [forced] = safe.deadlines_passed(job.status, now=116.0)
+    assert "the next save, due by now, has not come" in forced.reason
 
 
 def test_a_drain_asked_for_during_a_pause_waits_for_the_save() -> None:
@@ -282,8 +311,9 @@ def test_the_step_cadence_is_measured_like_the_clocks() -> None:
     other = SafePoints("job")
     other.taken_over(job.status, requested=False, deadline_s=60.0, now=50.0)
     other.step_seen(job.status, job.pod(0), seq, 230, 50.0)
-    other.script_saved(job.status, job.pod(0), seq, 225, 51.0)
-    assert other.save_steps is None  # 230 is no start: 225 - 230 is no interval
+    other.step_seen(job.status, job.pod(0), seq, 270, 52.0)
+    other.script_saved(job.status, job.pod(0), seq, 260, 52.0)
+    assert other.save_steps is None  # 230 is no start: 260 - 230 is no interval
 
 
 def test_the_jobs_periodic_commits_set_the_cadence_a_drain_waits_by() -> None:

@@ -259,10 +259,12 @@ async def test_a_drain_waits_for_the_scripts_next_own_save_and_resumes_from_it(
 async def test_a_drain_waits_through_an_evaluation_pause_for_the_scripts_save(
     tmp_path: Path,
 ) -> None:
-    """The script stops training for 10 s at step 140 (an evaluation), right after the drain:
+    """The script stops training for 20 s at step 140 (an evaluation), right after the drain:
     its save at step 180 is late by the clock (due about 5 s after the one at 120), but
-    training has not gone the cadence's steps past 120, so the drain waits on and the pod
-    leaves at that save, instead of resuming every rank from step 120."""
-    run = await _drain_at_the_next_own_save(tmp_path, "--pause-at-step", "140", "--pause-s", "10")
+    training has not gone the cadence's steps past 120, and at its pace it comes well before
+    the deadline, so the drain waits on and the pod leaves at that save, instead of resuming
+    every rank from step 120."""
+    run = await _drain_at_the_next_own_save(tmp_path, "--pause-at-step", "140", "--pause-s", "20")
     said = (run.log_dir / "pods" / "dr-0.log").read_text()
     assert "rank=0 pausing at step 140" in said, said[-3000:]
+    assert "the drain waits on for it" in run.output, run.output  # late by the clock

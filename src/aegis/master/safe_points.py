@@ -17,8 +17,9 @@ commit, when the save cadence puts it before the drain's deadline (``save_due``:
 between two saves, or from the start of training to the first, kept across restarts), and stops
 waiting once it is overdue; otherwise it stops waiting at once and resumes from the last
 periodic checkpoint. A save is overdue only when training has also gone the cadence's steps
-past the last one (``steps_short``): a pause (an evaluation, a slow spell) delays a save that
-comes every N steps, and the drain then waits, at most until its deadline.
+past the last one (``late_save_comes``): a pause (an evaluation, a slow spell) delays a save that
+comes every N steps, and the drain then waits for it when, at the pace of training, it comes
+before the drain's deadline.
 Times are ``time.monotonic()`` values passed in by the caller.
 """
 
@@ -49,13 +50,31 @@ def save_due(
     return last + max(margin * interval, interval + slack_s)
 
 
-def steps_short(furthest: int, last: int, steps: int | None, margin: float) -> bool:
-    """Whether training, at step ``furthest``, has not yet gone ``margin`` save intervals of
-    ``steps`` past the last save (or the start) at step ``last``: a save due by the clock is not
-    overdue while it is (training paused or slowed); False while the step cadence is unknown."""
-    if steps is None or last < 0 or furthest < 0:
+@dataclass(frozen=True, slots=True)
+class StepCadence:
+    """Where training is against the script's save cadence in steps."""
+
+    furthest: int | None  # the furthest step heard (None: none yet since a takeover; -1: none)
+    last: int  # the step of the last save, or of the start of training (-1: neither)
+    steps: int | None  # between two saves (None: not known yet)
+    rate: float  # training steps per second (0: not known)
+
+
+def late_save_comes(cadence: StepCadence, margin: float, now: float, end: float) -> bool:
+    """Whether a save late by the clock is still to come before ``end`` (the first deadline of
+    the draining pods): training has not gone ``margin`` intervals of steps past the last save
+    (it paused, an evaluation, or slowed), and at its pace it reaches the next save's step
+    before ``end``. A new leader that has heard no step yet waits for one. False while the step
+    cadence is unknown, or when the steps heard lie below the last save (another numbering)."""
+    c = cadence
+    if c.steps is None or c.last < 0:
         return False
-    return furthest < last + margin * steps
+    if c.furthest is None:
+        return now < end
+    if not c.last <= c.furthest < c.last + margin * c.steps:
+        return False
+    eta = now + max(c.last + c.steps - c.furthest, 0) / c.rate if c.rate > 0 else now
+    return eta < end
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +124,7 @@ class SafePoints:
     start_step: int = -1
     start_heard: bool = True  # save_last from a heartbeat is a start (not a new leader's look)
     drain_waits: int = -1  # the round a drain waits for the next save in
+    late_told: int = -1  # the round a drain was told to wait on for a save late by the clock
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
     def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
@@ -271,9 +291,8 @@ class SafePoints:
         """Whether the next save (the script's own, or a periodic commit) is due (``save_due``)
         before the deadline of every draining pod (and not overdue already: a save late by the
         clock while training pauses is still to come)."""
-        due = self._save_due()
-        ends = [self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining]
-        return due is not None and (now <= due or self._steps_short()) and due < min(ends)
+        due, end = self._save_due(), self._first_deadline(draining, now)
+        return due is not None and (now <= due < end or self._late_save_comes(now, end))
 
     def _saved_at(self, step: int, now: float) -> None:
         """A save at ``step`` was reported at ``now``: a new one of the cadence when it is newer
@@ -294,10 +313,18 @@ class SafePoints:
     def _newest_save(self, seq: int) -> int:
         return max((step for s, step in self.script_saves.values() if s == seq), default=-1)
 
-    def _steps_short(self) -> bool:
-        furthest = max((step for step, _ in self.steps.values()), default=-1)
-        last = self.cadence_step if self.cadence_step >= 0 else self.start_step
-        return steps_short(furthest, last, self.save_steps, self.settings.save_margin)
+    def _first_deadline(self, draining: tuple[PodName, ...], now: float) -> float:
+        return min(self.drain_deadlines.get(p, (now, 0.0))[0] for p in draining)
+
+    def _late_save_comes(self, now: float, end: float) -> bool:
+        heard = max((step for step, _ in self.steps.values()), default=None)
+        cadence = StepCadence(
+            furthest=heard if heard is not None or self.start_step >= 0 else -1,
+            last=self.cadence_step if self.cadence_step >= 0 else self.start_step,
+            steps=self.save_steps,
+            rate=self.step_rate,
+        )
+        return late_save_comes(cadence, self.settings.save_margin, now, end)
 
     def _save_due(self) -> float | None:
         s = self.settings
@@ -323,7 +350,12 @@ class SafePoints:
         due = self._save_due()
         if self.drain_waits != status.seq or not draining or (due is not None and now <= due):
             return []
-        if self._steps_short():  # training paused or slowed: the save comes, later
+        if self._late_save_comes(now, self._first_deadline(draining, now)):
+            if self.late_told != status.seq:
+                self.late_told = status.seq
+                log.warning("job %s: the next save is late, but training has not gone the save "
+                            "cadence's steps past the last (it paused or slowed): the drain "
+                            "waits on for it", self.job)  # fmt: skip
             return []
         self.drain_waits = -1
         return [self._forced(draining, "the next save, due by now, has not come")]
