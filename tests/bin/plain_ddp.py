@@ -196,12 +196,12 @@ def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bo
             )
             torch.save(state, tmp)
             tmp.rename(ckpt_dir / f"ckpt-{step}.pt")
-        paused = ckpt_dir / f".paused-rank-{rank}"
+        paused, pause_s = ckpt_dir / f".paused-rank-{rank}", 0.0
         if step == args.pause_at_step and not paused.exists():
             paused.touch()
             log(rank, f"pausing at step {step} for {args.pause_s:g} s")
-            time.sleep(args.pause_s)
-        time.sleep(args.step_time_s)
+            pause_s = args.pause_s  # an evaluation: no training step meanwhile
+        time.sleep(args.step_time_s + pause_s)
     dist.barrier()
     if by_hand is None:
         solo(args, rank, optimizer)
