@@ -189,6 +189,20 @@ def test_a_drain_stops_waiting_at_once_when_the_scripts_save_is_not_due_in_time(
     assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is not None
 
 
+def test_a_save_not_yet_late_but_due_after_the_deadline_is_not_waited_for() -> None:
+    """The step rule is for a save late by the clock: a save due (by the clock) after the
+    drain's deadline is not waited for, however few steps training has made since the last."""
+    job, safe = running(drain=2), SafePoints("job")
+    seq = job.status.seq
+    safe.drain((job.pod(2),), deadline_s=60.0, now=100.0)
+    for step, t in ((20, 50.0), (40, 100.0)):  # every 50 s: the next one due by 175
+        safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
+        safe.script_saved(job.status, job.pod(0), seq, step, t)
+    safe.step_seen(job.status, job.pod(0), seq, 45, 110.0)
+    forced = safe.declined(job.status, job.pod(0), "no requests taken", 110.0)
+    assert forced is not None and "last periodic checkpoint" in forced.reason
+
+
 def test_a_waiting_drain_stops_when_the_save_it_waits_for_is_overdue() -> None:
     job, safe = _draining_with_saves(90.0, 100.0)  # due by 115, the deadline 160
     assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None
@@ -239,12 +253,13 @@ def test_a_save_late_by_both_clock_and_steps_ends_the_wait() -> None:
 
 
 def test_a_pause_ends_the_wait_once_the_save_cannot_come_before_the_deadline() -> None:
-    """The 60 steps to the save take 3.7 s at the pace before the pause (16.3 steps/s): the
-    drain waits until less than that is left before its deadline (161)."""
+    """The 60 steps to the save take 3.7 s at the pace before the pause (16.3 steps/s), and
+    the spare is half an interval (3.1 s): the drain waits until less than that is left before
+    its deadline (161)."""
     job, safe = _paused_drain(heard=340)
     assert safe.step_rate == pytest.approx(16.27, abs=0.01)
-    assert safe.deadlines_passed(job.status, now=157.0) == []
-    [forced] = safe.deadlines_passed(job.status, now=157.5)
+    assert safe.deadlines_passed(job.status, now=154.0) == []
+    [forced] = safe.deadlines_passed(job.status, now=154.5)
     assert "the next save, due by now, has not come" in forced.reason
 
 

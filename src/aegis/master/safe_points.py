@@ -60,12 +60,15 @@ class StepCadence:
     rate: float  # training steps per second (0: not known)
 
 
-def late_save_comes(cadence: StepCadence, margin: float, now: float, end: float) -> bool:
+def late_save_comes(
+    cadence: StepCadence, margin: float, slack_s: float, now: float, end: float
+) -> bool:
     """Whether a save late by the clock is still to come before ``end`` (the first deadline of
     the draining pods): training has not gone ``margin`` intervals of steps past the last save
-    (it paused, an evaluation, or slowed), and at its pace it reaches the next save's step
-    before ``end``. A new leader that has heard no step yet waits for one. False while the step
-    cadence is unknown, or when the steps heard lie below the last save (another numbering)."""
+    (it paused, an evaluation, or slowed), and at its pace it reaches the next save's step with
+    the spare ``save_due`` gives (``margin`` - 1 intervals, at least ``slack_s``) before ``end``.
+    A new leader that has heard no step yet waits for one. False while the step cadence is
+    unknown, or when the steps heard lie below the last save (another numbering)."""
     c = cadence
     if c.steps is None or c.last < 0:
         return False
@@ -73,8 +76,10 @@ def late_save_comes(cadence: StepCadence, margin: float, now: float, end: float)
         return now < end
     if not c.last <= c.furthest < c.last + margin * c.steps:
         return False
-    eta = now + max(c.last + c.steps - c.furthest, 0) / c.rate if c.rate > 0 else now
-    return eta < end
+    if c.rate <= 0:
+        return now + slack_s < end
+    left_s = max(c.last + c.steps - c.furthest, 0) / c.rate
+    return now + left_s + max((margin - 1) * c.steps / c.rate, slack_s) < end
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +297,9 @@ class SafePoints:
         before the deadline of every draining pod (and not overdue already: a save late by the
         clock while training pauses is still to come)."""
         due, end = self._save_due(), self._first_deadline(draining, now)
-        return due is not None and (now <= due < end or self._late_save_comes(now, end))
+        if due is None:
+            return False
+        return due < end if now <= due else self._late_save_comes(now, end)
 
     def _saved_at(self, step: int, now: float) -> None:
         """A save at ``step`` was reported at ``now``: a new one of the cadence when it is newer
@@ -324,7 +331,8 @@ class SafePoints:
             steps=self.save_steps,
             rate=self.step_rate,
         )
-        return late_save_comes(cadence, self.settings.save_margin, now, end)
+        s = self.settings
+        return late_save_comes(cadence, s.save_margin, s.save_slack_s, now, end)
 
     def _save_due(self) -> float | None:
         s = self.settings
