@@ -214,9 +214,9 @@ def test_a_waiting_drain_stops_when_the_save_it_waits_for_is_overdue() -> None:
     assert safe.deadlines_passed(job.status, now=116.0) == []  # once
 
 
-def _paused_drain(heard: int) -> tuple[Driver, SafePoints]:
+def _paused_drain(heard: int, at: float = 101.0) -> tuple[Driver, SafePoints]:
     """Pod 0's script saves every 100 steps (10 s), the last at step 300 (t=100); training is
-    heard at step ``heard``; pod 2 drains (deadline 60 s from t=101) and the script takes no
+    heard at step ``heard`` at ``at``, when pod 2 drains (deadline 60 s) and the script takes no
     requests: the drain waits for the save at 400, due by t=115."""
     job, safe = running(drain=2), SafePoints("job")
     seq = job.status.seq
@@ -225,9 +225,9 @@ def _paused_drain(heard: int) -> tuple[Driver, SafePoints]:
         safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
         assert safe.script_saved(job.status, job.pod(0), seq, step, t) is None
     assert (safe.save_interval, safe.save_steps) == (10.0, 100)
-    safe.step_seen(job.status, job.pod(0), seq, heard, 101.0)
-    safe.drain((job.pod(2),), deadline_s=60.0, now=101.0)
-    assert safe.declined(job.status, job.pod(0), "no requests taken", 101.0) is None  # waits
+    safe.step_seen(job.status, job.pod(0), seq, heard, at)
+    safe.drain((job.pod(2),), deadline_s=60.0, now=at)
+    assert safe.declined(job.status, job.pod(0), "no requests taken", at) is None  # waits
     return job, safe
 
 
@@ -292,16 +292,8 @@ def test_steps_heard_below_the_last_save_leave_the_clock_to_decide() -> None:
 def test_a_drain_asked_for_during_a_pause_waits_for_the_save() -> None:
     """Asked for 20 s after the last save (late by the clock) while training pauses at step
     340: the save is still to come, the drain waits for it rather than resume from step 300."""
-    job, safe = running(drain=2), SafePoints("job")
-    seq = job.status.seq
-    safe.step_seen(job.status, job.pod(0), seq, 100, 70.0)
-    for step, t in ((200, 90.0), (300, 100.0)):
-        safe.step_seen(job.status, job.pod(0), seq, step + 1, t)
-        safe.script_saved(job.status, job.pod(0), seq, step, t)
-    safe.step_seen(job.status, job.pod(0), seq, 340, 120.0)
-    safe.drain((job.pod(2),), deadline_s=60.0, now=120.0)
-    assert safe.declined(job.status, job.pod(0), "no requests taken", 120.0) is None
-    safe.step_seen(job.status, job.pod(0), seq, 400, 121.0)  # not heard past 450 yet
+    job, safe = _paused_drain(heard=340, at=120.0)
+    safe.step_seen(job.status, job.pod(0), job.status.seq, 400, 121.0)  # not heard past 450 yet
     assert safe.deadlines_passed(job.status, now=125.0) == []
 
 
