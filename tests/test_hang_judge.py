@@ -135,6 +135,19 @@ async def test_nobody_is_marked_slow_when_the_stacks_single_none_out(job: Job) -
     assert incident.suspect == "" and "no suspect" in incident.reason
 
 
+async def test_a_report_with_an_absurd_flight_count_does_not_lose_the_rounds_hang(
+    job: Job,
+) -> None:
+    """One pod's stacks with a flight count of 5,000 digits: the hang is judged all the same
+    (it raised while judging, after the held reports were let go: the hang was never handled)."""
+    absurd = f"{WAITING}\nflight recorder: collective #{'9' * 5000} enqueued, #0 completed"
+    for pod, stacks in (("job-0", absurd), ("job-1", ASLEEP), ("job-2", WAITING)):
+        await job.hang(pod, stacks)
+    await _troubleshooting(job)
+    infos = job.runner.status.pod_infos
+    assert [p for p in PODS if infos[PodName(p)].slow] == ["job-1"]
+
+
 async def test_aegis_ctl_hang_names_its_pod_at_once(job: Job) -> None:
     await control._feed_hang(job.runner, "job-2")
     await _troubleshooting(job)

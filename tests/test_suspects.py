@@ -139,6 +139,16 @@ def test_the_flight_recorder_outranks_a_held_process() -> None:
     assert found is not None and found.pod == "j-0" and "(flight recorder)" in found.why
 
 
+def test_a_flight_count_no_int64_holds_is_not_read() -> None:
+    """A peer's 5,000-digit count made ``int`` raise (and the master lost the round's hang
+    reports): such a line is not a flight record; the others still name the pod behind."""
+    absurd = f"{BACKWARD}\nflight recorder: collective #{'9' * 5000} enqueued, #0 completed"
+    flown = "\nflight recorder: collective #{0} enqueued, #{0} completed"
+    reports = {"j-0": absurd, "j-1": BACKWARD + flown.format(7), "j-2": BACKWARD + flown.format(9)}
+    found = name_suspect(reports, ["j-0", "j-1", "j-2"])
+    assert found is not None and found.pod == "j-1" and "(flight recorder)" in found.why
+
+
 def test_the_state_line_says_stopped_at_once_and_uninterruptible_only_when_it_lasts() -> None:
     assert state_line("T", "T") == "process state: T, stopped (a stop signal or a freezer)"
     assert state_line("t", "") == "process state: t, stopped by a debugger"

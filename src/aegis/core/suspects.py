@@ -49,7 +49,11 @@ HELD_STATES = {
     "D": "in uninterruptible sleep (held in the kernel: a disk, NFS or a driver)",
 }
 _STATE = re.compile(r"^process state: (\S)", re.M)
-_FLIGHT = re.compile(r"^flight recorder: collective #(-?\d+) enqueued, #(-?\d+) completed", re.M)
+# A count has at most 18 digits (an int64's): a line with more is a peer's invention, not read
+# (a number of 5,000 digits made ``int`` raise and lost every hang report of the round).
+_FLIGHT = re.compile(
+    r"^flight recorder: collective #(-?\d{1,18}) enqueued, #(-?\d{1,18}) completed", re.M
+)
 
 
 @dataclass(frozen=True, slots=True)

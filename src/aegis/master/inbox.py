@@ -1,9 +1,9 @@
 """A job runner's inbox: what reaches the job, checked before it is queued (no I/O, no clock).
 
 A worker's message is decoded strictly; malformed, oversized, wrong-job and stale-shaped input,
-a pod the job does not have, and a report on another pod's subject are dropped and counted
-(``DropCounter``). A platform event gets the record the event log keeps of it. Both become one
-queue item, handled in order by the runner's loop.
+an order (no report), a pod the job does not have, and a report on another pod's subject are
+dropped and counted (``DropCounter``). A platform event gets the record the event log keeps of
+it. Both become one queue item, handled in order by the runner's loop.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def accept(
         event = to_event(msg, job=spec.job, namespace=spec.namespace)
     except codec.WireError as exc:
         drops.add(exc.reason, str(exc))  # logged at a bounded rate, counted exactly
+        return None
+    if msg.type is m.MessageType.ORDER:  # the master's word: no pod may say it
+        drops.add("not_a_report", f"an order from pod {msg.pod}")
         return None
     pod = PodName(msg.pod)
     if pod not in status.pod_infos:

@@ -56,6 +56,7 @@ from aegis.master.progress import Progress
 from aegis.master.round_orders import RoundOrder
 from aegis.wire import eventlog
 from aegis.wire import messages as m
+from aegis.wire.logsafe import one_line
 
 __all__ = ["Clocks", "JobRunner", "JobSettings", "LeadershipLostError", "status_key"]
 
@@ -343,7 +344,8 @@ class JobRunner:
             case act.EvictPod(pod=pod) | act.ReplacePod(pod=pod):
                 self.liveness.forget(pod, self.clocks.mono())
             case act.RecordFault(pod=pod, reason=reason, counted=counted):
-                log.warning("job %s: fault of %s (%s), counted=%s", job, pod, reason, counted)
+                log.warning("job %s: fault of %s (%s), counted=%s", job, pod, one_line(reason),
+                            counted)  # fmt: skip
             case act.EndJob(phase=phase, reason=reason):
                 log.info("job %s ended %s: %s", job, phase, reason)
                 self.done.set()

@@ -22,6 +22,7 @@ from aegis.master.pace import Pace, StragglerWatch
 from aegis.master.round_orders import RoundOrder
 from aegis.master.safe_points import RequestSettings, SafePoints
 from aegis.wire import messages as m
+from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,11 @@ class Progress:
         """A pod's durable checkpoint directory fails (logged once per outage) or works again."""
         if data.opened:
             log.error("job %s pod %s: checkpoint store %s down: [Errno %d] %s; step %d kept in "
-                      "memory, training goes on", self.job, pod, data.directory, data.errno,
-                      data.strerror, data.step)  # fmt: skip
+                      "memory, training goes on", self.job, pod, one_line(data.directory, 200),
+                      data.errno, one_line(data.strerror, 200), data.step)  # fmt: skip
         elif data.ok:
             log.warning("job %s pod %s: checkpoint store %s back after %.1f s", self.job,
-                        pod, data.directory, data.down_s)  # fmt: skip
+                        pod, one_line(data.directory, 200), data.down_s)  # fmt: skip
 
     def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
         """``pod`` committed ``step``: the job's new committed step, once per new step every pod

@@ -32,11 +32,13 @@ from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName
 from aegis.core.phases import Phase
 from aegis.wire import messages as m
+from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
 
 KEPT_STEPS = 16  # committed steps remembered per pod
 RATE_GAP_S = 0.5  # heartbeats closer than this make no step-rate sample (an early one, a save)
+DECLINE_CHARS = 200  # what of a pod's reason for declining a request is kept
 
 
 def save_due(
@@ -254,7 +256,9 @@ class SafePoints:
         """A pod's script takes no requests: a slow pod waits for the script's next own save
         (or the next periodic checkpoint); a drain waits for that save too when it is due
         before the drain's deadline, else stops waiting and uses the last periodic
-        checkpoint."""
+        checkpoint. ``reason``, a pod's words, is logged and carried by a forced drain into
+        every draining pod's record: one line of at most DECLINE_CHARS."""
+        reason = one_line(reason, DECLINE_CHARS)
         draining = tuple(p for p, info in status.pod_infos.items() if info.drain)
         can_wait = self.script_taken != status.seq
         waits = can_wait and bool(draining) and self._save_before_deadline(draining, now)

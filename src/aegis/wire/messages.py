@@ -16,6 +16,21 @@ from aegis.core.recovery import CheckType
 
 ID_CHARS = 256  # a report's id at most (longer: the message is malformed)
 
+# Bounds on what a peer's numbers and short texts may be; beyond them the message is malformed
+# (dropped and counted). Python's ints have no bound: a heartbeat's step of 10**400 reached the
+# master's float arithmetic (a step rate) and ended the job's loop. Integers stay within what a
+# float holds exactly, times within a million years either way.
+INT_BOUND = 2**53
+Int = Annotated[int, msgspec.Meta(ge=-INT_BOUND, le=INT_BOUND)]
+Seconds = Annotated[float, msgspec.Meta(ge=-3e13, le=3e13)]
+# A text the agent makes short (a node's name, why a timeout was chosen, why a request was
+# declined): a longer one was not made by an agent. A pod's long texts (an error's reason and
+# log lines, a check's result, stacks) are bounded by the message's size and cut where the
+# master keeps them (``translate.TEXT_CHARS``).
+SHORT_CHARS = 1000
+Short = Annotated[str, msgspec.Meta(max_length=SHORT_CHARS)]
+PATH_CHARS = 4096  # a directory's path (Linux' PATH_MAX)
+
 
 class MessageType(enum.StrEnum):
     ACK = "ACK"
@@ -54,8 +69,8 @@ class CheckResult(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_
     check_type: CheckType
     passed: bool
     result: str
-    duration_s: float
-    ts: float
+    duration_s: Seconds
+    ts: Seconds
     not_applicable: bool = False
     timed_out: bool = False  # failed by overrunning its budget
 
@@ -65,9 +80,9 @@ class CheckResponse(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class AckData(msgspec.Struct, tag="ack", tag_field="kind", forbid_unknown_fields=True, frozen=True):
-    node: str = ""
-    pod_ip: str = ""
-    incarnation: str = ""
+    node: Short = ""
+    pod_ip: Short = ""
+    incarnation: Short = ""
 
 
 class OrderData(
@@ -75,7 +90,7 @@ class OrderData(
 ):
     order: Order
     pods: list[str] = []
-    exit_code: int = 0
+    exit_code: Int = 0
     env: dict[str, str] = {}  # per-incarnation environment (a fresh MASTER_PORT per run round)
 
 
@@ -84,7 +99,7 @@ class ExitData(
 ):
     """A Finish of the training command."""
 
-    exit_code: int
+    exit_code: Int
 
 
 class ChecksData(
@@ -99,39 +114,39 @@ class ErrorData(
     msgspec.Struct, tag="error", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
     reason: str
-    fault_class: str = ""
-    exit_code: int | None = None
+    fault_class: Short = ""
+    exit_code: Int | None = None
     lines: list[str] = []
-    step: int | None = None  # the training's last step (None: it reported none)
+    step: Int | None = None  # the training's last step (None: it reported none)
 
 
 class HangData(
     msgspec.Struct, tag="hang", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
-    idle_s: float
+    idle_s: Seconds
     stacks: str = ""
-    timeout_s: float = 0.0  # the watchdog's timeout when it fired (0: not said)
-    why: str = ""  # how that timeout was chosen
+    timeout_s: Seconds = 0.0  # the watchdog's timeout when it fired (0: not said)
+    why: Short = ""  # how that timeout was chosen
 
 
 class HeartbeatData(
     msgspec.Struct, tag="heartbeat", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
-    step: int | None = None
-    hang_timeout: str = ""  # the watchdog's current choice: "30 s (how it was chosen)"
+    step: Int | None = None
+    hang_timeout: Short = ""  # the watchdog's current choice: "30 s (how it was chosen)"
     # Straggler scores (core/stragglers.py): when ``step`` ended and when this beat was sent,
     # both ``time.monotonic()`` of the pod's host (the master estimates the offset)
-    step_ts: float | None = None
-    sent_mono: float | None = None
+    step_ts: Seconds | None = None
+    sent_mono: Seconds | None = None
     # the training's last input time: seconds from a step's end to its next forward (a rank
     # slow before the collective; aegis.autoprogress)
-    input_s: float | None = None
+    input_s: Seconds | None = None
 
 
 class CheckpointData(
     msgspec.Struct, tag="checkpoint", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
-    step: int
+    step: Int
 
 
 class ScriptSavedData(
@@ -141,7 +156,7 @@ class ScriptSavedData(
     distributed checkpoint: ``aegis.autoprogress``) and training has gone past it: a safe point
     for a script that takes no checkpoint requests. A master that does not know it drops it."""
 
-    step: int
+    step: Int
 
 
 class CheckpointDeclinedData(
@@ -153,8 +168,8 @@ class CheckpointDeclinedData(
 ):
     """The pod cannot answer a checkpoint request (its script does not take requests)."""
 
-    request: str
-    reason: str
+    request: Short
+    reason: Short
 
 
 class CheckpointStoreData(
@@ -168,14 +183,14 @@ class CheckpointStoreData(
     attempts since the last report, the newest one's errno; ``opened``: the first began an
     outage), or, ``ok``, it can again (after ``down_s`` seconds)."""
 
-    directory: str
-    step: int
+    directory: Annotated[str, msgspec.Meta(max_length=PATH_CHARS)]
+    step: Int
     ok: bool = False
-    errno: int = 0
-    strerror: str = ""
-    failures: int = 0
+    errno: Int = 0
+    strerror: Short = ""
+    failures: Int = 0
     opened: bool = False
-    down_s: float = 0.0
+    down_s: Seconds = 0.0
 
 
 Payload = (
@@ -218,11 +233,11 @@ class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defa
     pod: str  # "master" for the master's broadcasts
     type: MessageType
     phase: Phase
-    seq: int
-    ts: float
+    seq: Int
+    ts: Seconds
     data: Payload
     # unique per report, so a re-sent report is processed at most once (``pod/incarnation/n``;
     # bounded: the master remembers the last 65,536)
     id: Annotated[str, msgspec.Meta(max_length=ID_CHARS)] = ""
-    epoch: int = 0  # the master leader's term (orders): agents ignore orders of older terms
+    epoch: Int = 0  # the master leader's term (orders): agents ignore orders of older terms
     sig: str = ""  # orders: the master's signature of the order encoded with sig "" (codec)
