@@ -26,6 +26,7 @@ from aegis.master.ports import NullPlatform
 from aegis.tools import incidents, replay
 from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
+from aegis.wire.translate import TEXT_CHARS
 from tests.test_job_runner import healthy
 from tests.test_suspects import ASLEEP, WAITING
 from tests.waits import async_wait_until
@@ -146,6 +147,18 @@ async def test_a_report_with_an_absurd_flight_count_does_not_lose_the_rounds_han
     await _troubleshooting(job)
     infos = job.runner.status.pod_infos
     assert [p for p in PODS if infos[PodName(p)].slow] == ["job-1"]
+
+
+async def test_a_frame_name_from_a_peers_stacks_is_cut_in_the_record(job: Job) -> None:
+    """The suspect's frame is a peer's text: the reason the record keeps is at most
+    TEXT_CHARS (like an error's), so one hang report cannot fill the job's record."""
+    elsewhere = ASLEEP.replace("stuck_forever", "f" * 200_000)
+    for pod, stacks in (("job-0", WAITING), ("job-1", elsewhere), ("job-2", WAITING)):
+        await job.hang(pod, stacks)
+    await _troubleshooting(job)
+    reason = job.runner.status.pod_infos[PodName("job-1")].last_failed_reason
+    assert "suspect: job-1 (rank 1, node node-1): in fff" in reason
+    assert len(reason) <= TEXT_CHARS + 100, len(reason)
 
 
 async def test_aegis_ctl_hang_names_its_pod_at_once(job: Job) -> None:

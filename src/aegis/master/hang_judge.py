@@ -19,6 +19,7 @@ from aegis.core.phases import Phase
 from aegis.core.suspects import name_suspect
 from aegis.wire import eventlog
 from aegis.wire import messages as m
+from aegis.wire.translate import TEXT_CHARS
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class HangJudge:
         else:
             pod, blame, why = first.pod, False, ""
             reason = f"{head}; no suspect: the stacks of {len(held)} pod(s) single none out"
+        reason = reason[:TEXT_CHARS]  # a frame's name comes from a peer's stacks
         record = eventlog.HangJudgedRecord(
             pod=pod, phase=first.phase, seq=first.seq, ts=now, reason=reason, blame=blame,
             suspect_why=why, reports=reports,
