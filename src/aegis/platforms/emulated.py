@@ -171,9 +171,12 @@ async def _ip(*args: str) -> None:
 
 
 async def _run(*argv: str) -> None:
+    """``argv`` to its end, in a session of its own: a Ctrl-C at the terminal (or ``timeout``,
+    which signals the whole process group) stops the run, which then takes its cluster down,
+    and not the ``ip`` command that builds it half-way (a ClusterError and a traceback)."""
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     _, err = await proc.communicate()
     if proc.returncode != 0:
@@ -202,13 +205,17 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
     try:
         for host, port in forwarded:
             servers.append(await netns.forward(connector, (host, port), ("127.0.0.1", port)))
-        return await proc.wait()
+        code = await proc.wait()
     finally:
         for server in servers:
             server.close()
         connector.close()
         for sig in PASSED_ON:
             loop.remove_signal_handler(sig)
+    if code < 0:  # killed by a signal before it could handle one (its first second)
+        log.warning("the run in the cluster's namespace was killed by signal %d", -code)
+        return 128 - code  # as a shell says it, not 256 - n
+    return code
 
 
 def _pass_on(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:

@@ -29,7 +29,15 @@ Observer = Callable[[JobRunner, LocalPlatform], None]
 async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
     """``observe`` is called with the job's runner and platform before the pods start."""
     log_dir = run_settings.log_dir_of(settings)
+    with run_settings.stop_signals() as stop:
+        return await _run(settings, log_dir, stop, observe)
+
+
+async def _run(
+    settings: RunSettings, log_dir: Path, stop: run_settings.RunStop, observe: Observer | None
+) -> RunResult:
     async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
+        stop.check()
         master_settings = MasterSettings(
             grpc_host=address,
             creds_ttl_s=settings.creds_ttl_s,
@@ -44,7 +52,8 @@ async def run_local(settings: RunSettings, *, observe: Observer | None = None) -
         async with run_master(
             master_settings, nats_url=settings.nats_url, authority=authority, server_host=address
         ) as master:
-            return await _run_job(settings, master, log_dir, observe, hosts)
+            stop.check()
+            return await _run_job(settings, master, log_dir, observe, hosts, stop)
 
 
 async def _run_job(
@@ -53,6 +62,7 @@ async def _run_job(
     log_dir: Path,
     observe: Observer | None,
     hosts: Hosts,
+    stop: run_settings.RunStop,
 ) -> RunResult:
     spec = run_settings.job_spec(settings)
     nodes, _ = run_settings.node_names(settings)
@@ -69,7 +79,8 @@ async def _run_job(
         token=token,
     )
     runner.listeners.append(lambda r, event, actions: platform.turn_slow_at_commit(event))
-    pids_seen, stopped_by = await _until_done(runner, platform, observe)
+    stop.attach(lambda reason: runner.platform_event(ev.QuitRequested(reason)))
+    pids_seen = await _until_done(runner, platform, observe, stop)
     if settings.status_file is not None:
         job_files.write_status_file(settings.status_file, spec, runner.status)
     return RunResult(
@@ -80,32 +91,27 @@ async def _run_job(
         agent_pids_seen=pids_seen,
         drops=dict(runner.drops.counts),
         ended=runner.notes.ended,
-        stopped_by=stopped_by,
+        stopped_by=stop.stopped_by,
     )
 
 
 async def _until_done(
-    runner: JobRunner, platform: LocalPlatform, observe: Observer | None
-) -> tuple[dict[str, list[int]], int | None]:
-    """Start the pods and wait for the job's end (``STOP_SIGNALS``: the job is stopped); then
-    stop what is left. Returns every agent pid each pod had, first and last, and the signal
-    that stopped the job, if one did."""
+    runner: JobRunner, platform: LocalPlatform, observe: Observer | None, stop: run_settings.RunStop
+) -> dict[str, list[int]]:
+    """Start the pods and wait for the job's end (a stop signal ends it); then stop what is
+    left. Returns every agent pid each pod had, first and last."""
     pids_seen: dict[str, list[int]] = {}
-
-    def quit_job(reason: str) -> None:
-        runner.platform_event(ev.QuitRequested(reason))
-
-    with run_settings.quit_on_signals(quit_job) as stopped_by:
-        try:
-            if observe is not None:
-                observe(runner, platform)
-            await platform.launch_all()
-            for pod, pid in platform.agent_pids().items():
-                pids_seen.setdefault(pod, []).append(pid)
-            await runner.wait_done()
-            for pod, pid in platform.agent_pids().items():
-                if pid not in pids_seen.setdefault(pod, []):
-                    pids_seen[pod].append(pid)
-        finally:
-            await platform.stop_all()
-    return pids_seen, (stopped_by[0] if stopped_by else None)
+    try:
+        if observe is not None:
+            observe(runner, platform)
+        await platform.launch_all()
+        for pod, pid in platform.agent_pids().items():
+            pids_seen.setdefault(pod, []).append(pid)
+        await runner.wait_done()
+        stop.ended()
+        for pod, pid in platform.agent_pids().items():
+            if pid not in pids_seen.setdefault(pod, []):
+                pids_seen[pod].append(pid)
+    finally:
+        await platform.stop_all()
+    return pids_seen

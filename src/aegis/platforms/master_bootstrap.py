@@ -28,14 +28,13 @@ async def run_master(
     the address this master reaches that server at, when not the server's own. A server started
     here is started again if it dies (``EmbeddedNats.keep_running``). Everything it started is
     stopped on the way out."""
-    server, keeping = None, None
-    if nats_url is None:
-        server = EmbeddedNats(authority, host=server_host, store_dir=store_dir)
-        await asyncio.to_thread(server.start)
-        keeping = asyncio.create_task(server.keep_running(), name="nats-server")
-        nats_url = f"nats://{advertise}:{server.port}" if advertise else server.url
-    master: MasterService | None = None
+    server, keeping, master = None, None, None
     try:
+        if nats_url is None:  # stopped on the way out even when it fails to start (its keys)
+            server = EmbeddedNats(authority, host=server_host, store_dir=store_dir)
+            await asyncio.to_thread(server.start)
+            keeping = asyncio.create_task(server.keep_running(), name="nats-server")
+            nats_url = f"nats://{advertise}:{server.port}" if advertise else server.url
         master = await MasterService.connect(authority, nats_url, settings)
         yield master
     finally:

@@ -51,31 +51,35 @@ async def run_replicated(settings: RunSettings, *, follow: Follower | None = Non
     """The job under ``settings.masters`` master processes; ``follow`` is called with the
     event log's view of the job (``FollowedJob``) and the platform before the pods start."""
     log_dir = run_settings.log_dir_of(settings)
-    async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
-        replicated = ReplicatedRun(
-            settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
-            metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
-            address=address, rule=rule,
-        )  # fmt: skip
-        main = asyncio.current_task()
+    with run_settings.stop_signals() as stop:
+        async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
+            stop.check()
+            replicated = ReplicatedRun(
+                settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
+                metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
+                address=address, rule=rule,
+            )  # fmt: skip
+            main = asyncio.current_task()
 
-        def quit_job(reason: str) -> None:
-            served = getattr(replicated, "served", None)
-            if served is not None:  # the leader ends the job as it ends one that fails
-                served.server.sink(ev.QuitRequested(reason))
-            elif main is not None:  # no job yet: nothing to end but the run itself
-                main.cancel()
+            def quit_job(reason: str) -> None:
+                served = getattr(replicated, "served", None)
+                if served is not None:  # the leader ends the job as it ends one that fails
+                    served.server.sink(ev.QuitRequested(reason))
+                elif main is not None:  # no job yet: nothing to end but the run itself
+                    main.cancel()
 
-        with run_settings.quit_on_signals(quit_job) as stopped_by:
+            stop.attach(quit_job)
             try:
                 await replicated.start()
                 result = await replicated.wait()
             except BaseException as exc:
+                stop.ended()  # what is left is taking down what the run started
                 await replicated.close()  # nothing it started is left running
-                if isinstance(exc, asyncio.CancelledError) and stopped_by:
-                    raise run_settings.RunStoppedError(stopped_by[0]) from None
+                if isinstance(exc, asyncio.CancelledError) and stop.stopped_by is not None:
+                    raise run_settings.RunStoppedError(stop.stopped_by) from None
                 raise
-        result.stopped_by = stopped_by[0] if stopped_by else None
+            stop.ended()
+        result.stopped_by = stop.stopped_by
         return result
 
 

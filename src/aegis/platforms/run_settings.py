@@ -40,23 +40,59 @@ class RunStoppedError(AegisError):
         self.signo = signo
 
 
-@contextlib.contextmanager
-def quit_on_signals(quit_job: Callable[[str], None]) -> Iterator[list[int]]:
-    """While inside (in the event loop's thread), each of :data:`STOP_SIGNALS` asks for the
-    job's end: ``quit_job`` with the reason ("aegis run got SIGTERM"). Yields the signals
-    received, in order."""
-    loop = asyncio.get_running_loop()
-    got: list[int] = []
+class RunStop:
+    """The :data:`STOP_SIGNALS` a run hears, from before it starts anything until it has
+    stopped all it started (:func:`stop_signals`): a signal never kills it half-way, which
+    left a NATS server's directory (its keys) in /tmp, or its control file. Before the run has
+    a job, a signal is kept and :meth:`check` ends the run after the step under way (its
+    context managers stop what was started); once a job is attached, each signal asks for the
+    job's end; after it ended, signals are only logged."""
 
-    def on_signal(sig: signal.Signals) -> None:
+    def __init__(self) -> None:
+        self.got: list[int] = []  # every signal heard, in order
+        self.stopped_by: int | None = None  # the first one heard before the job ended
+        self._quit: Callable[[str], None] | None = None
+        self._ended = False
+
+    def heard(self, sig: signal.Signals) -> None:
+        self.got.append(int(sig))
+        if self._ended:
+            log.warning("%s: the run is stopping already", sig.name)
+            return
+        if self.stopped_by is None:
+            self.stopped_by = int(sig)
+        if self._quit is None:
+            log.warning("%s: stopping the run once what it has started is up", sig.name)
+            return
         log.warning("%s: stopping the job", sig.name)
-        got.append(int(sig))
-        quit_job(f"aegis run got {sig.name}")
+        self._quit(f"aegis run got {sig.name}")
 
+    def check(self) -> None:
+        """Raises ``RunStoppedError`` when a signal came before the run had a job."""
+        if self.stopped_by is not None and self._quit is None and not self._ended:
+            raise RunStoppedError(self.stopped_by)
+
+    def attach(self, quit_job: Callable[[str], None]) -> None:
+        """The run has a job now: ``quit_job`` ends it, at once if a signal came already."""
+        self._quit = quit_job
+        if self.stopped_by is not None:
+            quit_job(f"aegis run got {signal.Signals(self.stopped_by).name}")
+
+    def ended(self) -> None:
+        """The job ended: a signal from now on changes nothing of how the run ends."""
+        self._ended = True
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[RunStop]:
+    """:data:`STOP_SIGNALS` go to the yielded ``RunStop`` while inside (in the event loop's
+    thread)."""
+    loop = asyncio.get_running_loop()
+    stop = RunStop()
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
+        loop.add_signal_handler(sig, stop.heard, sig)
     try:
-        yield got
+        yield stop
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
