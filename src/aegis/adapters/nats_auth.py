@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nacl.exceptions
 import nacl.signing
 import nkeys
@@ -197,8 +198,17 @@ class Authority:
 
     @classmethod
     def load(cls, path: Path) -> Authority:
-        raw = json.loads(path.read_text())
-        return cls(seeds={name: value.encode() for name, value in raw.items()})
+        """The keys ``save`` wrote; ``ValueError``, saying why, for any other file."""
+        try:
+            raw = msgspec.json.decode(path.read_bytes(), type=dict[str, str])
+            return cls(seeds={name: value.encode() for name, value in raw.items()})
+        except msgspec.DecodeError as exc:
+            why = str(exc)
+        except KeyError as exc:
+            why = f"no key {exc}"
+        except nkeys.NkeysError:
+            why = "a seed that is no nkey seed"
+        raise ValueError(f"not the keys `aegis auth init` writes: {why}")
 
     def server_config(self) -> str:
         """The operator-mode part of a nats-server config file."""

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,26 @@ TRANSIENT = (
 )
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
 def server_list(url: str) -> list[str]:
-    """``nats://a:1,nats://b:2`` -> both URLs (one server: a list of one)."""
-    return [part.strip() for part in url.split(",") if part.strip()]
+    """``nats://a:1,nats://b:2`` -> both URLs (one server: a list of one). ``ValueError``,
+    saying why, for no URL at all (an unset ``$NATS_URL``: nats-py then retried for ever
+    without yielding, deaf to Ctrl-C) or one it cannot connect to (another scheme, no host, a
+    port out of range)."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if not urls:
+        raise ValueError(f"no NATS server in {url!r} (nats://HOST:PORT, comma-separated)")
+    for one in urls:
+        try:
+            parsed = urllib.parse.urlsplit(one if "://" in one else f"nats://{one}")
+            parsed.port  # noqa: B018 (raises for one out of range)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.scheme not in NATS_SCHEMES or not parsed.hostname:
+            raise ValueError(f"not a NATS server URL: {one!r} (nats://HOST:PORT)")
+    return urls
 
 
 class NatsSubscription:

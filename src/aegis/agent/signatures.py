@@ -122,7 +122,7 @@ def load(path: Path) -> tuple[Signature, ...]:
         decoded = msgspec.toml.decode(path.read_bytes(), type=_File)
     except OSError as exc:
         raise SignatureConfigError("cannot read signature file", detail=f"{path}: {exc}") from exc
-    except msgspec.ValidationError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # not TOML, or not our schema
         raise SignatureConfigError("bad signature file", detail=f"{path}: {exc}") from exc
     extra = []
     for entry in decoded.signature:

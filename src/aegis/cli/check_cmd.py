@@ -18,18 +18,30 @@ def register(app: typer.Typer) -> None:
     app.command("check")(check)
 
 
+def _existing_dir(path: Path) -> Path:
+    """``--scratch-dir``: a directory that is there (the check writes in it; it made a missing
+    one and left it)."""
+    if not path.is_dir():
+        raise typer.BadParameter(f"{path} is not a directory")
+    return path
+
+
 def check(  # noqa: PLR0913 (a typer command: one parameter per option)
     name: Annotated[str, typer.Argument(help="io, gpu, runtime, rdma, allreduce_connect, ...")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
-    scratch_dir: Annotated[Path, typer.Option(help="Directory the io check writes in.")] = Path(
-        "/tmp"
-    ),
+    scratch_dir: Annotated[
+        Path, typer.Option(help="Directory the io check writes in.", callback=_existing_dir)
+    ] = Path("/tmp"),
     require_gpu: Annotated[bool, typer.Option(help="Fail gpu/runtime without a GPU.")] = False,
-    budget_s: Annotated[float | None, typer.Option(help="Budget of the check.")] = None,
+    budget_s: Annotated[
+        float | None, typer.Option(min=0.001, help="Budget of the check, in seconds.")
+    ] = None,
     rank: Annotated[int, typer.Option(min=0, help="allreduce_*: this pod's rank.")] = 0,
     world_size: Annotated[int, typer.Option(min=1, help="allreduce_*: pods in the group.")] = 1,
     master_addr: Annotated[str, typer.Option(help="allreduce_*: rendezvous host.")] = "127.0.0.1",
-    master_port: Annotated[int, typer.Option(help="allreduce_*: rendezvous port (0: free).")] = 0,
+    master_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="allreduce_*: rendezvous port (0: free).")
+    ] = 0,
     slow_factor: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="allreduce_perf: slow below this x peers.")
     ] = base.PerfSettings().slow_factor,
@@ -41,6 +53,8 @@ def check(  # noqa: PLR0913 (a typer command: one parameter per option)
         choices = ", ".join(t.value for t in CheckType)
         typer.echo(f"aegis: error: unknown check {name!r} (one of: {choices})", err=True)
         raise typer.Exit(2) from None
+    if rank >= world_size:
+        raise typer.BadParameter(f"rank {rank} of a group of {world_size}", param_hint="--rank")
     if check_type in suites.COLLECTIVE:
         info = base.GroupInfo(rank, world_size, master_addr, master_port or group.free_port())
     else:

@@ -84,7 +84,7 @@ def incidents(
     """Show every fault of the job: detection, evidence, classification, decision, recovery."""
     log = status_cmd.load_or_exit(job, log_dir)
     found = incidents_tool.incidents(log.spec.job, log.initial, log.steps)
-    with (log.log_dir / joblog.EVENTS).open() as lines:
+    with (log.log_dir / joblog.EVENTS).open(errors="replace") as lines:
         outages = incidents_tool.store_outages(lines)
     if as_json:
         records = [i.to_dict() for i in found] + [o.to_dict() for o in outages]

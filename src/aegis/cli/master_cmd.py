@@ -48,7 +48,11 @@ def register(app: typer.Typer) -> None:
 
 # The options of ``aegis master``, one alias each, so the command's function stays short.
 Nats = Annotated[
-    str, typer.Option(help="The NATS server URL (a cluster: every server, comma-separated).")
+    str,
+    typer.Option(
+        help="The NATS server URL (a cluster: every server, comma-separated).",
+        callback=options.nats_url,
+    ),
 ]
 AuthFile = Annotated[
     Path | None,
@@ -189,7 +193,7 @@ def _replica(
     replica = Replica(authority, nats, settings, chaos.from_env(os.environ, settings.log_dir))
     if metrics_port:
         replica.metrics = metrics.MasterMetrics()
-        replica.metrics.serve(metrics_port, metrics_host)
+        options.serve_metrics(replica.metrics, metrics_port, metrics_host)
     return replica
 
 

@@ -6,6 +6,9 @@ from typing import Annotated
 
 import typer
 
+from aegis.adapters.nats_bus import server_list
+from aegis.core.model import NAME_MAX, name_problem
+from aegis.master.metrics import MasterMetrics, MetricsServer
 from aegis.master.pace import PaceSettings
 
 _DEFAULTS = PaceSettings()
@@ -42,3 +45,47 @@ MetricsPort = Annotated[
         help="Serve Prometheus /metrics here (0: off; aegis run --masters N: master i on PORT+i).",
     ),
 ]
+
+
+def nats_url(value: str | None) -> str | None:
+    """The check of every ``--nats``: one readable line (exit 2) for a URL no server can be at
+    (an empty one made nats-py retry for ever, deaf to Ctrl-C)."""
+    if value is not None:
+        try:
+            server_list(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def job_name(value: str) -> str:
+    """``--job``: one rule for every job name (``core.model.name_problem``); a usage error."""
+    return _job_name(value, NAME_MAX)
+
+
+def _job_name(value: str, max_len: int) -> str:
+    problem = name_problem("job", value, max_len)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--job")
+    return value
+
+
+REQUEUED = "-r99"  # what a requeued Slurm attempt adds to its job's name (``attempt_job``)
+
+
+def slurm_job_name(value: str) -> str:
+    """``aegis slurm submit --job``: the rule, with room left for a requeued attempt's suffix
+    (a name valid at the submit was refused at the first requeue, inside the allocation)."""
+    return _job_name(value, NAME_MAX - len(REQUEUED))
+
+
+def serve_metrics(hub: MasterMetrics, port: int, addr: str) -> MetricsServer:
+    """``--metrics-port``'s server; a port taken or an address that is not this host's is a
+    usage error (one line, exit 2), not a traceback."""
+    try:
+        return hub.serve(port, addr)
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot serve /metrics on {addr}:{port}: {exc.strerror or exc}",
+            param_hint="--metrics-port",
+        ) from None

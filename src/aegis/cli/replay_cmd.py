@@ -25,7 +25,7 @@ def replay(
     """Feed a recorded event log through the core; print the status after each event."""
     path = file / "events.jsonl" if file.is_dir() else file
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(errors="replace").splitlines()
     except OSError as exc:
         print(f"aegis: error: cannot read {path}: {exc.strerror}", file=sys.stderr)
         raise typer.Exit(2) from None

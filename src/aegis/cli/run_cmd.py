@@ -19,7 +19,6 @@ from rich.console import Console
 
 from aegis.adapters import netns
 from aegis.cli import live_view, options, paths, render, run_view
-from aegis.core.model import name_problem
 from aegis.core.phases import Phase
 from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
@@ -184,14 +183,6 @@ def _exit_unless_found(command: Sequence[str]) -> None:
         raise typer.Exit(2)
 
 
-def _job_name(value: str) -> str:
-    """``--job``: one rule for every job name (``core.model.name_problem``); a usage error."""
-    problem = name_problem("job", value)
-    if problem is not None:
-        raise typer.BadParameter(problem, param_hint="--job")
-    return value
-
-
 # The options of ``aegis run``, one alias each, so the command's function stays short.
 Cmd = Annotated[list[str], typer.Argument(help="The training command (after --).")]
 Nodes = Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")]
@@ -218,7 +209,7 @@ ChecksOnEveryFault = Annotated[
     ),
 ]
 Grace = Annotated[float, typer.Option(min=0)]
-Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=_job_name)]
+Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=options.job_name)]
 StatusFile = Annotated[
     Path | None,
     typer.Option(help="Write the final status here.", callback=paths.writable_file),
@@ -226,7 +217,9 @@ StatusFile = Annotated[
 LogDir = Annotated[
     Path | None, typer.Option(help="events.jsonl, pod logs.", callback=paths.made_dir)
 ]
-Nats = Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")]
+Nats = Annotated[
+    str | None, typer.Option(help="Use this NATS server (no auth).", callback=options.nats_url)
+]
 InjectFault = Annotated[
     list[str] | None,
     typer.Option(
@@ -348,7 +341,7 @@ def _run_and_report(
             param_hint="--metrics-port",
         )
     hub = metrics.MasterMetrics() if metrics_port and masters == 1 else None
-    server = hub.serve(metrics_port, metrics_addr) if hub is not None else None
+    server = options.serve_metrics(hub, metrics_port, metrics_addr) if hub is not None else None
     if metrics_port and masters > 1:
         where = ", ".join(f"master-{i} :{metrics_port + i}" for i in range(masters))
         print(f"aegis run: /metrics on {metrics_addr} ({where})", file=sys.stderr)

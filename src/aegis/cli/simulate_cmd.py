@@ -22,15 +22,17 @@ def register(app: typer.Typer) -> None:
 
 
 # The options of ``aegis simulate``, one alias each, so the command's function stays short.
+MAX_INTERVAL_MIN = 1e6  # about two years
 Gpus = Annotated[int, typer.Option(min=1, help="GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option(min=1, help="GPUs per node (one pod each).")]
-Days = Annotated[float, typer.Option(min=0.001, help="Wall time simulated, in days.")]
+Days = Annotated[float, typer.Option(min=0.001, max=3650.0, help="Wall time simulated, in days.")]
 Trace = Annotated[
     flt.TraceKind,
     typer.Option(help="llama3: Llama 3's 419 faults/54 days/2,048 nodes, scaled by nodes."),
 ]
 MtbfH = Annotated[
-    float | None, typer.Option(min=0.0001, help="Job MTBF in hours (exponential trace).")
+    float | None,
+    typer.Option(min=0.0001, max=1e6, help="Job MTBF in hours (exponential trace)."),
 ]
 CkptInterval = Annotated[
     str,
@@ -40,7 +42,8 @@ CkptInterval = Annotated[
     ),
 ]
 CkptCost = Annotated[
-    float, typer.Option(min=0.0, help="Seconds training pauses for each checkpoint save.")
+    float,
+    typer.Option(min=0.0, max=86400.0, help="Seconds training pauses for each checkpoint save."),
 ]
 PolicyOption = Annotated[rc.Policy, typer.Option(help="Who recovers from faults.")]
 Seed = Annotated[int, typer.Option(help="Seed of the fault trace (same seed, same run).")]
@@ -140,6 +143,9 @@ def _parse_interval(text: str) -> float | None:
         raise typer.BadParameter(
             f"expected minutes or 'auto', got {text!r}", param_hint="--ckpt-interval"
         ) from None
-    if minutes <= 0:
-        raise typer.BadParameter("must be > 0 minutes", param_hint="--ckpt-interval")
+    if not 0 < minutes <= MAX_INTERVAL_MIN:  # nan, inf too: no figure would mean anything
+        raise typer.BadParameter(
+            f"must be > 0 and at most {MAX_INTERVAL_MIN:g} minutes, got {text!r}",
+            param_hint="--ckpt-interval",
+        )
     return minutes * 60.0

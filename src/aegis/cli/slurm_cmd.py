@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from aegis.cli import options, run_cmd
+from aegis.cli import options, paths, run_cmd
 from aegis.platforms.slurm import commands, coordinator
 
 _PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
@@ -90,7 +90,9 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     spare_nodes: Annotated[int, typer.Option(min=0, help="Extra nodes for replacements.")] = 1,
-    job: Annotated[str, typer.Option(help="Job name.")] = "job",
+    job: Annotated[
+        str, typer.Option(help="Job name (a DNS label).", callback=options.slurm_job_name)
+    ] = "job",
     state_dir: Annotated[
         Path | None,
         typer.Option(help="Shared directory for logs and the store (default ./.aegis/JOB)."),
@@ -102,7 +104,10 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
     nats: Annotated[
-        str | None, typer.Option(help="A NATS server every node reaches (default: embedded).")
+        str | None,
+        typer.Option(
+            help="A NATS server every node reaches (default: embedded).", callback=options.nats_url
+        ),
     ] = None,
     advertise: Annotated[
         str | None, typer.Option(help="How the agents reach the batch step's master.")
@@ -134,7 +139,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     if dry_run:
         print(script, end="")
         raise typer.Exit(0)
-    state.mkdir(parents=True, exist_ok=True)
+    paths.made_dir(state)  # one that is a file, or cannot be made: one line
     path = state / "job.sbatch"
     path.write_text(script)
     result = asyncio.run(commands.SubprocessCommands()(["sbatch", "--parsable", str(path)]))
@@ -157,12 +162,15 @@ def _check_master_options(master: str | None, nats: str | None, auth_file: Path 
 
 def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
-    job: Annotated[str, typer.Option(help="Job name.")],
+    job: Annotated[str, typer.Option(help="Job name.", callback=options.slurm_job_name)],
     state_dir: Annotated[Path, typer.Option(help="Shared directory for logs and the store.")],
     nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     advertise: Annotated[str, typer.Option(help="How agents reach this host.")] = "127.0.0.1",
-    nats: Annotated[str | None, typer.Option(help="Use this NATS server (no auth).")] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option(help="Use this NATS server (no auth).", callback=options.nats_url),
+    ] = None,
     hang_timeout_s: Annotated[float | None, typer.Option(min=0)] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     join_timeout_s: options.JoinTimeout = 600.0,

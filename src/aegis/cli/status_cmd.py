@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 
 from aegis.adapters.nats_auth import Authority
-from aegis.cli import render, status_store
+from aegis.cli import options, render, status_store
 from aegis.master import control
 from aegis.tools import joblog, status_summary
 from aegis.wire import eventlog, job_summary
@@ -34,7 +34,10 @@ LogDirOption = Annotated[
 
 NatsOption = Annotated[
     str | None,
-    typer.Option(help="Read the job from a running master's store on this NATS server."),
+    typer.Option(
+        help="Read the job from a running master's store on this NATS server.",
+        callback=options.nats_url,
+    ),
 ]
 AuthFileOption = Annotated[
     Path | None, typer.Option(help="With --nats: the keys file the master replicas load.")

@@ -306,13 +306,21 @@ def write_control_file(path: Path, target: ControlTarget) -> None:
     os.replace(tmp, path)
 
 
+class _ControlFile(msgspec.Struct):
+    nats_url: str
+    namespace: str = "default"
+    job: str = ""
+    jwt: str = ""
+    seed: str = ""
+    inbox_prefix: str = "_INBOX"
+    netns: str = ""
+
+
 def read_control_file(path: Path) -> ControlTarget:
-    body = json.loads(path.read_text())
-    creds = None
-    if body.get("jwt"):
-        creds = UserCreds(body["jwt"], body["seed"].encode(), body["inbox_prefix"], None)
-    return ControlTarget(body["nats_url"], creds, body.get("namespace", "default"),
-                         body.get("job", ""), str(body.get("netns", "")))  # fmt: skip
+    """``ValueError`` (msgspec's, saying where) for a file ``write_control_file`` did not write."""
+    body = msgspec.json.decode(path.read_bytes(), type=_ControlFile)
+    creds = UserCreds(body.jwt, body.seed.encode(), body.inbox_prefix, None) if body.jwt else None
+    return ControlTarget(body.nats_url, creds, body.namespace, body.job, body.netns)
 
 
 def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:

@@ -28,8 +28,7 @@ Observer = Callable[[JobRunner, LocalPlatform], None]
 
 async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
     """``observe`` is called with the job's runner and platform before the pods start."""
-    log_dir = run_settings.log_dir_of(settings)
-    with run_settings.stop_signals() as stop:
+    with run_settings.run_log_dir(settings) as log_dir, run_settings.stop_signals() as stop:
         return await _run(settings, log_dir, stop, observe)
 
 

@@ -50,8 +50,7 @@ Follower = Callable[[FollowedJob, LocalPlatform], None]
 async def run_replicated(settings: RunSettings, *, follow: Follower | None = None) -> RunResult:
     """The job under ``settings.masters`` master processes; ``follow`` is called with the
     event log's view of the job (``FollowedJob``) and the platform before the pods start."""
-    log_dir = run_settings.log_dir_of(settings)
-    with run_settings.stop_signals() as stop:
+    with run_settings.run_log_dir(settings) as log_dir, run_settings.stop_signals() as stop:
         async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
             stop.check()
             replicated = ReplicatedRun(

@@ -211,6 +211,19 @@ def log_dir_of(settings: RunSettings) -> Path:
     return log_dir
 
 
+@contextlib.contextmanager
+def run_log_dir(settings: RunSettings) -> Iterator[Path]:
+    """:func:`log_dir_of`; a temporary one made here that the run left empty (it stopped, or
+    could not start, before it had a job) is removed on the way out."""
+    log_dir = log_dir_of(settings)
+    try:
+        yield log_dir
+    finally:
+        if settings.log_dir is None:
+            with contextlib.suppress(OSError):
+                log_dir.rmdir()  # only an empty one
+
+
 @contextlib.asynccontextmanager
 async def run_hosts(
     settings: RunSettings, log_dir: Path

@@ -38,7 +38,7 @@ class JobLog:
 
 def _job_of(events: Path) -> str | None:
     try:
-        with events.open() as lines:
+        with events.open(errors="replace") as lines:
             head = json.loads(lines.readline() or "{}")
     except (OSError, ValueError):
         return None
@@ -78,6 +78,6 @@ def find_log_dir(job: str, log_dir: Path | None = None) -> Path:
 
 def load(log_dir: Path) -> JobLog:
     """Replay the job's event log (raises ``eventlog.EventLogError`` on a bad line)."""
-    lines = (log_dir / EVENTS).read_text().splitlines()
+    lines = (log_dir / EVENTS).read_text(errors="replace").splitlines()  # a torn character too
     spec, initial, steps = replay.replay(lines)
     return JobLog(log_dir, spec, initial, tuple(steps))
