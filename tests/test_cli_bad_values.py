@@ -6,6 +6,8 @@ list without yielding)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +105,19 @@ def test_replay_of_a_log_torn_mid_character_stops_at_that_line(
     assert captured.err.splitlines() == [f"aegis: error: {log}/events.jsonl: line 2: not JSON "
                                          "(Input data was truncated)"]  # fmt: skip
     assert "initial: phase=Pending" in captured.out
+
+
+def test_a_job_interpreter_without_torch_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node checks run in the job's Python: one without torch put every node in ErrorNodes
+    ("torch does not import") and the job Failed, though this Python has torch."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    argv = ["run", "--nodes", "1", "--log-dir", str(tmp_path / "logs"), "--", str(python), "-c",
+            "pass"]  # fmt: skip
+    assert cli.main(argv) == 2
+    line = _one_error_line(capsys)
+    assert f"the node checks run in the job's interpreter, {python}, which has no torch" in line
+    assert list((tmp_path / "logs").iterdir()) == []

@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 
 from aegis.adapters import netns
+from aegis.agent import pycmd
+from aegis.checks import host as check_host
 from aegis.cli import live_view, options, paths, render, run_view
 from aegis.core.phases import Phase
 from aegis.master import faultlog, metrics
@@ -148,9 +150,20 @@ def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool)
     return handler
 
 
-def _exit_without_torch() -> None:
-    """The agents run the checks in this Python: without torch every node would fail its
-    runtime check and join ErrorNodes. Say so in one line before anything starts."""
+def _exit_without_torch(command: Sequence[str]) -> None:
+    """The agents run the checks in the job's Python (``python3 train.py``'s, a script's
+    ``#!`` line's), else in this one: without torch there, every node would fail its runtime
+    check and join ErrorNodes. Say so in one line before anything starts."""
+    job = pycmd.job_interpreter(command, os.environ)
+    if job is not None and not check_host.is_agents(job):
+        has = subprocess.run([job, "-c", _HAS_TORCH], capture_output=True, check=False)
+        if has.returncode == 1:  # another failure: the agents' own interpreter runs them
+            print(f"aegis: error: the node checks run in the job's interpreter, {job}, which "
+                  f"has no torch: install torch there, or name one that has it in "
+                  f"{pycmd.CHECK_PYTHON_VAR}", file=sys.stderr)  # fmt: skip
+            raise typer.Exit(2)
+        if has.returncode == 0:
+            return
     if importlib.util.find_spec("torch") is None:
         print(
             f"aegis: error: the checks of aegis run import torch, which {sys.executable} does "
@@ -158,6 +171,9 @@ def _exit_without_torch() -> None:
             file=sys.stderr,
         )
         raise typer.Exit(2)
+
+
+_HAS_TORCH = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
 
 
 def _exit_unless_found(command: Sequence[str]) -> None:
@@ -279,7 +295,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails,
     128 + the signal when Ctrl-C, SIGTERM or SIGHUP stopped it (130, 143, 129)."""
-    _exit_without_torch()
+    _exit_without_torch(tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd))
     if isolate_nodes:
         metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)
     settings = run_settings.RunSettings(
