@@ -60,6 +60,20 @@ def test_verify_cli_json_has_counts_bounds_and_verdicts(capsys: pytest.CaptureFi
     assert all(v == "ok" for v in out["invariants"].values())
 
 
+def test_a_search_cut_short_proves_no_liveness_and_shows_no_violation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The state bound reached: the liveness properties were never checked. They printed
+    VIOLATED, with no violation to show."""
+    code = cli.main(["verify", "--workers", "2", "--max-retry", "1", "--max-states", "1",
+                     "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["ok"] is False and out["violation"] is None
+    liveness = ("NoDeadlock", "FaultFreeTermination", "TerminalReachable")
+    assert {out["invariants"][name] for name in liveness} == {"unproven"}
+    assert "VIOLATED" not in out["invariants"].values()
+
+
 def test_verify_cli_rejects_bad_worker_count_with_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

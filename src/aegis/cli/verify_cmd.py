@@ -54,7 +54,7 @@ def to_json(result: checker.VerifyResult) -> dict[str, object]:
         "wall_s": round(result.wall_s, 3),
         "states_per_s": round(result.states_per_s, 1),
         "invariants": {
-            name: ("ok" if held else "VIOLATED") for name, held in result.verdicts.items()
+            name: _VERDICT_WORDS[held].strip() for name, held in result.verdicts.items()
         },
         "violation": None
         if violation is None
@@ -64,6 +64,9 @@ def to_json(result: checker.VerifyResult) -> dict[str, object]:
             "trace": [render.describe_event(e) for e in violation.trace],
         },
     }
+
+
+_VERDICT_WORDS = {True: "ok      ", False: "VIOLATED", None: "unproven"}  # None: not checked
 
 
 def print_report(result: checker.VerifyResult) -> None:
@@ -82,7 +85,7 @@ def print_report(result: checker.VerifyResult) -> None:
     if not result.complete:
         out.print("  INCOMPLETE: the state bound was reached before the space was exhausted")
     for name, held in result.verdicts.items():
-        out.print(f"  {'ok      ' if held else 'VIOLATED'} {name}")
+        out.print(f"  {_VERDICT_WORDS[held]} {name}")
     violation = result.violation
     if violation is not None:
         out.print(f"\nviolation of {violation.invariant}: {violation.message}")

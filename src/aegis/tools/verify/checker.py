@@ -54,12 +54,18 @@ class VerifyResult:
     terminal_states: int = 0
     wall_s: float = 0.0
     complete: bool = True
-    verdicts: dict[str, bool] = field(default_factory=dict)
+    # True: holds; False: violated; None: not checked (a liveness property of a search the
+    # state bound cut short: it looked VIOLATED, with no violation to show)
+    verdicts: dict[str, bool | None] = field(default_factory=dict)
     violation: Violation | None = None
 
     @property
     def ok(self) -> bool:
-        return self.complete and self.violation is None and all(self.verdicts.values())
+        return (
+            self.complete
+            and self.violation is None
+            and all(held is True for held in self.verdicts.values())
+        )
 
     @property
     def states_per_s(self) -> float:
@@ -82,8 +88,8 @@ def check(spec: JobSpec, bounds: Bounds | None = None, step: StepFn = machine.st
     if result.violation is None and result.complete:
         explorer.check_liveness()
     else:
-        for name in LIVENESS:
-            result.verdicts.setdefault(name, result.complete)
+        for name in LIVENESS:  # unchecked: an incomplete space, or a violation stopped it
+            result.verdicts.setdefault(name, None)
     result.wall_s = time.perf_counter() - started
     return result
 
