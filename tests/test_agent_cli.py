@@ -70,6 +70,17 @@ def test_agent_passes_output_through_when_command_prints() -> None:
     assert "err\n" in result.stderr
 
 
+def test_a_log_level_that_is_none_is_a_warning_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent is PID 1 of its pod: a mistyped AEGIS_LOG_LEVEL raised before the command
+    started."""
+    monkeypatch.setenv("AEGIS_LOG_LEVEL", "verbose")
+    result = run_agent("--", "true")
+    assert result.returncode == 0, result.stderr
+    assert "AEGIS_LOG_LEVEL='verbose' is no log level" in result.stderr
+
+
 def test_agent_exits_127_when_command_is_missing() -> None:
     result = run_agent("--", "/nonexistent/train", "--epochs", "3")
     assert result.returncode == 127

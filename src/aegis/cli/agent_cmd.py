@@ -148,6 +148,10 @@ def _signatures(signature_file: Path | None) -> tuple[signatures.Signature, ...]
 def _log_to_stderr() -> None:
     if not logging.getLogger().handlers:
         level = os.environ.get(LOG_LEVEL_VAR, "")  # e.g. INFO: timestamped, for benchmarks
+        if level and not isinstance(logging.getLevelName(level.upper()), int):
+            print(f"aegis agent: warning: {LOG_LEVEL_VAR}={level!r} is no log level (DEBUG, "
+                  "INFO, WARNING, ERROR): WARNING", file=sys.stderr)  # fmt: skip
+            level = ""
         logging.basicConfig(
             stream=sys.stderr,
             level=level.upper() or logging.WARNING,
