@@ -38,6 +38,8 @@ CASES = {
     "status-torn-utf8": (["status", "job", "--log-dir", "{log}"], "line 2: not JSON"),
     "incidents-torn-utf8": (["incidents", "job", "--log-dir", "{log}"], "line 2: not JSON"),
     "replay-binary": (["replay", "{binary}"], "line 1: not JSON"),
+    "status-huge-job": (["status", "job", "--log-dir", "{huge}"],  # 9 GB of pod names once
+                        "line 1: Expected `int` <= 1000000 - at `$.spec.worker_num`"),
     "slurm-job-path": (["slurm", "submit", "--job", "../../escape", "--dry-run", "--", "true"],
                        "job name '../../escape' is not a DNS label"),
     "slurm-job-requeue-room": (["slurm", "submit", "--job", "a" * 61, "--dry-run", "--", "true"],
@@ -80,7 +82,10 @@ def _files(tmp: Path) -> dict[str, str]:
     header = eventlog.encode(eventlog.job_created(JobSpec("job", "default", 1, 1), ["n0"], 1.0))
     torn = b'{"type":"QuitRequested","ts":2.0,"reason":"caf\xc3'  # a crash, mid-character
     (log / "events.jsonl").write_bytes(header + torn)
-    return {name: str(tmp / name) for name in (*made, "binary", "log")}
+    huge = tmp / "huge"
+    huge.mkdir()
+    (huge / "events.jsonl").write_bytes(header.replace(b'"worker_num":1', b'"worker_num":3000000000'))
+    return {name: str(tmp / name) for name in (*made, "binary", "log", "huge")}
 
 
 @pytest.mark.parametrize("case", list(CASES))

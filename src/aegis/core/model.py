@@ -156,11 +156,11 @@ def initial_status(
 ) -> JobStatus:
     """Transition 1: a created job is Pending with every pod Pending (``pod_ips``: each pod's
     address where the platform knows it before the pod starts)."""
+    if nodes is not None and len(nodes) != spec.worker_num:  # before a name is made (a log's
+        raise ValueError(f"expected {spec.worker_num} nodes, got {len(nodes)}")  # word: 3e9)
+    if pod_ips is not None and len(pod_ips) != spec.worker_num:
+        raise ValueError(f"expected {spec.worker_num} pod addresses, got {len(pod_ips)}")
     names = pod_names(spec)
-    if nodes is not None and len(nodes) != len(names):
-        raise ValueError(f"expected {len(names)} nodes, got {len(nodes)}")
-    if pod_ips is not None and len(pod_ips) != len(names):
-        raise ValueError(f"expected {len(names)} pod addresses, got {len(pod_ips)}")
     placed: Iterable[NodeName] = nodes if nodes is not None else (NodeName("") for _ in names)
     ips: Iterable[str] = pod_ips if pod_ips is not None else ("" for _ in names)
     infos = immutables.Map(

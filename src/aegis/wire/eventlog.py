@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import get_args
+from typing import Annotated, get_args
 
 import msgspec
 
@@ -25,12 +25,15 @@ from aegis.wire import messages as m
 from aegis.wire.codec import WireError
 from aegis.wire.translate import to_event
 
+MAX_PODS = 1_000_000  # pods of one job, at most (the largest runs are 10^5 GPUs)
+
 
 class SpecRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     job: str
     namespace: str
-    worker_num: int
-    max_retry: int
+    # a log's word, read before anything is built of it (3e9 pods: 9 GB of pod names)
+    worker_num: Annotated[int, msgspec.Meta(ge=1, le=MAX_PODS)]
+    max_retry: Annotated[int, msgspec.Meta(ge=0, le=m.INT_BOUND)]
     software_restart: bool = False  # absent: a log of the rules before it existed
     repeat_limit: int = 0  # absent likewise: no restart-or-stop
 
