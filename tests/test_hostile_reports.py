@@ -1,16 +1,20 @@
 """A pod with valid credentials that sends what no agent sends, on a real job runner (in-memory
-bus, and a real nats-server where the record's size matters): each message is dropped and
-counted, or kept as one short line, and the job's loop goes on. Each of these once ended the
-loop, emptied the record's room, or forged a line of the master's log."""
+bus and store): each message is dropped and counted, or kept as one short line, and the job's
+loop goes on. Each of these once ended the loop, grew the record past what a NATS server
+stores, or forged a line of the master's log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aegis.adapters import memory
 from aegis.adapters.nats_auth import worker_subject
 from aegis.core.model import PodName
 from aegis.core.phases import Order, Phase
@@ -18,10 +22,28 @@ from aegis.master.job_runner import status_key
 from aegis.master.safe_points import DECLINE_CHARS
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
+from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running
 from tests.waits import async_wait_until
 
+pytestmark = pytest.mark.timing
+
 FORGED = "\n2099-01-01 INFO aegis.master.job_runner: job job ended Succeed: every pod finished"
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    """A two-pod job in RunCommand on the in-memory bus; no pod is judged silent during a
+    test on a loaded machine (heartbeat timeout 60 s)."""
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=60.0)
+    h = Harness(runner, bus, store, platform)
+    await bus.subscribe(runner.master_subject, h.on_order)
+    await runner.start(["node-0", "node-1"])
+    h.task = asyncio.create_task(runner.run())
+    await _to_running(h)
+    yield h
+    runner.close()
+    await asyncio.wait_for(h.task, 10)
 
 
 async def _send_raw(h: Harness, pod: str, kind: m.MessageType, data: dict[str, Any]) -> None:
@@ -38,12 +60,11 @@ def _alive(h: Harness) -> bool:
 
 
 async def test_a_step_no_float_holds_is_dropped_and_the_drain_goes_on(
-    harness: Harness,  # noqa: F811 (the fixture)
+    harness: Harness,
 ) -> None:
     """A heartbeat's step of 10**400 reached the step rate (int to float) and ended the loop
     when a drain asked for a checkpoint; a script's save of 2**60 the same way."""
     h = harness
-    await _to_running(h)
     h.runner.drain((PodName("job-1"),), "maintenance", 600.0)
     await h.settle()
     hb, saved = m.MessageType.HEARTBEAT, m.MessageType.CHECKPOINT
@@ -67,13 +88,12 @@ async def test_a_step_no_float_holds_is_dropped_and_the_drain_goes_on(
 
 
 async def test_a_declined_request_is_one_short_line_in_the_record_and_the_log(
-    harness: Harness,  # noqa: F811 (the fixture)
+    harness: Harness,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The reason for declining is the agent's short sentence. A longer one is dropped; a
     reason with newlines is logged and kept escaped, on one line, at most DECLINE_CHARS."""
     h = harness
-    await _to_running(h)
     h.runner.drain((PodName("job-1"),), "maintenance", 600.0)
     await h.settle()
     huge = m.CheckpointDeclinedData("1", FORGED + "A" * 240_000)
@@ -99,22 +119,20 @@ async def test_a_declined_request_is_one_short_line_in_the_record_and_the_log(
 
 
 async def test_an_order_from_a_pod_is_dropped_and_counted(
-    harness: Harness,  # noqa: F811 (the fixture)
+    harness: Harness,
 ) -> None:
     """Only the master orders: an Order on a worker's subject is no heartbeat."""
     h = harness
-    await _to_running(h)
     await h.send("job-0", m.MessageType.ORDER, m.OrderData(Order.RUN))
     await h.settle()
     assert h.runner.drops.counts["not_a_report"] == 1 and _alive(h)
 
 
 async def test_a_store_report_is_logged_on_one_line_and_a_path_too_long_is_dropped(
-    harness: Harness,  # noqa: F811 (the fixture)
+    harness: Harness,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     h = harness
-    await _to_running(h)
     caplog.set_level(logging.INFO, logger="aegis")
     down = m.CheckpointStoreData("/ckpt" + FORGED, 5, errno=28, strerror="full" + FORGED,
                                  failures=1, opened=True)  # fmt: skip
