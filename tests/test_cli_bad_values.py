@@ -27,6 +27,8 @@ CASES = {
     "status-bad-url": (["status", "j", "--nats", "nats://[::1"], "not a NATS server URL"),
     "status-keys-types": (["status", "j", "--nats", NATS, "--auth-file", "{keys}"],
                           "not the keys `aegis auth init` writes: Expected `str`"),
+    "status-keys-empty": (["status", "j", "--nats", NATS, "--auth-file", "{nokeys}"],
+                          "not the keys `aegis auth init` writes: no keys in it"),
     "master-keys-seed": (["master", "--nats", NATS, "--auth-file", "{seeds}"],
                          "a seed that is no nkey seed"),
     "ctl-file-list": (["ctl", "stop", "j", "--ctl-file", "{ctl}"],
@@ -69,6 +71,7 @@ def _files(tmp: Path) -> dict[str, str]:
     made = {
         "keys": '{"operator": 1}',
         "seeds": '{"operator": "SOAB", "system": "x", "account": "y"}',
+        "nokeys": "{}",  # (no seeds made new keys)
         "ctl": "[1]",
         "ctl_url": '{"nats_url": 5}',
         "toml": "x = = 1\n",
@@ -84,7 +87,8 @@ def _files(tmp: Path) -> dict[str, str]:
     (log / "events.jsonl").write_bytes(header + torn)
     huge = tmp / "huge"
     huge.mkdir()
-    (huge / "events.jsonl").write_bytes(header.replace(b'"worker_num":1', b'"worker_num":3000000000'))
+    pods = b'"worker_num":3000000000'
+    (huge / "events.jsonl").write_bytes(header.replace(b'"worker_num":1', pods))
     return {name: str(tmp / name) for name in (*made, "binary", "log", "huge")}
 
 

@@ -159,6 +159,9 @@ async def test_a_frame_name_from_a_peers_stacks_is_cut_in_the_record(job: Job) -
     reason = job.runner.status.pod_infos[PodName("job-1")].last_failed_reason
     assert "suspect: job-1 (rank 1, node node-1): in fff" in reason
     assert len(reason) <= TEXT_CHARS + 100, len(reason)
+    [judged] = [json.loads(line) for line in job.log.read_text().splitlines()
+                if '"HangJudged"' in line]  # fmt: skip
+    assert judged["suspect_why"].startswith("in fff") and len(judged["suspect_why"]) == TEXT_CHARS
 
 
 async def test_aegis_ctl_hang_names_its_pod_at_once(job: Job) -> None:

@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import TypeVar
 
 from aegis.adapters.ports import Bus
+
+T = TypeVar("T")
 
 
 def cancellations() -> int:
@@ -59,3 +63,19 @@ async def answers(bus: Bus, timeout_s: float) -> bool:
         return False
     raise_if_cancelled(since)
     return True
+
+
+async def to_thread_to_its_end(fn: Callable[[], T]) -> T:
+    """``asyncio.to_thread(fn)``, but a cancellation is raised only once ``fn`` has ended: what
+    ``fn`` started (a NATS server) is then there for the caller's clean-up to stop, not started
+    in its thread after the clean-up ran (its directory, with the operator's keys, left)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError as cancelled:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller hears
+        raise cancelled from None

@@ -201,7 +201,9 @@ class Authority:
         """The keys ``save`` wrote; ``ValueError``, saying why, for any other file."""
         try:
             raw = msgspec.json.decode(path.read_bytes(), type=dict[str, str])
-            return cls(seeds={name: value.encode() for name, value in raw.items()})
+            if raw:  # (no seeds at all would make new keys)
+                return cls(seeds={name: value.encode() for name, value in raw.items()})
+            why = "no keys in it"
         except msgspec.DecodeError as exc:
             why = str(exc)
         except KeyError as exc:

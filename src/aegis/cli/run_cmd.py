@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
-import os
-import shutil
-import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, NoReturn
 
@@ -18,9 +13,7 @@ import typer
 from rich.console import Console
 
 from aegis.adapters import netns
-from aegis.agent import pycmd
-from aegis.checks import host as check_host
-from aegis.cli import live_view, options, paths, render, run_view
+from aegis.cli import live_view, options, paths, preflight, render, run_view
 from aegis.core.phases import Phase
 from aegis.master import faultlog, metrics
 from aegis.master.job_runner import JobRunner
@@ -150,55 +143,6 @@ def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool)
     return handler
 
 
-def _exit_without_torch(command: Sequence[str]) -> None:
-    """The agents run the checks in the job's Python (``python3 train.py``'s, a script's
-    ``#!`` line's), else in this one: without torch there, every node would fail its runtime
-    check and join ErrorNodes. Say so in one line before anything starts."""
-    job = pycmd.job_interpreter(command, os.environ)
-    if job is not None and not check_host.is_agents(job):
-        has = subprocess.run([job, "-c", _HAS_TORCH], capture_output=True, check=False)
-        if has.returncode == 1:  # another failure: the agents' own interpreter runs them
-            print(f"aegis: error: the node checks run in the job's interpreter, {job}, which "
-                  f"has no torch: install torch there, or name one that has it in "
-                  f"{pycmd.CHECK_PYTHON_VAR}", file=sys.stderr)  # fmt: skip
-            raise typer.Exit(2)
-        if has.returncode == 0:
-            return
-    if importlib.util.find_spec("torch") is None:
-        print(
-            f"aegis: error: the checks of aegis run import torch, which {sys.executable} does "
-            "not have: pip install 'aegis-ft[torch]' (or the torch build your training uses)",
-            file=sys.stderr,
-        )
-        raise typer.Exit(2)
-
-
-_HAS_TORCH = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
-
-
-def _exit_unless_found(command: Sequence[str]) -> None:
-    """Every pod runs the command on this machine: a program (or a Python script) that is not
-    here is one line and exit 2, not a fault budget spent on "exit status 127" (or 2) and a
-    check round a restart."""
-    word = run_settings.program_of(command)
-    if word is None:
-        return
-    if command[0] == "bash":  # bash -c: bash knows its builtins and keywords too
-        asked = subprocess.run(["bash", "-c", 'type -t -- "$1" >/dev/null', "aegis", word],
-                               capture_output=True, check=False)  # fmt: skip
-        found = asked.returncode == 0
-    else:
-        found = shutil.which(word) is not None
-    if not found:
-        print(f"aegis: error: {word}: command not found (the command after --)", file=sys.stderr)
-        raise typer.Exit(2)
-    script = run_settings.script_of(command, os.environ)
-    if script is not None and not os.path.isfile(script):
-        print(f"aegis: error: {script}: no such file (the script of the command after --)",
-              file=sys.stderr)  # fmt: skip
-        raise typer.Exit(2)
-
-
 # The options of ``aegis run``, one alias each, so the command's function stays short.
 Cmd = Annotated[list[str], typer.Argument(help="The training command (after --).")]
 Nodes = Annotated[int, typer.Option(min=1, max=64, help="Pods (one per node).")]
@@ -295,7 +239,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails,
     128 + the signal when Ctrl-C, SIGTERM or SIGHUP stopped it (130, 143, 129)."""
-    _exit_without_torch(tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd))
+    preflight.exit_without_torch(tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd))
     if isolate_nodes:
         metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)
     settings = run_settings.RunSettings(
@@ -313,7 +257,7 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     if (unknown := run_settings.unknown_injected(settings)) is not None:
         raise typer.BadParameter(unknown, param_hint="--inject-fault")
     the_view = _view_and_logging(view, total_steps, verbose=verbose)
-    _exit_unless_found(settings.command)
+    preflight.exit_unless_found(settings.command)
     raise typer.Exit(_run_and_report(settings, the_view, metrics_port))
 
 

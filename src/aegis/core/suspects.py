@@ -49,10 +49,10 @@ HELD_STATES = {
     "D": "in uninterruptible sleep (held in the kernel: a disk, NFS or a driver)",
 }
 _STATE = re.compile(r"^process state: (\S)", re.M)
-# A count has at most 18 digits (an int64's): a line with more is a peer's invention, not read
+# A count has at most 19 digits (an int64's): a line with more is a peer's invention, not read
 # (a number of 5,000 digits made ``int`` raise and lost every hang report of the round).
 _FLIGHT = re.compile(
-    r"^flight recorder: collective #(-?\d{1,18}) enqueued, #(-?\d{1,18}) completed", re.M
+    r"^flight recorder: collective #(-?\d{1,19}) enqueued, #(-?\d{1,19}) completed", re.M
 )
 
 

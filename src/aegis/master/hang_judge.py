@@ -79,7 +79,7 @@ class HangJudge:
         else:
             pod, blame, why = first.pod, False, ""
             reason = f"{head}; no suspect: the stacks of {len(held)} pod(s) single none out"
-        reason = reason[:TEXT_CHARS]  # a frame's name comes from a peer's stacks
+        reason, why = reason[:TEXT_CHARS], why[:TEXT_CHARS]  # a frame's name: a peer's text
         record = eventlog.HangJudgedRecord(
             pod=pod, phase=first.phase, seq=first.seq, ts=now, reason=reason, blame=blame,
             suspect_why=why, reports=reports,

@@ -214,8 +214,13 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
             loop.remove_signal_handler(sig)
     if code < 0:  # killed by a signal before it could handle one (its first second)
         log.warning("the run in the cluster's namespace was killed by signal %d", -code)
-        return 128 - code  # as a shell says it, not 256 - n
-    return code
+    return shell_status(code)
+
+
+def shell_status(returncode: int) -> int:
+    """A child's exit status as a shell says it: 128 + n for one killed by signal n (asyncio's
+    -n, given to ``sys.exit``, came out as 256 - n: 241 for SIGTERM)."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _pass_on(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:

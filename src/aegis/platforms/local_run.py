@@ -4,6 +4,7 @@ local agent per pod, until the job reaches Succeed or Failed. (``aegis run --mas
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -28,15 +29,19 @@ Observer = Callable[[JobRunner, LocalPlatform], None]
 
 async def run_local(settings: RunSettings, *, observe: Observer | None = None) -> RunResult:
     """``observe`` is called with the job's runner and platform before the pods start."""
-    with run_settings.run_log_dir(settings) as log_dir, run_settings.stop_signals() as stop:
-        return await _run(settings, log_dir, stop, observe)
+    with run_settings.stop_signals() as stop, run_settings.run_log_dir(settings) as log_dir:
+        try:
+            return await _run(settings, log_dir, stop, observe)
+        except asyncio.CancelledError:
+            if (stopped := stop.stopped_error()) is not None:
+                raise stopped from None
+            raise
 
 
 async def _run(
     settings: RunSettings, log_dir: Path, stop: run_settings.RunStop, observe: Observer | None
 ) -> RunResult:
     async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
-        stop.check()
         master_settings = MasterSettings(
             grpc_host=address,
             creds_ttl_s=settings.creds_ttl_s,
@@ -51,7 +56,6 @@ async def _run(
         async with run_master(
             master_settings, nats_url=settings.nats_url, authority=authority, server_host=address
         ) as master:
-            stop.check()
             return await _run_job(settings, master, log_dir, observe, hosts, stop)
 
 

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from aegis.adapters.aio import to_thread_to_its_end
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.master.service import MasterService, MasterSettings
@@ -32,7 +33,7 @@ async def run_master(
     try:
         if nats_url is None:  # stopped on the way out even when it fails to start (its keys)
             server = EmbeddedNats(authority, host=server_host, store_dir=store_dir)
-            await asyncio.to_thread(server.start)
+            await to_thread_to_its_end(server.start)
             keeping = asyncio.create_task(server.keep_running(), name="nats-server")
             nats_url = f"nats://{advertise}:{server.port}" if advertise else server.url
         master = await MasterService.connect(authority, nats_url, settings)

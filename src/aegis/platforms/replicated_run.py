@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aegis.adapters import lifecycle
+from aegis.adapters.aio import to_thread_to_its_end
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
@@ -50,36 +51,45 @@ Follower = Callable[[FollowedJob, LocalPlatform], None]
 async def run_replicated(settings: RunSettings, *, follow: Follower | None = None) -> RunResult:
     """The job under ``settings.masters`` master processes; ``follow`` is called with the
     event log's view of the job (``FollowedJob``) and the platform before the pods start."""
-    with run_settings.run_log_dir(settings) as log_dir, run_settings.stop_signals() as stop:
-        async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
-            stop.check()
-            replicated = ReplicatedRun(
-                settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
-                metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
-                address=address, rule=rule,
-            )  # fmt: skip
-            main = asyncio.current_task()
-
-            def quit_job(reason: str) -> None:
-                served = getattr(replicated, "served", None)
-                if served is not None:  # the leader ends the job as it ends one that fails
-                    served.server.sink(ev.QuitRequested(reason))
-                elif main is not None:  # no job yet: nothing to end but the run itself
-                    main.cancel()
-
-            stop.attach(quit_job)
-            try:
-                await replicated.start()
-                result = await replicated.wait()
-            except BaseException as exc:
-                stop.ended()  # what is left is taking down what the run started
-                await replicated.close()  # nothing it started is left running
-                if isinstance(exc, asyncio.CancelledError) and stop.stopped_by is not None:
-                    raise run_settings.RunStoppedError(stop.stopped_by) from None
-                raise
-            stop.ended()
+    with run_settings.stop_signals() as stop, run_settings.run_log_dir(settings) as log_dir:
+        try:
+            result = await _run(settings, log_dir, stop, follow)
+        except asyncio.CancelledError:
+            if (stopped := stop.stopped_error()) is not None:
+                raise stopped from None
+            raise
         result.stopped_by = stop.stopped_by
         return result
+
+
+async def _run(
+    settings: RunSettings, log_dir: Path, stop: run_settings.RunStop, follow: Follower | None
+) -> RunResult:
+    async with run_settings.run_hosts(settings, log_dir) as (hosts, address, rule):
+        replicated = ReplicatedRun(
+            settings, settings.masters, log_dir, metrics_port=settings.metrics_port,
+            metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
+            address=address, rule=rule,
+        )  # fmt: skip
+        main = asyncio.current_task()
+
+        def quit_job(reason: str) -> None:
+            served = getattr(replicated, "served", None)
+            if served is not None:  # the leader ends the job as it ends one that fails
+                served.server.sink(ev.QuitRequested(reason))
+            elif main is not None:  # no job yet: nothing to end but the run itself
+                main.cancel()
+
+        stop.attach(quit_job)
+        try:
+            await replicated.start()
+            await replicated.served.wait()
+            stop.ended()  # what is left is taking down what the run started
+            return await replicated.finish()
+        except BaseException:
+            stop.ended()
+            await replicated.close()  # nothing it started is left running
+            raise
 
 
 class ReplicatedRun:
@@ -129,7 +139,7 @@ class ReplicatedRun:
         else:
             self.server = EmbeddedNats(self.authority, host=self.address)
             self.nats_url = self.server.url
-        await asyncio.to_thread(self.server.start)
+        await to_thread_to_its_end(self.server.start)  # a cancelled run stops it
         self._keeping = asyncio.create_task(self.server.keep_running(), name="nats-server")
         auth_file = self.log_dir / ".auth.json"
         self.authority.save(auth_file)

@@ -44,13 +44,14 @@ class RunStop:
     """The :data:`STOP_SIGNALS` a run hears, from before it starts anything until it has
     stopped all it started (:func:`stop_signals`): a signal never kills it half-way, which
     left a NATS server's directory (its keys) in /tmp, or its control file. Before the run has
-    a job, a signal is kept and :meth:`check` ends the run after the step under way (its
-    context managers stop what was started); once a job is attached, each signal asks for the
-    job's end; after it ended, signals are only logged."""
+    a job, a signal cancels the run (its context managers stop what was started; the caller
+    turns the cancellation into ``RunStoppedError`` with :meth:`stopped_error`); once a job is
+    attached, each signal asks for the job's end; once it ended, signals are only logged."""
 
-    def __init__(self) -> None:
+    def __init__(self, main: asyncio.Task[object] | None) -> None:
         self.got: list[int] = []  # every signal heard, in order
         self.stopped_by: int | None = None  # the first one heard before the job ended
+        self._main = main  # the run's task, cancelled by a signal before the job
         self._quit: Callable[[str], None] | None = None
         self._ended = False
 
@@ -61,34 +62,33 @@ class RunStop:
             return
         if self.stopped_by is None:
             self.stopped_by = int(sig)
-        if self._quit is None:
-            log.warning("%s: stopping the run once what it has started is up", sig.name)
-            return
-        log.warning("%s: stopping the job", sig.name)
-        self._quit(f"aegis run got {sig.name}")
-
-    def check(self) -> None:
-        """Raises ``RunStoppedError`` when a signal came before the run had a job."""
-        if self.stopped_by is not None and self._quit is None and not self._ended:
-            raise RunStoppedError(self.stopped_by)
+        if self._quit is not None:
+            log.warning("%s: stopping the job", sig.name)
+            self._quit(f"aegis run got {sig.name}")
+        elif self._main is not None:
+            log.warning("%s: stopping the run (it has no job yet)", sig.name)
+            self._main.cancel()
 
     def attach(self, quit_job: Callable[[str], None]) -> None:
-        """The run has a job now: ``quit_job`` ends it, at once if a signal came already."""
+        """The run has a job now: a signal from now on asks ``quit_job`` to end it."""
         self._quit = quit_job
-        if self.stopped_by is not None:
-            quit_job(f"aegis run got {signal.Signals(self.stopped_by).name}")
 
     def ended(self) -> None:
-        """The job ended: a signal from now on changes nothing of how the run ends."""
+        """The job ended, or the run takes down what it started: a signal from now on changes
+        nothing of how the run ends."""
         self._ended = True
+
+    def stopped_error(self) -> RunStoppedError | None:
+        """What a cancellation of the run means when a signal before the job made it."""
+        return RunStoppedError(self.stopped_by) if self.stopped_by is not None else None
 
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[RunStop]:
     """:data:`STOP_SIGNALS` go to the yielded ``RunStop`` while inside (in the event loop's
-    thread)."""
+    thread, for the current task's run)."""
     loop = asyncio.get_running_loop()
-    stop = RunStop()
+    stop = RunStop(asyncio.current_task())
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.heard, sig)
     try:
