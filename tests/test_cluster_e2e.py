@@ -345,6 +345,7 @@ async def test_a_sigkilled_run_leaves_no_process_and_no_namespace_behind(tmp_pat
         *AEGIS, "run", "--isolate-nodes", "--nodes", "2", "--view", "plain",
         "--log-dir", str(log_dir), "--", *command,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # NATS' directory: no clean-up can run
     )  # fmt: skip
     try:
         await async_wait_until(

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, may_restart
+from aegis.adapters.nats_server import EmbeddedNats, NatsServerError, may_restart
 from tests.waits import async_wait_until, wait_until
 
 STARTER = """
@@ -29,10 +32,12 @@ sys.stdin.read()
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="util-linux setpriv not installed")
-def test_server_dies_with_a_crashed_parent() -> None:
+def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
+    """(A crashed parent leaves the server's directory: in the test's own temporary one.)"""
     parent = subprocess.Popen(
-        [sys.executable, "-c", STARTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", STARTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
     assert parent.stdout is not None
     pid, _port = (int(x) for x in parent.stdout.readline().split())
     server = psutil.Process(pid)
@@ -47,6 +52,18 @@ def _varz(server: EmbeddedNats) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=5) as response:
         body: dict[str, object] = json.loads(response.read())
     return body
+
+
+def test_a_server_that_does_not_start_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its directory holds the operator's keys: a failed start removed nothing, for a caller
+    that did not stop it (one that raised before its clean-up was set)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = EmbeddedNats(extra_config="no_such_option: {\n")  # a config it refuses
+    with pytest.raises(NatsServerError, match="exited early"):
+        server.start(timeout_s=30)
+    assert list(tmp_path.iterdir()) == [] and server.process is None
 
 
 def test_server_listens_on_loopback_by_default() -> None:
@@ -105,6 +122,13 @@ async def test_a_killed_server_starts_again_and_its_clients_find_their_buckets()
     assert server.process is None
 
 
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (``T`` in its ``stat``)."""
+    tasks = Path(f"/proc/{pid}/task")
+    states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+    return all(state == "T" for state in states)
+
+
 async def test_a_flush_that_times_out_on_a_hung_server_leaves_the_connection_working() -> None:
     """nats-py's own flush cancelled its PONG's future on a timeout; the late PONG ended the
     connection's read loop for good (nothing heard again, no reconnect). ``NatsBus.flush``
@@ -122,7 +146,9 @@ async def test_a_flush_that_times_out_on_a_hung_server_leaves_the_connection_wor
         await bus.flush()
         assert server.process is not None
         server.process.send_signal(signal.SIGSTOP)  # hung: the connection stays open
-        try:
+        pid = server.process.pid
+        try:  # the stop takes effect once every thread is stopped (after a disk write, say)
+            await async_wait_until(lambda: _all_stopped(pid), 30, "the server stopped")
             with pytest.raises(TimeoutError):
                 await bus.flush(timeout_s=0.3)
             assert bus.connected

@@ -269,7 +269,7 @@ def test_aegis_run_stopped_by_a_signal_exits_128_plus_its_number(
     out = tmp_path / "out.log"
     argv = [sys.executable, "-m", "aegis.cli.main", "run", "--nodes", "2", "--spare-nodes", "0",
             "--masters", masters, "--view", "plain", "--log-dir", str(tmp_path / "logs"), "--",
-            sys.executable, "-c", "import time; time.sleep(300)"]  # fmt: skip
+            sys.executable, "-c", "import time; time.sleep(300)", str(tmp_path)]  # fmt: skip
     with out.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -284,7 +284,7 @@ def test_aegis_run_stopped_by_a_signal_exits_128_plus_its_number(
 
     def left() -> list[int]:
         sleeping = (p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"])
-        marks = (str(tmp_path), "time.sleep(300)")
-        return [p.pid for p in sleeping if any(m in " ".join(p.info["cmdline"]) for m in marks)]
+        # (the training's argv names tmp_path too: another run's sleep on the machine is not it)
+        return [p.pid for p in sleeping if str(tmp_path) in " ".join(p.info["cmdline"])]
 
     wait_until(lambda: not left(), 30.0, "nothing of the run left")  # agents, zygotes, daemons

@@ -255,8 +255,9 @@ authority.save(Path(sys.argv[1]))
 server = EmbeddedNats(authority, host=sys.argv[3])
 server.start()
 Path(sys.argv[2] + ".tmp").write_text(server.url)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (after the server started)
 Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
-signal.sigwait({signal.SIGTERM})
+signal.sigwait({signal.SIGTERM})  # the mask above: without it, SIGTERM killed this at once
 server.stop()
 """
 
@@ -295,8 +296,8 @@ def test_slurm_job_runs_on_an_existing_master_that_drains_the_bad_node(
     finally:
         for proc in started:
             proc.terminate()
-        for proc in started:
-            proc.wait(timeout=30)
+        codes = [proc.wait(timeout=30) for proc in started]
+    assert codes[0] == 0, "the NATS server's script did not stop its server"
 
 
 def _job_state(slurm: SlurmCluster, job_id: str) -> str:

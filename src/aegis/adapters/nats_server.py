@@ -129,7 +129,8 @@ class EmbeddedNats:
 
     def start(self, timeout_s: float = 10.0, attempts: int = 3) -> None:
         """A free port can be taken by someone else between choosing and binding it: then
-        choose again (ports chosen here only)."""
+        choose again (ports chosen here only). A server that does not start is stopped, its
+        directory (with the operator's keys) removed."""
         for attempt in range(attempts):
             self.launch()
             try:
@@ -137,6 +138,7 @@ class EmbeddedNats:
                 return
             except NatsServerError as exc:
                 if attempt + 1 == attempts or "address already in use" not in str(exc):
+                    self.stop()
                     raise
                 log.warning("nats-server: a port was taken meanwhile; choosing again")
                 if self._own_port:

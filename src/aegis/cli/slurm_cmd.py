@@ -83,6 +83,15 @@ def _command(cmd: list[str]) -> tuple[str, ...]:
     return tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd)
 
 
+# Options of both commands, one alias each, so a command's function stays short.
+Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=options.slurm_job_name)]
+
+
+def _nats(text: str) -> typer.models.OptionInfo:
+    made: typer.models.OptionInfo = typer.Option(help=text, callback=options.nats_url)
+    return made
+
+
 def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[
         list[str], typer.Argument(help="[sbatch options, e.g. -p gpu --time=10] then the command.")
@@ -90,9 +99,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     spare_nodes: Annotated[int, typer.Option(min=0, help="Extra nodes for replacements.")] = 1,
-    job: Annotated[
-        str, typer.Option(help="Job name (a DNS label).", callback=options.slurm_job_name)
-    ] = "job",
+    job: Job = "job",
     state_dir: Annotated[
         Path | None,
         typer.Option(help="Shared directory for logs and the store (default ./.aegis/JOB)."),
@@ -103,12 +110,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     ] = None,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
-    nats: Annotated[
-        str | None,
-        typer.Option(
-            help="A NATS server every node reaches (default: embedded).", callback=options.nats_url
-        ),
-    ] = None,
+    nats: Annotated[str | None, _nats("A NATS server all nodes reach (default: embedded).")] = None,
     advertise: Annotated[
         str | None, typer.Option(help="How the agents reach the batch step's master.")
     ] = None,
@@ -121,8 +123,8 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     ] = None,
 ) -> None:
     """Write an sbatch script that runs CMD on --nodes nodes under Aegis and submit it."""
-    options, command = split_sbatch_options(cmd)
-    _refuse_own_options(options)
+    sbatch_options, command = split_sbatch_options(cmd)
+    _refuse_own_options(sbatch_options)
     if not command:
         raise typer.BadParameter("no command given", param_hint="CMD")
     run_cmd.parse_injections(inject_fault or [])
@@ -130,7 +132,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     state = (state_dir or Path.cwd() / ".aegis" / job).resolve()
     spec = commands.SubmitSpec(
         job=job, nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, state_dir=state,
-        command=_command(command), sbatch_options=tuple(options),
+        command=_command(command), sbatch_options=tuple(sbatch_options),
         inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s, nats_url=nats,
         advertise=advertise, master=master,
         auth_file=auth_file.resolve() if auth_file is not None else None,
@@ -162,15 +164,12 @@ def _check_master_options(master: str | None, nats: str | None, auth_file: Path 
 
 def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option)
     cmd: Annotated[list[str], typer.Argument(help="The training command (after --).")],
-    job: Annotated[str, typer.Option(help="Job name.", callback=options.slurm_job_name)],
+    job: Job,
     state_dir: Annotated[Path, typer.Option(help="Shared directory for logs and the store.")],
     nodes: Annotated[int, typer.Option(min=1, help="Pods (one per node).")] = 1,
     max_retry: Annotated[int, typer.Option(min=0, help="Fault budget.")] = 3,
     advertise: Annotated[str, typer.Option(help="How agents reach this host.")] = "127.0.0.1",
-    nats: Annotated[
-        str | None,
-        typer.Option(help="Use this NATS server (no auth).", callback=options.nats_url),
-    ] = None,
+    nats: Annotated[str | None, _nats("Use this NATS server (no auth).")] = None,
     hang_timeout_s: Annotated[float | None, typer.Option(min=0)] = None,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     join_timeout_s: options.JoinTimeout = 600.0,

@@ -280,21 +280,23 @@ class ReplicatedRun:
             self._following.cancel()
         if self._keeping is not None:
             self._keeping.cancel()
-        platform = getattr(self, "platform", None)
-        if platform is not None:
-            await platform.stop_all()
-        for proc in self.masters:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.masters:
-            await asyncio.to_thread(_wait_or_kill, proc)
-        bus = getattr(self, "bus", None)
-        if bus is not None:
-            with contextlib.suppress(Exception):
-                await bus.close()
-        server = getattr(self, "server", None)
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+        try:
+            platform = getattr(self, "platform", None)
+            if platform is not None:
+                await platform.stop_all()
+            for proc in self.masters:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in self.masters:
+                await asyncio.to_thread(_wait_or_kill, proc)
+            bus = getattr(self, "bus", None)
+            if bus is not None:
+                with contextlib.suppress(Exception):
+                    await bus.close()
+        finally:  # the server (its directory, the keys) goes whatever failed before
+            server = getattr(self, "server", None)
+            if server is not None:
+                await asyncio.to_thread(server.stop)
 
     def agent_pids(self) -> dict[PodName, int]:
         return self.platform.agent_pids()
