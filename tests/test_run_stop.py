@@ -46,6 +46,30 @@ async def test_a_signal_before_the_job_cancels_the_run_then_ends_the_job_then_is
     assert stop.got == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 
 
+async def test_a_quit_with_no_job_yet_cancels_the_run_as_a_stop() -> None:
+    """A replicated run's quit before its leader serves the job cancels the run through
+    ``cancel_run``: the cancellation is a stop (``RunStoppedError``), not a crash."""
+
+    async def run() -> None:
+        await asyncio.Event().wait()
+
+    main = asyncio.create_task(run())
+    stop = run_settings.RunStop(main)
+    stop.attach(lambda reason: stop.cancel_run())
+    stop.heard(signal.SIGINT)
+    with pytest.raises(asyncio.CancelledError):
+        await main
+    stopped = stop.stopped_error()
+    assert stopped is not None and stopped.signo == signal.SIGINT
+
+
+def test_a_cancellation_not_made_by_a_signal_is_no_stop() -> None:
+    stop = run_settings.RunStop(None)
+    stop.attach(lambda reason: None)
+    stop.heard(signal.SIGTERM)  # the job is asked to end; nothing was cancelled here
+    assert stop.stopped_by == signal.SIGTERM and stop.stopped_error() is None
+
+
 def test_a_signal_after_the_end_is_no_stop() -> None:
     stop = run_settings.RunStop(None)
     stop.attach(lambda reason: None)

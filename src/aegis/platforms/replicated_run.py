@@ -71,14 +71,13 @@ async def _run(
             metrics_addr=settings.metrics_addr, follow=follow, hosts=hosts,
             address=address, rule=rule,
         )  # fmt: skip
-        main = asyncio.current_task()
 
         def quit_job(reason: str) -> None:
             served = getattr(replicated, "served", None)
             if served is not None:  # the leader ends the job as it ends one that fails
                 served.server.sink(ev.QuitRequested(reason))
-            elif main is not None:  # no job yet: nothing to end but the run itself
-                main.cancel()
+            else:  # no job yet: nothing to end but the run itself
+                stop.cancel_run()
 
         stop.attach(quit_job)
         try:

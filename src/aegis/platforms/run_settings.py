@@ -54,6 +54,7 @@ class RunStop:
         self._main = main  # the run's task, cancelled by a signal before the job
         self._quit: Callable[[str], None] | None = None
         self._ended = False
+        self._cancelled = False  # the run was cancelled here
 
     def heard(self, sig: signal.Signals) -> None:
         self.got.append(int(sig))
@@ -65,8 +66,14 @@ class RunStop:
         if self._quit is not None:
             log.warning("%s: stopping the job", sig.name)
             self._quit(f"aegis run got {sig.name}")
-        elif self._main is not None:
+        else:
             log.warning("%s: stopping the run (it has no job yet)", sig.name)
+            self.cancel_run()
+
+    def cancel_run(self) -> None:
+        """Cancel the run's task: a signal came before it had a job to end."""
+        if self._main is not None:
+            self._cancelled = True
             self._main.cancel()
 
     def attach(self, quit_job: Callable[[str], None]) -> None:
@@ -79,8 +86,11 @@ class RunStop:
         self._ended = True
 
     def stopped_error(self) -> RunStoppedError | None:
-        """What a cancellation of the run means when a signal before the job made it."""
-        return RunStoppedError(self.stopped_by) if self.stopped_by is not None else None
+        """What a cancellation of the run means when a signal before the job made it (None:
+        another cancellation, the caller's own)."""
+        if not self._cancelled or self.stopped_by is None:
+            return None
+        return RunStoppedError(self.stopped_by)
 
 
 @contextlib.contextmanager
