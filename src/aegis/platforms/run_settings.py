@@ -58,7 +58,7 @@ class RunStop:
 
     def heard(self, sig: signal.Signals) -> None:
         self.got.append(int(sig))
-        if self._ended:
+        if self._ended or self._cancelled:  # a second Ctrl-C: the clean-up is not cut short
             log.warning("%s: the run is stopping already", sig.name)
             return
         if self.stopped_by is None:
@@ -71,8 +71,8 @@ class RunStop:
             self.cancel_run()
 
     def cancel_run(self) -> None:
-        """Cancel the run's task: a signal came before it had a job to end."""
-        if self._main is not None:
+        """Cancel the run's task (once): a signal came before it had a job to end."""
+        if self._main is not None and not self._cancelled:
             self._cancelled = True
             self._main.cancel()
 
