@@ -54,7 +54,7 @@ def test_replay_bad_line_gets_line_number_and_exit_2(
 ) -> None:
     header = TRACE.read_text().splitlines()[0]
     path = tmp_path / "events.jsonl"
-    path.write_text("\n".join(header if line == "HEADER" else line for line in lines))
+    path.write_text("".join(f"{header if line == 'HEADER' else line}\n" for line in lines))
     assert cli.main(["replay", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0]
@@ -137,3 +137,55 @@ def test_a_log_of_the_software_restart_rule_replays_with_it(
     assert records[14]["actions"] == "fault of llama-1 counted; order restart#6 -> all"
     assert records[14]["status"]["phase"] == "RunCommand"
     assert all(records[n]["actions"].startswith("rejected (stale") for n in (15, 16, 17))
+
+
+def _with_reason(reason: str) -> str:
+    """The worked example with line 14's exception message replaced by ``reason``."""
+    return TRACE.read_text().replace("RuntimeError in train step", reason)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_reason_holding_a_unicode_line_separator_stays_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], separator: str
+) -> None:
+    """A pod's exception message is logged as it came (msgspec writes U+2028 and U+0085 raw):
+    the log is still one event per ``\\n``, for replay and for status alike."""
+    (tmp_path / "events.jsonl").write_text(_with_reason(f"bad token {separator} in step"))
+    assert cli.main(["replay", str(tmp_path), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == len(TRACE.read_text().splitlines()) - 1
+    assert records[-1]["status"]["phase"] == "Failed"
+    assert cli.main(["status", "llama", "--log-dir", str(tmp_path)]) == 0
+    assert "Failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cut", [1, 40, -2])
+def test_a_torn_last_line_is_left_out_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: int
+) -> None:
+    """The master stopped (or is) writing the last line: status and replay show the job as of
+    the line before, and say on stderr that the tail was left out."""
+    lines = TRACE.read_text().splitlines(keepends=True)
+    (tmp_path / "events.jsonl").write_text("".join(lines[:-1]) + lines[-1][:cut])
+    _, before = replay.final_status([line.rstrip("\n") for line in lines[:-1]])
+    assert cli.main(["replay", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert records[-1]["line"] == len(lines) - 1
+    assert records[-1]["status"]["phase"] == before.phase.value
+    assert captured.err.count("\n") == 1 and "incomplete" in captured.err
+    assert cli.main(["status", "llama", "--log-dir", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["status"]["phase"] == before.phase.value
+    assert "incomplete" in captured.err and "left out" in captured.err
+
+
+def test_a_last_whole_record_without_its_newline_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-written trace may end without a newline: its last record still counts."""
+    (tmp_path / "events.jsonl").write_text(TRACE.read_text().rstrip("\n"))
+    assert cli.main(["replay", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[-1])["status"]["phase"] == "Failed"
+    assert captured.err == ""

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from aegis.cli import render
+from aegis.tools import joblog
 from aegis.tools import replay as replay_tool
 from aegis.wire import eventlog, status_json
 
@@ -25,10 +26,12 @@ def replay(
     """Feed a recorded event log through the core; print the status after each event."""
     path = file / "events.jsonl" if file.is_dir() else file
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        lines, torn = eventlog.whole_lines(path.read_text(errors="replace"))
     except OSError as exc:
         print(f"aegis: error: cannot read {path}: {exc.strerror}", file=sys.stderr)
         raise typer.Exit(2) from None
+    if torn:
+        print(joblog.torn_note(path, torn), file=sys.stderr)
     out = render.make_console()
     try:
         spec, status, steps = replay_tool.replay(lines)

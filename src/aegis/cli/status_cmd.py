@@ -56,13 +56,16 @@ def register(app: typer.Typer) -> None:
 
 def load_or_exit(job: str, log_dir: Path | None) -> joblog.JobLog:
     try:
-        return joblog.load(joblog.find_log_dir(job, log_dir))
+        log = joblog.load(joblog.find_log_dir(job, log_dir))
     except joblog.LogDirError as exc:
         print(f"aegis: error: {exc.detail}", file=sys.stderr)
         raise typer.Exit(2) from None
     except (OSError, eventlog.EventLogError) as exc:
         print(f"aegis: error: cannot read the event log of {job}: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
+    if log.torn_tail:
+        print(joblog.torn_note(log.log_dir / joblog.EVENTS, log.torn_tail), file=sys.stderr)
+    return log
 
 
 def pod_table(summary: job_summary.Summary) -> Table:

@@ -15,6 +15,7 @@ from pathlib import Path
 from aegis.core.errors import RemoteError
 from aegis.core.model import JobSpec, JobStatus
 from aegis.tools import replay
+from aegis.wire import eventlog
 
 EVENTS = "events.jsonl"
 LOG_DIR_ENV = "AEGIS_LOG_DIR"
@@ -30,6 +31,7 @@ class JobLog:
     spec: JobSpec
     initial: JobStatus
     steps: tuple[replay.Replayed, ...]
+    torn_tail: str = ""  # a last line cut short (left out): the master is writing it, or died
 
     @property
     def status(self) -> JobStatus:
@@ -78,6 +80,13 @@ def find_log_dir(job: str, log_dir: Path | None = None) -> Path:
 
 def load(log_dir: Path) -> JobLog:
     """Replay the job's event log (raises ``eventlog.EventLogError`` on a bad line)."""
-    lines = (log_dir / EVENTS).read_text(errors="replace").splitlines()  # a torn character too
+    text = (log_dir / EVENTS).read_text(errors="replace")  # a torn character too
+    lines, torn = eventlog.whole_lines(text)
     spec, initial, steps = replay.replay(lines)
-    return JobLog(log_dir, spec, initial, tuple(steps))
+    return JobLog(log_dir, spec, initial, tuple(steps), torn)
+
+
+def torn_note(events: Path, tail: str) -> str:
+    """One line for stderr about a torn last line of ``events`` (left out of what is shown)."""
+    return (f"aegis: note: the last line of {events} is incomplete ({len(tail)} characters: "
+            "the master is writing it, or stopped while it did); left out")  # fmt: skip

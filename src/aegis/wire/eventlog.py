@@ -194,6 +194,24 @@ def job_created(
     return JobCreated(spec=rec, ts=ts, nodes=nodes, pod_ips=list(pod_ips or []))
 
 
+def whole_lines(text: str) -> tuple[list[str], str]:
+    """The lines of an event log's ``text`` and its torn tail ("" when none).
+
+    Lines end at ``\n`` only: a pod's reason may hold U+2028 or U+0085, written raw, at which
+    ``str.splitlines`` would also break. A last line with no newline that is no record is torn
+    (the master is writing it, or stopped while it did): left out, and returned as the tail.
+    Text with no newline at all is one line (a header, or no event log)."""
+    *lines, tail = text.split("\n")
+    if not tail.strip():
+        return lines, ""
+    if lines:
+        try:
+            _decode_line(len(lines) + 1, tail)
+        except EventLogError:
+            return lines, tail
+    return [*lines, tail], ""
+
+
 def read(lines: Iterator[str]) -> tuple[JobSpec, JobStatus, Iterator[Entry]]:
     """Parse the header, then lazily the entries. Raises ``EventLogError`` on a bad line."""
     first = next(lines, None)
