@@ -246,15 +246,34 @@ async def test_lease_store_frees_the_key_when_its_ttl_passes(lease_store: LeaseS
 async def test_lease_store_wakes_a_waiting_standby_when_the_lease_is_removed(
     lease_store: LeaseStore,
 ) -> None:
-    await lease_store.write(
+    held = await lease_store.write(
         "m1", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
     )
     await lease_store.wait_vacancy(0.05)  # held: returns at the timeout (and watches the key)
     with pytest.raises(LeaseTakenError):
         await lease_store.vacant_revision()
     waiting = asyncio.create_task(lease_store.wait_vacancy(60))
-    await lease_store.remove()
+    await lease_store.remove(expected=held)
     async with asyncio.timeout(15):  # long before the 60-s wait and the TTL
         await waiting
     free = await lease_store.vacant_revision()
     assert await lease_store.write("m2", expected=free, ttl_s=60, timeout_s=5) > free
+
+
+async def test_lease_store_removes_only_the_lease_its_holder_last_wrote(
+    lease_store: LeaseStore,
+) -> None:
+    """A deposed holder's removal (its revision is an old one) is refused: the successor's
+    lease stays, and no third candidate finds the key vacant."""
+    old = await lease_store.write(
+        "m1", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
+    )
+    await lease_store.remove(expected=old)
+    successor = await lease_store.write(
+        "m2", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
+    )
+    with pytest.raises(LeaseTakenError):
+        await lease_store.remove(expected=old)
+    with pytest.raises(LeaseTakenError):  # still m2's
+        await lease_store.vacant_revision()
+    assert await lease_store.write("m2", expected=successor, ttl_s=60, timeout_s=5) > successor

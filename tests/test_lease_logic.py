@@ -82,3 +82,28 @@ async def test_a_standby_takes_over_at_once_when_the_leader_releases() -> None:
     async with asyncio.timeout(5):  # the fake clock never moves: only the removal wakes it
         epoch = await waiting
     assert epoch == second.epoch and second.held and first.epoch is None
+
+
+async def test_a_renewal_refused_because_another_holder_wrote_loses_the_lead_at_once() -> None:
+    """Someone else wrote the key (it was freed under this leader): no waiting out the clock."""
+    _, store, first, second = pair()
+    assert await first.try_acquire()
+    await store.remove(expected=store.revision)  # freed behind the leader's back
+    assert await second.try_acquire()
+    assert first.held  # by its own clock, still
+    assert not await first.renew()
+    assert first.epoch is None and not first.held and second.held
+
+
+async def test_a_deposed_leader_that_releases_later_leaves_its_successor_alone() -> None:
+    """A leader past its lease keeps an old epoch until it notices; its clean shutdown then
+    must not remove the lease its successor holds (a third replica would lead beside it)."""
+    clock, store, first, second = pair()
+    third = Lease(store, "m3", SETTINGS, clock)
+    assert await first.try_acquire()
+    clock.now += SETTINGS.lease_s  # stopped past its lease and the store's TTL
+    assert await second.try_acquire()
+    await first.release()  # its epoch was never cleared: a stale one
+    assert store.holder == "m2" and first.epoch is None
+    assert not await third.try_acquire()
+    assert await second.renew() and second.held

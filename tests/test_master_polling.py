@@ -21,11 +21,12 @@ from aegis.adapters.nats_bus import TRANSIENT, KvStore, NatsBus
 from aegis.adapters.nats_lease import NatsLeaseStore
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.master import drained_nodes
 from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.records import MalformedRecordError, decode_record
 from aegis.master.replica import submit_job
 from aegis.wire import status_json
-from tests.poll_helpers import Master, consumer_counts, standalone_master
+from tests.poll_helpers import Master, consumer_counts, leads, standalone_master
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -243,3 +244,25 @@ async def test_a_standby_waits_for_the_lease_on_one_watcher_however_long_it_wait
         assert not standby.store.watching  # stopped once it led
     finally:
         await bus.close()
+
+
+async def test_a_job_whose_adoption_failed_half_way_is_adopted_on_a_later_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One store error while adopting (the drained-nodes bucket electing its leader) left the
+    job registered with no loop: never adopted again, no orders, no end, until the lead moved."""
+    real_load = drained_nodes.DrainedNodes.load
+    calls = 0
+
+    async def load_failing_once(self: drained_nodes.DrainedNodes) -> dict[str, str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TimeoutError("drained bucket electing a leader")
+        return await real_load(self)
+
+    monkeypatch.setattr(drained_nodes.DrainedNodes, "load", load_failing_once)
+    async with standalone_master(monkeypatch, poll_s=0.02) as master:
+        key = await _submit(master, "hiccup")
+        await async_wait_until(lambda: leads(master, key), 60, "the job adopted with its loop")
+        assert calls >= 2  # the failed adoption, then the one that took

@@ -131,7 +131,10 @@ class MemoryLeaseStore:
     async def stop_watching(self) -> None:
         return None
 
-    async def remove(self) -> None:
+    async def remove(self, expected: int) -> None:
+        self._expire()
+        if expected != self.revision:
+            raise LeaseTakenError("lease moved on", detail=f"at {self.revision}, not {expected}")
         self.holder, self.revision = None, self.revision + 1
         async with self._changed:
             self._changed.notify_all()

@@ -114,6 +114,12 @@ class NatsLeaseStore:
     def watching(self) -> bool:
         return self._watcher is not None
 
-    async def remove(self) -> None:
-        if self.kv is not None:
-            await self.kv.purge(self.key)
+    async def remove(self, expected: int) -> None:
+        if self.kv is None:
+            return
+        try:
+            await self.kv.delete(self.key, last=expected)  # a DEL marker: vacant to all
+        except BadRequestError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            raise LeaseTakenError("lease moved on", detail=f"{self.key}: {exc}") from exc

@@ -97,6 +97,8 @@ class LeaseStore(Protocol):
 
     async def stop_watching(self) -> None: ...
 
-    async def remove(self) -> None:
-        """Remove the lease now (its holder's clean shutdown)."""
+    async def remove(self, expected: int) -> None:
+        """Remove the lease now (its holder's clean shutdown) if the key is still at revision
+        ``expected`` (the holder's last write); raises ``LeaseTakenError`` when it moved on (a
+        deposed holder never removes its successor's lease)."""
         ...

@@ -120,6 +120,10 @@ class Lease:
         started = self.clock()
         try:
             self._revision = await self._write(expected=self._revision)
+        except LeaseTakenError:  # another holder wrote the key: lost for good, whatever the clock
+            log.warning("lease: %s was taken over (epoch %s)", self.holder, self.epoch)
+            self.epoch = None
+            return False
         except Exception as exc:
             self.renew_failures += 1
             level = logging.WARNING if self.renew_failures == 1 else logging.DEBUG
@@ -167,9 +171,10 @@ class Lease:
         return self.epoch
 
     async def release(self) -> None:
-        """Give the lease up now (a clean shutdown): standbys take over at once."""
+        """Give the lease up now (a clean shutdown): standbys take over at once. Only the key
+        as this holder last wrote it is removed: never a successor's lease."""
         if self.epoch is None:
             return
         with contextlib.suppress(Exception):
-            await self.store.remove()
+            await self.store.remove(expected=self._revision)
         self.epoch = None

@@ -168,6 +168,8 @@ class Replica:
             self.leading.clear()
             await ctl.unsubscribe()
             await self._stop_runners()
+            await self.lease.release()  # ours still: freed at once; else its epoch forgotten
+            # (a stale epoch kept for a later release once removed a successor's lease)
 
     def _fence(self) -> None:
         if not self.lease.held:
@@ -258,13 +260,13 @@ class Replica:
                                     fence=self._fence)  # fmt: skip
         holder.append(runner)
         self.runners[key] = runner  # from now on a drain reaches it; and one made before:
-        drained = await self.drained.load()
-        for node, reason in drained.items():
-            platform.blacklist[node] = f"drained: {reason}"
-            await platform.drain_node(node, reason)
-        self._observe(runner)
-        await self.platform_events.follow(runner)
-        try:
+        try:  # a failure (a store electing its leader) leaves no runner without a loop behind
+            drained = await self.drained.load()
+            for node, reason in drained.items():
+                platform.blacklist[node] = f"drained: {reason}"
+                await platform.drain_node(node, reason)
+            self._observe(runner)
+            await self.platform_events.follow(runner)
             await platform.resend_events()  # a NodeDown published while no replica listened
             await runner.takeover()
         except BaseException:
@@ -293,8 +295,8 @@ class Replica:
 
     async def _unsubscribe(self, runner: JobRunner, key: str) -> None:
         """Detach a stopped runner from NATS (its own loop unsubscribes only when it ends)."""
-        if self.metrics is not None and runner.task is not None and not runner.done.is_set():
-            self.metrics.detach(runner)  # a loop that died: its replacement reports instead
+        if self.metrics is not None and not runner.done.is_set():
+            self.metrics.detach(runner)  # a loop that died (or never ran): another reports
         await runner.unsubscribe()
         await self.platform_events.stop_following(key)
 
