@@ -55,7 +55,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats, free_port
 from aegis.core.model import JobSpec
 from aegis.core.phases import Order, Phase
-from aegis.master.replica import submit_job
+from aegis.master.records import submit_job
 from aegis.master.service import STATUS_BUCKET
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m

@@ -18,7 +18,8 @@ from aegis.adapters.ports import StoreConflictError
 from aegis.core.model import JobSpec
 from aegis.master import control, drained_nodes
 from aegis.master.lease import LeaseSettings
-from aegis.master.replica import Replica, ReplicaSettings, submit_job
+from aegis.master.records import submit_job
+from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET
 from aegis.wire import platform_msgs as pm
 from tests.waits import async_wait_until

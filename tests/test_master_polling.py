@@ -23,8 +23,7 @@ from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.master import drained_nodes
 from aegis.master.lease import LeaseSettings, nats_lease
-from aegis.master.records import MalformedRecordError, decode_record
-from aegis.master.replica import submit_job
+from aegis.master.records import MalformedRecordError, decode_record, submit_job
 from aegis.wire import status_json
 from tests.poll_helpers import Master, consumer_counts, leads, standalone_master
 from tests.waits import async_wait_until

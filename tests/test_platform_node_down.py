@@ -12,7 +12,7 @@ import pytest
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName
 from aegis.master.ports import NullPlatform
-from aegis.master.replica import submit_job
+from aegis.master.records import submit_job
 from aegis.platforms.platform_server import PlatformServer
 from aegis.platforms.served_job import ServedJob
 from aegis.wire import platform_msgs as pm

@@ -38,7 +38,8 @@ from aegis.master import control
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.ports import NullPlatform
-from aegis.master.replica import Replica, ReplicaSettings, submit_job
+from aegis.master.records import submit_job
+from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m

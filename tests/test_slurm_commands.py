@@ -22,7 +22,7 @@ from aegis.cli import slurm_cmd
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.master import control
-from aegis.master.replica import submit_job
+from aegis.master.records import submit_job
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.process_pods import Pod
 from aegis.platforms.slurm import commands, coordinator

@@ -45,6 +45,19 @@ class Executor:
         )
         await self.bus.publish(self.subject, codec.encode_signed(msg, self.signer))
 
+    async def publish_round(self, orders: Sequence[RoundOrder], seq: int) -> None:
+        """The orders of round ``seq`` (sent again: agents ignore a round they executed)."""
+        for order in orders:
+            if order.seq == seq:
+                await self.publish(order)
+
+    async def end_again(self, orders: Sequence[RoundOrder], status: JobStatus) -> None:
+        """A job that ended under the old leader: its last orders and its end, carried out
+        again (pods and platforms take them twice)."""
+        await self.publish_round(orders, status.seq)
+        self.fence()
+        await self.platform.end_job(self.spec.job, status.phase)
+
     async def execute(
         self, action: act.Action, orders: Sequence[RoundOrder], status: JobStatus
     ) -> None:

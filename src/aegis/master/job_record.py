@@ -33,6 +33,9 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     # the straggler scores of the round (``pace.StragglerWatch.summary``; empty: none yet)
     stragglers: dict[str, Any] = msgspec.field(default_factory=dict)
     ended: str = ""  # why the job ended, in the master's words (the EndJob reason; "": it runs)
+    # ended, and the end's orders and platform call maybe not carried out yet (a new leader
+    # carries them out: the old one may have died between the write and the acts)
+    end_pending: bool = False
     # the save cadence and the waits for a save, for a new leader (None: an older record)
     safe_points: SafePointNotes | None = None
 

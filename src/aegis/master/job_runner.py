@@ -7,12 +7,11 @@ store (``job_record``; revision-checked, one write per batch) *before* the ``exe
 out any action; then the ``observers`` are told. Heartbeats reach the core only as
 ``HeartbeatLost`` and ``JoinTimedOut`` (``liveness``); checkpoints and steps through ``progress``.
 
-High availability: every write and every publish first calls ``fence()``, which raises
-``LeadershipLostError`` once this replica's lease is gone; every record and order carries the
-leader's ``epoch``. A replica that takes over builds the runner from the stored record
-(``takeover``): it re-sends the round's orders (agents ignore a round they already executed),
-re-issues pending platform work and restarts heartbeat timers with a grace period.
-"""
+High availability: every write and publish first calls ``fence()`` (``LeadershipLostError``
+once the lease is gone); records and orders carry the leader's ``epoch``. A new leader builds
+the runner from the stored record (``takeover``): it re-sends the round's orders, re-issues
+pending platform work, restarts heartbeat timers with a grace period (``finish_end``: a job
+that ended under the old leader before its end was carried out)."""
 
 from __future__ import annotations
 
@@ -159,8 +158,7 @@ class JobRunner:
             self.queue.put_nowait(inbox.MessageInput(msg, event))
 
     def _heartbeat(self, pod: PodName, msg: m.Message) -> None:
-        """A heartbeat: its arrival (seen above), the training step it carries, the pod's
-        watchdog (for ``aegis status``, stored with the next status write)."""
+        """A heartbeat: the step it carries, the pod's watchdog (kept for ``aegis status``)."""
         beat = msg.data
         if isinstance(beat, m.HeartbeatData) and beat.step is not None:
             stepped = self.progress.step_seen(self.status, pod, msg.seq, beat, self.clocks.mono())
@@ -208,8 +206,7 @@ class JobRunner:
             error = self.task.exception() if self.task and self.task.done() else None
             raise LocalError(f"job {self.spec.job}: its loop ended early: {error!r}") from error
 
-    def close(self) -> None:
-        """Stop the loop (and its timers) without an event."""
+    def close(self) -> None:  # the loop (and its timers) stopped without an event
         self.done.set()
         self.queue.put_nowait(None)
 
@@ -233,10 +230,15 @@ class JobRunner:
             safe_point_notes.restore(self.safe, self.notes.safe_points, status, now, self.clock())
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
-        for order in self.round_orders:
-            if order.seq == status.seq:
-                await self.executor.publish(order)
+        await self.executor.publish_round(self.round_orders, status.seq)
         await self.executor.reissue(status)
+
+    async def finish_end(self) -> None:
+        """A job that ended under the old leader, which may have died before carrying the end
+        out: the last round's orders sent again, the platform told, the end marked done."""
+        await self.executor.end_again(self.round_orders, self.status)
+        self.notes.end_pending = False
+        await self._persist()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -288,6 +290,9 @@ class JobRunner:
             await self._act(item, actions)
         if request is not None:  # after the round's own orders (a restart resets the file)
             await self.executor.publish(request)
+        if self.notes.end_pending:  # the end carried out: no new leader does it again
+            self.notes.end_pending = False
+            await self._persist()
 
     def _step(self, item: inbox.Input) -> tuple[tuple[act.Action, ...], bool]:
         """One event logged and fed to the core; its actions, and whether the status changed."""
@@ -308,7 +313,7 @@ class JobRunner:
         self.notes.hardware_rescheduled += moved  # the K of ``aegis status --nats``
         for action in actions:
             if isinstance(action, act.EndJob):  # why, in the status write that ends the job
-                self.notes.ended = action.reason
+                self.notes.ended, self.notes.end_pending = action.reason, True
         return actions, self.status is not before
 
     def _materialise_orders(
@@ -392,6 +397,4 @@ class JobRunner:
                 return
             if self.status.outstanding == 0 or self.status.phase is Phase.RESTARTING:
                 continue
-            for order in self.round_orders:
-                if order.seq == self.status.seq:
-                    await self.executor.publish(order)
+            await self.executor.publish_round(self.round_orders, self.status.seq)

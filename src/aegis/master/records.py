@@ -10,17 +10,32 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aegis.adapters.grpc.creds import JobAccess
+from aegis.adapters.ports import StatusStore
 from aegis.core.errors import AegisError
-from aegis.core.model import JobSpec, JobStatus, check_names
+from aegis.core.model import JobSpec, JobStatus, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master import job_record
-from aegis.master.job_settings import LeadershipLostError
+from aegis.master.job_settings import LeadershipLostError, status_key
 
 log = logging.getLogger(__name__)
 
 
 class MalformedRecordError(AegisError, ValueError):
     """A status-bucket record that is not a job's (not JSON, or not a job's fields)."""
+
+
+async def submit_job(
+    store: StatusStore,
+    spec: JobSpec,
+    nodes: list[str],
+    token: str,
+    pod_ips: list[str] | None = None,
+) -> int:
+    """Write a new job's first record; the leader picks it up (not one whose name is outside
+    the rule, ``core.model.check_names``: that record is skipped and counted as malformed)."""
+    status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
+    record = job_record.build(spec, status, job_record.JobNotes(token=token, nodes=list(nodes)))
+    return await store.put(status_key(spec), job_record.encode(record), expected_revision=None)
 
 
 def decode_record(raw: bytes) -> tuple[job_record.JobRecord, JobSpec, JobStatus]:

@@ -36,8 +36,6 @@ from aegis.core import retention
 from aegis.core.model import (
     JobSpec,
     JobStatus,
-    NodeName,
-    initial_status,
 )
 from aegis.core.phases import TERMINAL_PHASES
 from aegis.master import (
@@ -53,7 +51,7 @@ from aegis.master import (
     service,
 )
 from aegis.master.job_runner import JobRunner
-from aegis.master.job_settings import AfterPersist, JobSettings, LeadershipLostError, status_key
+from aegis.master.job_settings import AfterPersist, JobSettings, LeadershipLostError
 from aegis.master.lease import LeaseSettings, nats_lease
 from aegis.master.remote_platform import RemotePlatform
 from aegis.master.service import STATUS_BUCKET
@@ -81,16 +79,6 @@ class ReplicaSettings:
 
 RECHECKS_PER_PASS = 4  # held records a refresh reads again (each in turn)
 LOOKUP_READ_S = 2.0  # how long a handshake waits for the store before using the cached record
-
-
-async def submit_job(
-    store: KvStore, spec: JobSpec, nodes: list[str], token: str, pod_ips: list[str] | None = None
-) -> int:
-    """Write a new job's first record; the leader picks it up (not one whose name is outside
-    the rule, ``core.model.check_names``: that record is skipped and counted as malformed)."""
-    status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-    record = job_record.build(spec, status, job_record.JobNotes(token=token, nodes=list(nodes)))
-    return await store.put(status_key(spec), job_record.encode(record), expected_revision=None)
 
 
 class Replica:
@@ -250,6 +238,8 @@ class Replica:
             return
         record, revision, spec, status = read
         if status.phase in TERMINAL_PHASES:
+            if record.end_pending:  # the old leader may have died before telling anyone
+                revision = await self._finish_end(key, record, revision, epoch)
             self._ended(key, revision)  # a key, not the record: memory does not grow with them
             return
         self.records[key] = record
@@ -281,6 +271,20 @@ class Replica:
         log.info("replica %s leads job %s (epoch %d)", self.settings.replica_id, key, epoch)
         for adopted in self.adopted:
             adopted(key)
+
+    async def _finish_end(
+        self, key: str, record: job_record.JobRecord, revision: int, epoch: int
+    ) -> int:
+        """The end of a job that ended under the old leader, carried out again (its pods told
+        to exit, its platform to end it); the record's revision after."""
+        spec, status = record.job()
+        platform = RemotePlatform(self.bus, spec, lambda: status.seq, epoch)
+        runner = self.builder.adopt(record, revision, platform, None, epoch=epoch,
+                                    fence=self._fence)  # fmt: skip
+        await runner.finish_end()
+        log.info("replica %s: job %s ended under the last leader: its end carried out",
+                 self.settings.replica_id, key)  # fmt: skip
+        return runner.revision or revision
 
     def _observe(self, runner: JobRunner) -> None:
         """The observers of every job it leads (with the environment report): fault log,
@@ -321,7 +325,8 @@ class Replica:
                     known = key in self.records or key in self.finished
                     if not known and (read := await self._read_job(key)):
                         if read[3].phase in TERMINAL_PHASES:
-                            self._ended(key, read[1])  # ended: its key is all that is kept
+                            if not read[0].end_pending:  # else the next leader finishes it
+                                self._ended(key, read[1])  # ended: its key is all that is kept
                         else:
                             self.records[key] = read[0]
                 self._forget_removed(listed)
@@ -341,7 +346,9 @@ class Replica:
         others = [key for key in self.records if key not in self.runners]
         for key in others[:per_pass]:
             read = await self._read_job(key)
-            if read is None or read[3].phase in TERMINAL_PHASES:
+            if read is not None and read[3].phase in TERMINAL_PHASES and read[0].end_pending:
+                del self.records[key]  # ended, its end maybe not carried out: not filed
+            elif read is None or read[3].phase in TERMINAL_PHASES:
                 self._ended(key, read[1] if read is not None else 0)
             else:
                 del self.records[key]  # re-inserted last: the next pass reads the others first

@@ -20,7 +20,7 @@ from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import TERMINAL_PHASES
 from aegis.master.job_runner import status_key
 from aegis.master.ports import Platform
-from aegis.master.replica import submit_job
+from aegis.master.records import submit_job
 from aegis.platforms.platform_server import PlatformServer
 from aegis.wire import status_json
 from aegis.wire.tokens import pod_token

@@ -43,7 +43,7 @@ from aegis.adapters.ports import Bus, StatusStore, StoreConflictError, Subscript
 from aegis.core.model import name_problem
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master.replica import submit_job
+from aegis.master.records import submit_job
 from aegis.platforms.kubernetes import crd_status, drains, manifests, replacements
 from aegis.wire import platform_msgs as pm
 
