@@ -39,6 +39,10 @@ class Incarnation:
     dying: bool = False  # its process said it is exiting (reported once)
     start_step: int = 0  # the step it starts from (``start_step``)
 
+    def heard(self) -> None:
+        """It wrote something (a line, or a progress bar's ``\r`` update)."""
+        self.last_output_ts = time.monotonic()
+
 
 def child_env(
     base: Mapping[str, str], restart_count: int, progress_path: str, override: Mapping[str, str]

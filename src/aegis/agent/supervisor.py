@@ -254,9 +254,9 @@ class Supervisor:
             (out_r, "stdout", self._settings.stdout_fd),
             (err_r, "stderr", self._settings.stderr_fd),
         ):
-            inc.pumps.append(
-                await pump.open_pump(read_fd, stream, sink, lambda s, b: self._on_line(inc, s, b))
-            )
+            inc.pumps.append(await pump.open_pump(
+                read_fd, stream, sink, lambda s, b: self._on_line(inc, s, b), inc.heard
+            ))  # fmt: skip
         if self._settings.hang_timeout_s != 0:
             inc.watchdog = self._background(self._watch_hangs(inc), f"watchdog-{inc.pid}")
         self._background(self._watch_exit(inc), f"exit-{inc.pid}")
@@ -334,7 +334,6 @@ class Supervisor:
             transport.close()
 
     def _on_line(self, inc: incarnation.Incarnation, stream: str, line: bytes) -> None:
-        inc.last_output_ts = time.monotonic()
         text = line.decode(errors="replace").rstrip("\r\n")
         for match in inc.scanner.feed(stream, text):
             if match.signature not in inc.reported:
