@@ -72,3 +72,34 @@ async def test_warm_start_runs_what_cold_python_runs_when_script_is_no_source_fi
     status = 2 if shape == "missing" else 3
     assert [r.exit_status for r in reports] == [status] * 3
     assert seen == ([] if shape == "missing" else [{"argv": [str(target)]}] * 3)
+
+
+_PATHS = """import json, sys
+found = {}
+for name in ("on_pythonpath", "beside_script"):
+    try:
+        __import__(name)
+        found[name] = True
+    except ImportError:
+        found[name] = False
+print("PROBE", json.dumps({"found": found, "path": sys.path}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("flag", ["-P", "-I", None])
+async def test_warm_child_has_cold_sys_path_when_safe_path_flag_is_given(
+    the_reaper: reaper.Reaper, devnull: int, tmp_path: Path, flag: str | None
+) -> None:
+    """``-P`` keeps the script's directory off ``sys.path`` and ``-I`` PYTHONPATH too; the
+    zygote took the first PYTHONPATH entry off and put the script's directory first."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "on_pythonpath.py").write_text("")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "beside_script.py").write_text("")
+    (tmp_path / "job" / "probe.py").write_text(_PATHS)
+    env = harness.with_path(str(tmp_path / "lib"))
+    argv = [PYTHON, *([flag] if flag else []), str(tmp_path / "job" / "probe.py")]
+    reports, (cold, *warms) = await harness.cold_then_warm(argv, the_reaper, devnull, env=env)
+    assert [r.exit_status for r in reports] == [0] * 3 and len(warms) == 2
+    assert cold["found"] == {"on_pythonpath": flag != "-I", "beside_script": flag is None}
+    assert all(warm == cold for warm in warms), (cold, warms)
