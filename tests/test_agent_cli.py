@@ -119,9 +119,12 @@ def test_agent_kills_command_after_grace_when_command_ignores_sigterm() -> None:
 
 
 @pytest.mark.parametrize(
-    "sig", [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
-)
-def test_agent_forwards_the_signal_when_agent_receives_it(sig: signal.Signals) -> None:
+    "sig",
+    [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+     # neither forwarded nor handled, these ended the agent and left the command running
+     signal.SIGPWR, signal.SIGALRM, signal.SIGXCPU, signal.SIGWINCH, signal.SIGRTMIN + 3],
+)  # fmt: skip
+def test_agent_forwards_the_signal_when_agent_receives_it(sig: int) -> None:
     """Each forwarded signal reaches the command, which says which one it got."""
     script = (
         "import signal, sys, time\n"
@@ -133,6 +136,25 @@ def test_agent_forwards_the_signal_when_agent_receives_it(sig: signal.Signals) -
     waits.read_line_with(proc, "READY")
     proc.send_signal(sig)
     assert finish(proc) == 40 + int(sig) % 20
+
+
+def test_agent_keeps_sigpipe_to_itself_when_agent_receives_it() -> None:
+    """SIGPIPE is the agent's own (its write to a closed pipe): ignored, not forwarded. The
+    command ends on the SIGALRM sent after it, which it gets after any SIGPIPE forwarded first
+    (a lower number: delivered first when both are pending)."""
+    script = (
+        "import signal, sys, time\n"
+        "seen = []\n"
+        "signal.signal(signal.SIGPIPE, lambda n, _: seen.append(n))\n"
+        "signal.signal(signal.SIGALRM, lambda n, _: sys.exit(40 + len(seen)))\n"
+        "print('READY', flush=True)\n"
+        "while True: time.sleep(1)\n"
+    )
+    proc = start_agent("--", sys.executable, "-c", script)
+    waits.read_line_with(proc, "READY")
+    proc.send_signal(signal.SIGPIPE)
+    proc.send_signal(signal.SIGALRM)
+    assert finish(proc) == 40
 
 
 def test_agent_logs_hang_with_stack_when_command_stops_progressing() -> None:

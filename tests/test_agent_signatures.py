@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,27 @@ def test_load_raises_clear_error_when_file_is_bad(tmp_path: Path, text: str) -> 
     path.write_text(text)
     with pytest.raises(signatures.SignatureConfigError):
         signatures.load(path)
+
+
+@pytest.mark.parametrize("signature", signatures.DEFAULT_SIGNATURES, ids=lambda s: s.name)
+def test_no_default_pattern_has_an_unbounded_gap(signature: signatures.Signature) -> None:
+    """``a.*b`` tries every ``a`` to the end of the line: quadratic in the line's length (a
+    64 KiB line of "Xid " blocked the agent's event loop for seconds); a bounded gap is linear."""
+    for gap in (".*", ".+"):
+        assert gap not in signature.pattern.pattern
+
+
+def test_scanner_searches_only_a_lines_head_when_the_line_is_long() -> None:
+    """What a pattern searches is at most SCAN_CHARS long, whatever a signature file adds (a
+    pattern that needs one character more never matches); the whole line is still kept."""
+    more = signatures.SCAN_CHARS + 1
+    longer = signatures.Signature("longer", FC.IO_ERROR, re.compile(rf"\A[\s\S]{{{more}}}"))
+    line = "Xid " * (65536 // 4)  # the adversarial piece: 64 KiB
+    scanner = signatures.Scanner((longer, *signatures.DEFAULT_SIGNATURES))
+    assert scanner.feed("stderr", line) == ()
+    assert scanner.evidence().last_lines == (line,)
+    head = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus. " + line
+    assert [m.signature for m in scanner.feed("stderr", head)] == ["nvrm_xid"]
 
 
 # What one pod's output looks like when rank 1 of `torchrun --nproc-per-node 2` raises: its

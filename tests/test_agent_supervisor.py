@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from aegis.agent import ports, reaper, stacks, supervisor
+from aegis.agent import exit_rule, ports, reaper, stacks, supervisor
 from tests import agent_waits as waits
 from tests.waits import async_wait_until
 
@@ -270,6 +271,7 @@ async def test_an_uncaught_exception_is_reported_before_the_process_has_exited(
         # a subprocess of the command (an evaluation job) dies; training goes on
         ("import subprocess\nsubprocess.run([sys.executable, '-c', "
          "'import aegis; aegis.progress(1); raise ValueError(1)'])\nprint('survived')", 0),
+        # ended by a SIGINT (130, as a signal): its exit tells, not a software fault's report
         ("raise KeyboardInterrupt", 130),
     ],
 )  # fmt: skip
@@ -282,9 +284,28 @@ async def test_no_early_report_unless_the_commands_own_process_dies_of_an_except
     async with make([PYTHON, "-c", _dying_script(gate, body)], the_reaper, reports, lines) as sup:
         await sup.start()
         report = await sup.wait()
-    expected_dying = ["KeyboardInterrupt"] if status == 130 else []
     assert report.exit_status == status
-    assert [d.exception for d in reports.dying] == expected_dying
+    assert reports.dying == []
+
+
+async def test_a_forwarded_sigint_is_reported_by_its_exit_not_as_a_crash(
+    the_reaper: reaper.Reaper,
+) -> None:
+    """The agent forwards a SIGINT (``kill -INT``, docker's STOPSIGNAL, srun's ^C ^C); the
+    script's KeyboardInterrupt is no uncaught exception of its own (a software fault, exit 1)."""
+    script = "import time\nimport aegis\naegis.progress(1)\nprint('READY', flush=True)\n" \
+             "while True:\n    time.sleep(0.05)\n"  # fmt: skip
+    reports, lines = ports.RecordingReports(), Lines()
+    async with make([PYTHON, "-c", script], the_reaper, reports, lines) as sup:
+        await sup.start()
+        await async_wait_until(lambda: "READY" in lines.seen, what="the script to start")
+        sup.send_signal(signal.SIGINT)
+        report = await sup.wait()
+    assert (report.exit_status, report.signal) == (128 + signal.SIGINT, signal.SIGINT)
+    assert lines.with_prefix("KeyboardInterrupt") and reports.dying == []
+    assert not lines.with_prefix("[aegis] exiting on an uncaught")
+    said = exit_rule.on_exit(report, dying_reported=bool(reports.dying))  # what the link sends
+    assert said == exit_rule.Failed("exit status 130", ports.FaultClass.KILLED)
 
 
 async def test_the_hook_runs_after_the_scripts_own_excepthook(the_reaper: reaper.Reaper) -> None:

@@ -6,6 +6,7 @@ started with Aegis's ``sitecustomize``; the rule itself on dumps of the shape to
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,44 @@ def test_a_dump_is_summed_up_in_one_line() -> None:
     )
     assert suspects.flight_line({"pg_status": {}}) == ""
     assert suspects.flight_line({"pg_status": {"0": "junk"}}) == ""
+
+
+_VALID = _dump(4, 3)
+_STATUS = _VALID["pg_status"]
+
+
+@pytest.mark.parametrize(
+    "dump",
+    [
+        {**_VALID, "entries": 7},
+        {**_VALID, "entries": "scheduled"},
+        {**_VALID, "entries": {"pg_id": 0}},
+        {**_VALID, "entries": [1, 2]},
+        {**_VALID, "pg_status": {"0": [4, 3]}},
+        {**_VALID, "pg_status": {"0": {"last_enqueued_collective": float("inf")}}},
+        {**_VALID, "pg_status": {"0": {"last_completed_collective": [1]}}},
+        {**_VALID, "pg_status": [_STATUS]},
+    ],
+)
+def test_a_malformed_dump_is_no_line_when_summed_up(dump: dict[str, object]) -> None:
+    assert suspects.flight_line(dump) == ""
+
+
+def test_malformed_answers_are_none_when_the_agent_reads_them(tmp_path: Path) -> None:
+    """The job writes the answers: the watchdog reading them must not die of any (it did on
+    ``"entries": 7``, and would on JSON nested too deep for the parser)."""
+    request = str(tmp_path / "progress.fr")
+    answers = {
+        1: json.dumps({**_VALID, "entries": 7}).encode(),
+        2: b"[" * 100_000,
+        3: b"\xff\xfe{",
+        4: json.dumps({"pg_status": {"0": {"last_enqueued_collective": 1e999}}}).encode(),
+        5: json.dumps({**_VALID, "entries": None}).encode(),  # no entries: still a line
+    }
+    for pid, text in answers.items():
+        Path(flight.dump_path(request, pid)).write_bytes(text)
+    got = asyncio.run(stacks.read_flight(request, list(answers), wait_s=0.0))
+    assert got == {5: "flight recorder: collective #4 enqueued, #3 completed"}
 
 
 def test_the_pod_that_enqueued_fewer_collectives_is_named() -> None:

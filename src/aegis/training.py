@@ -89,9 +89,11 @@ class _Writer:
 # here (much longer when NCCL's teardown hangs). Under an agent the hook says so at once, after
 # the traceback (any hook installed before runs first, unchanged): the agent reports the fault
 # then, not when the process is finally gone. ``sys.excepthook`` runs only for the main
-# thread's uncaught exception, never for ``SystemExit``. Installed at start-up in every process
-# of a job (:mod:`aegis.autoprogress`) and again at the first mapping unless still in place (the
-# script may have replaced ``sys.excepthook`` meanwhile).
+# thread's uncaught exception, never for ``SystemExit``; a ``KeyboardInterrupt`` (a SIGINT,
+# maybe the agent's forwarded one) is no fault of the script's: its exit by the signal tells.
+# Installed at start-up in every process of a job (:mod:`aegis.autoprogress`) and again at the
+# first mapping unless still in place (the script may have replaced ``sys.excepthook``
+# meanwhile).
 DYING_MARKER = "[aegis] exiting on an uncaught "
 
 
@@ -105,9 +107,10 @@ def say_when_dying() -> None:
         try:
             previous(kind, value, tb)
         finally:
-            with contextlib.suppress(Exception):
-                sys.stderr.write(f"{DYING_MARKER}{kind.__name__} (pid {os.getpid()})\n")
-                sys.stderr.flush()
+            if not issubclass(kind, KeyboardInterrupt):
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"{DYING_MARKER}{kind.__name__} (pid {os.getpid()})\n")
+                    sys.stderr.flush()
 
     hook.aegis_dying = True  # type: ignore[attr-defined]
     sys.excepthook = hook

@@ -10,7 +10,7 @@ configuration error: one line, exit status 2.
 
 Its PID-1 duties are the standalone agent's (:mod:`aegis.agent.runner`, tini's): SIGTERM stops
 it (SIGTERM to the training group, grace period, SIGKILL; exit status 143) and each of
-``pid1.FORWARDED_SIGNALS`` (SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes to the training
+``pid1.FORWARDED_SIGNALS`` (SIGINT, SIGHUP, SIGUSR1, SIGPWR, ...: tini's) goes to the training
 group that runs at the time (none between a stop and the next start). SIGINT included: it is not
 a stop for the agent, as it is not for tini. Under a master, the pod ends on the master's order or
 on the platform's SIGTERM; a ^C (or a ``kill -INT`` of the pod) reaches the training processes,

@@ -7,17 +7,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-# What an agent (standalone or under a master) passes on to the command's group as it comes, as
-# tini does. SIGTERM is not among them: it stops the agent, which stops the group itself.
-FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
+# What the agent never passes on. SIGTERM stops the agent, which stops the group itself; the
+# reaper waits on SIGCHLD; SIGKILL and SIGSTOP cannot be caught. The faults a process raises on
+# itself (SIGSEGV, SIGABRT, ...) stay the agent's own crash, and the terminal's job control
+# (SIGTSTP, SIGTTIN, SIGTTOU) its own, as with tini. SIGPIPE and SIGXFSZ stay ignored as Python
+# sets them: the agent raises them on itself by writing to a closed pipe or past the file size
+# limit (the write fails instead), and they are no news for the command.
+KEPT_SIGNALS: frozenset[int] = frozenset({
+    signal.SIGTERM, signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP,
+    signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT,
+    signal.SIGSYS, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE, signal.SIGXFSZ,
+})  # fmt: skip
+
+
+def forwarded(valid: Iterable[int]) -> tuple[int, ...]:
+    """The signals of ``valid`` the agent passes on to the command's group: every one but
+    :data:`KEPT_SIGNALS` (SIGINT, SIGHUP, SIGUSR1, SIGALRM, SIGPWR, SIGWINCH, SIGCONT, the
+    real-time ones, ...), as tini does: one with no handler would end the agent (not PID 1),
+    leaving the command running unsupervised, or be lost (PID 1)."""
+    return tuple(sorted(int(sig) for sig in valid if sig not in KEPT_SIGNALS))
+
+
+FORWARDED_SIGNALS: tuple[int, ...] = forwarded(signal.valid_signals())
 
 
 @contextlib.contextmanager

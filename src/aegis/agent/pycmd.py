@@ -1,9 +1,10 @@
 """Recognise a command the zygote can start warm: ``python [options] script.py args`` or ``-m mod``;
 and the interpreter a command trains in (:func:`job_interpreter`: the node checks run there).
 
-Pure: no I/O except PATH lookups and the first line of a script run by name. Anything else (a
-shell string, ``torchrun``, ``python -c``, interpreter options the zygote cannot reproduce) is
-started cold.
+Pure: no I/O except PATH lookups, the first line of a script run by name and (in
+:func:`warm_command`) a look at the script. Anything else (a shell string, ``torchrun``,
+``python -c``, interpreter options the zygote cannot reproduce, a script that is not a plain
+source file) is started cold.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -66,6 +68,26 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> PythonCommand | None:
             return PythonCommand(argv[0], tuple(options), word, None, tuple(argv[index + 1 :]))
         index += 1
     return None  # the interactive interpreter
+
+
+def warm_command(
+    argv: Sequence[str], env: Mapping[str, str], is_source: Callable[[str], bool] | None = None
+) -> PythonCommand | None:
+    """The command in ``argv`` when the zygote can start it warm, else None (start it cold).
+
+    The zygote compiles a script as source: a zipapp (``app.pyz``, a PEX, a shiv build), a
+    directory with a ``__main__.py`` or a missing script (cold, CPython says "can't open file"
+    and exits 2) is left to CPython. ``is_source(path)``: whether the script is a plain source
+    file (relative to the cwd)."""
+    command = parse(argv, env)
+    if command is None or command.script is None:
+        return command
+    return command if (is_source or is_plain_source)(command.script) else None
+
+
+def is_plain_source(path: str) -> bool:
+    """Whether ``path`` is a regular file that CPython runs as source (not as a zip archive)."""
+    return os.path.isfile(path) and not zipfile.is_zipfile(path)
 
 
 def job_interpreter(

@@ -1,9 +1,10 @@
 """``aegis agent`` on its own node: tini's duties plus the supervisor, until the command ends.
 
-PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward SIGINT,
-SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 (``pid1.FORWARDED_SIGNALS``, the same under a master)
-to the command's group; SIGTERM starts the agent's own stop (SIGTERM to the group, grace period,
-then SIGKILL); reap every zombie; exit with the command's status.
+PID-1 checklist (tini ``src/tini.c``): become a child subreaper when not PID 1; forward every
+signal but SIGTERM, SIGCHLD, the faults and job control (``pid1.FORWARDED_SIGNALS``: SIGINT,
+SIGHUP, SIGUSR1, SIGALRM, SIGPWR, ..., the same under a master) to the command's group; SIGTERM
+starts the agent's own stop (SIGTERM to the group, grace period, then SIGKILL); reap every
+zombie; exit with the command's status.
 With ``--master`` the agent first checks that the master answers; when it does not, it says so in
 one line and runs the command independently (seed ``RunIndependent``).
 """

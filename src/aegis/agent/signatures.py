@@ -47,13 +47,20 @@ class Signature:
     pattern: re.Pattern[str]
 
 
+# How much of a line the patterns search: the first 4 KiB (what a fault says comes early). A line
+# can be one of the pump's 64 KiB pieces, and the scan runs on the agent's event loop: a pattern
+# with a gap (``a.*b``, a file's too) backtracks over every start, quadratic in what it searches.
+# The defaults bound their gaps (``.{0,200}``) as well.
+SCAN_CHARS = 4096
+
+
 def _sig(name: str, fault_class: str, pattern: str) -> Signature:
     return Signature(name, fault_class, re.compile(pattern))
 
 
 # Order matters: the first signature that matches a line classifies it (most specific first).
 DEFAULT_SIGNATURES: tuple[Signature, ...] = (
-    _sig("nvrm_xid", FC.GPU_XID, r"NVRM: Xid \(|\bXid\b.*\b(?:79|48|63|64|74|94|95)\b,"),
+    _sig("nvrm_xid", FC.GPU_XID, r"NVRM: Xid \(|\bXid\b.{0,200}\b(?:79|48|63|64|74|94|95)\b,"),
     _sig("fallen_off_bus", FC.GPU_XID, r"fallen off the bus"),
     _sig("ecc", FC.GPU_ECC, r"(?i)uncorrectable ECC error|ECC_UNCORRECTABLE|double bit error"),
     _sig("cuda_oom", FC.CUDA_OOM, r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"),
@@ -61,7 +68,7 @@ DEFAULT_SIGNATURES: tuple[Signature, ...] = (
         "nccl_watchdog",
         FC.NCCL_TIMEOUT,
         r"Watchdog caught collective operation timeout|NCCL watchdog thread terminated"
-        r"|NCCL communicator was aborted|NCCL.*timed out",
+        r"|NCCL communicator was aborted|NCCL.{0,200}timed out",
     ),
     _sig(
         "nccl_error",
@@ -225,8 +232,9 @@ class Scanner:
         self._last.append(line)
         rank = self._report.attribute(line)
         found: list[ports.SignatureMatch] = []
+        head = line[:SCAN_CHARS]
         for signature in self._signatures:
-            if signature.pattern.search(line):
+            if signature.pattern.search(head):
                 found.append(
                     ports.SignatureMatch(signature.fault_class, signature.name, stream, line)
                 )

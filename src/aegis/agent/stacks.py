@@ -148,7 +148,7 @@ def _flight_of(path: str) -> str:
     try:
         with open(path, "rb") as f:
             dump = json.loads(f.read(16 << 20))  # the job's own output: parsed, never trusted
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep
         return ""
     return suspects.flight_line(dump) if isinstance(dump, dict) else ""
 

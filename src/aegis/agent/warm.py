@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -107,9 +108,10 @@ class Zygotes:
         stderr_fd: int,
         learn_path: str,
     ) -> Zygotes | None:
-        command = pycmd.parse(argv, env)
+        command = pycmd.warm_command(argv, env)
         if command is None:
-            log.warning("cold starts: %s is not 'python script.py' or 'python -m module'", argv[0])
+            log.warning("cold starts: %s is not 'python script.py' (a source file) or "
+                        "'python -m module'", shlex.join(argv[:3]))  # fmt: skip
             return None
         return cls(command, env, the_reaper, settings, stderr_fd, learn_path)
 

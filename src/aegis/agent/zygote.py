@@ -3,14 +3,14 @@
 The agent starts it as ``PYTHON [the command's options] zygote.py --fd N --agent PID
 (--script S | --module M) [--modules a,b] [--auto 1] [--learned FILE]`` with the job's
 environment and cwd, in a process group of its own; it dies with the agent while idle. It puts
-the directory a cold start would put first on ``sys.path`` (the script's, or the cwd for ``-m``),
-imports the modules to prewarm (``--modules``; with ``--auto`` also the modules the script
-imports and, in import order, those the previous incarnation had loaded at its first
-``aegis.progress()``, listed in ``--learned``), skipping any that lives under that directory (the
-job's own code, which may change between restarts) and stopping at one that starts a thread or
-initialises CUDA. Then it serves the agent as :func:`aegis.forking.run_server` says, as a
-*nanny*: its ready message adds ``modules``, ``skipped`` and ``learned``, a failed one the
-``module`` that broke it; a request is ``{"env", "cwd", "args", "orig_argv", "learn"}``; after
+the directory a cold start would put first on ``sys.path`` (the script's, or the cwd for ``-m``;
+none under ``-P``/``-I``), imports the modules to prewarm (``--modules``; with ``--auto`` also
+the modules the script imports and, in import order, those the previous incarnation had loaded at
+its first ``aegis.progress()``, listed in ``--learned``), skipping any that lives under that
+directory (the job's own code, which may change between restarts) and stopping at one that starts
+a thread or initialises CUDA. Then it serves the agent as :func:`aegis.forking.run_server`
+says, as a *nanny*: its ready message adds ``modules``, ``skipped`` and ``learned``, a failed one
+the ``module`` that broke it; a request is ``{"env", "cwd", "args", "orig_argv", "learn"}``; after
 its one fork the zygote is the child's nanny (the one process that waits for it), it reports the
 child's end and exits.
 
@@ -24,7 +24,7 @@ traceback a cold one prints (this file's frames taken off: they are Aegis's, not
 
 import sys
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not sys.flags.safe_path:  # -P, -I, PYTHONSAFEPATH: none there
     del sys.path[0]  # this file's directory: never let it shadow the job's modules
 
 import ast
@@ -216,7 +216,8 @@ def prewarm_options(options: dict[str, str]) -> dict[str, Any]:
     its failed one (``failed`` and the ``module`` that broke the single thread)."""
     script = options.get("--script")
     path0 = os.path.dirname(os.path.realpath(script)) if script else os.getcwd()
-    sys.path.insert(0, path0)
+    if not sys.flags.safe_path:  # -P, -I, PYTHONSAFEPATH: a cold start puts nothing first
+        sys.path.insert(0, path0)
     names = [n for n in options.get("--modules", "").split(",") if n]
     extra: list[str] = []
     if options.get("--auto") == "1":

@@ -169,18 +169,22 @@ def view(stacks: str) -> _View:
 def flight_line(dump: Mapping[str, Any]) -> str:
     """One process's flight recorder dump (torch's JSON, decoded) in one line: the default
     process group's last enqueued and last completed collective, and the newest entry's name and
-    state; "" for a dump without them."""
-    groups = dump.get("pg_status")
-    if not isinstance(groups, Mapping) or not groups:
+    state; "" for a dump without them, or one not of that shape (the job's output: any JSON)."""
+    groups, entries = dump.get("pg_status"), dump.get("entries")
+    entries = [] if entries is None else entries  # none recorded yet
+    if not isinstance(groups, Mapping) or not groups or not isinstance(entries, list):
+        return ""
+    if not all(isinstance(e, Mapping) for e in entries):
         return ""
     key = "0" if "0" in groups else sorted(groups, key=str)[0]
     status = groups[key]
+    if not isinstance(status, Mapping):
+        return ""
     try:
         enqueued = int(status.get("last_enqueued_collective", -1))
         completed = int(status.get("last_completed_collective", -1))
-    except (AttributeError, TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a list, "x", 1e999 (JSON's Infinity)
         return ""
-    entries = [e for e in dump.get("entries") or () if isinstance(e, Mapping)]
     mine = [e for e in entries if str(e.get("pg_id", key)) == str(key)] or entries
     last = ""
     if mine:
