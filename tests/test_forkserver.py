@@ -107,6 +107,23 @@ async def test_server_serves_child_after_child_when_not_a_nanny(
     assert waits.really_gone(server.pid)  # closing ends it
 
 
+async def test_a_request_longer_than_one_read_still_forks_with_its_descriptors(
+    the_reaper: reaper.Reaper, pipe: tuple[int, int]
+) -> None:
+    """A job's environment over 64 KiB (a Kubernetes namespace's service links): the stdout
+    and stderr descriptors ride on the request's first piece; they were closed, the fork
+    refused, and after three refusals every start was cold."""
+    pool = servers(the_reaper)
+    try:
+        links = {f"SVC_{i:04d}_SERVICE_HOST": f"10.96.{i // 256}.{i % 256}" for i in range(3000)}
+        child = await fork(pool, pipe, {"exit": 5, "env": links})
+        assert child is not None  # forked, not refused
+        assert os.waitstatus_to_exitcode(await child.status) == 5
+    finally:
+        await pool.close()
+    assert printed(pipe)["pid"] == child.pid
+
+
 async def test_nanny_waits_for_its_one_child_and_next_server_is_made_when_asked(
     the_reaper: reaper.Reaper, pipe: tuple[int, int]
 ) -> None:

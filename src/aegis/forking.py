@@ -243,19 +243,19 @@ def send(sock: socket.socket, **message: Any) -> None:
 
 
 def next_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]:
-    """The next whole request line and the descriptors that came with its last part; exits
-    the process when the agent has closed the socket (or is gone)."""
-    pending = b""
+    """The next whole request line and the descriptors that came with any part of it (they
+    ride on the first of a request longer than one read: an environment over 64 KiB, say);
+    exits the process when the agent has closed the socket (or is gone)."""
+    pending, got = b"", []
     while True:
         data, fds, _, _ = socket.recv_fds(sock, 65536, max_fds)
+        got += fds
         if not data:
             os._exit(0)
         pending += data
         if pending.endswith(b"\n"):
             request = json.loads(pending)
-            return (request if isinstance(request, dict) else {}), list(fds)
-        for fd in fds:
-            os.close(fd)
+            return (request if isinstance(request, dict) else {}), got
 
 
 def refuse_unless_safe(sock: socket.socket, fds: list[int], expected_fds: int) -> bool:
