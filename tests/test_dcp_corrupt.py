@@ -3,13 +3,19 @@ warning, and loads the step before, whatever the damage makes unpickling or unzi
 
 Real saves (``dcp.save`` with Aegis's ``Writer``, committed to disk as the saver daemon does),
 one bit or a half of one file of the newest step damaged, loaded by a fresh node (no shared
-memory) in one process.
+memory): in one process, and on two gloo ranks (real processes) where only one rank checks the
+damaged file and both must still agree on the step before.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +25,9 @@ import torch.distributed.checkpoint as dcp
 
 from aegis.checkpoint import daemon
 from aegis.checkpoint.dcp import Reader, Writer
+from tests.agent_waits import BIN
+
+RANK = BIN / "dcp_corrupt_rank.py"
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -89,3 +98,54 @@ def test_dcp_load_falls_back_to_previous_step_when_newest_step_has_a_damaged_fil
     assert (reader.step, reader.source, state["n"]) == (1, "disk", 1)
     assert torch.equal(state["w"], torch.arange(8.0))
     assert "DCP checkpoint step 2 skipped" in caplog.text
+
+
+RANK_TIMEOUT_S = 300.0  # a rank left in a collective the other skipped would wait for ever
+
+
+def _run_ranks(tmp: Path, name: str, argv: list[str], shms: list[Path]) -> None:
+    """Run ``dcp_corrupt_rank.py ARGV`` (``{rank}`` filled in) on len(shms) gloo ranks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, shm in enumerate(shms):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(shms)),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+               "AEGIS_CKPT_SHM": str(shm), "AEGIS_DCP_DIR": str(tmp / "dcp")}  # fmt: skip
+        log = (tmp / f"{name}-rank{rank}.log").open("wb")
+        args = [a.format(rank=rank) for a in argv]
+        procs.append(subprocess.Popen([sys.executable, str(RANK), *args], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
+    try:
+        codes = [p.wait(timeout=RANK_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = "".join((tmp / f"{name}-rank{r}.log").read_text() for r in range(len(shms)))
+    assert codes == [0] * len(shms), f"{name}: ranks exited {codes}:\n{logs[-6000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dcp_load_on_two_ranks_falls_back_together_when_a_shard_only_rank_1_checks_is_damaged(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 checks the second file: the damage makes zipfile raise there, and rank 1 must
+    still reach the collective in which rank 0 waits for its verdict."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    _run_ranks(tmp_path, "save", ["save", str(tmp_path / "ckpt{rank}")], pods)
+    step2 = tmp_path / "dcp" / "step-2"
+    second = sorted(p for p in step2.iterdir() if p.suffix == ".distcp")[1]
+    raw = bytearray(second.read_bytes())
+    _central_flags(raw)
+    second.write_bytes(bytes(raw))
+    fresh = [tmp_path / "fresh0", tmp_path / "fresh1"]
+    _run_ranks(tmp_path, "load", ["load", str(tmp_path / "report{rank}.json")], fresh)
+    reports = [json.loads((tmp_path / f"report{r}.json").read_text()) for r in range(2)]
+    expected = {"step": 1, "source": "disk", "w": [0.0, 1.0, 2.0, 3.0]}
+    assert reports == [expected, expected]
+    assert f"DCP checkpoint step 2 skipped: {second.name}: RuntimeError" in (
+        tmp_path / "load-rank0.log").read_text()  # fmt: skip
