@@ -222,3 +222,21 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def allocate(path: Path, size: int) -> None:
+    """Give ``path`` (created if missing) ``size`` bytes of real space before it is mapped: a
+    write through a mapping past a full filesystem's end is a SIGBUS, not an error. On failure
+    (ENOSPC) the file is left as it was, or removed if it was not there."""
+    before = path.stat().st_size if path.exists() else None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            os.ftruncate(fd, before)
+        raise
+    finally:
+        os.close(fd)
