@@ -61,7 +61,7 @@ def commit_one(
         final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed)
         if still_handed is not None and not still_handed():  # after .metadata: not in shm
             raise store.SlotReplacedError(step)
-    store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
+    store.prune(ckpt, keep, step)  # before the commit is announced: a reported commit is final
     older = [s for s in lay.slot_steps(shm) if s < step]
     previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)
     for stale in older:
