@@ -2,9 +2,10 @@
 warning, and loads the step before, whatever the damage makes unpickling or unzipping raise.
 
 Real saves (``dcp.save`` with Aegis's ``Writer``, committed to disk as the saver daemon does),
-one bit or a half of one file of the newest step damaged, loaded by a fresh node (no shared
-memory): in one process, and on two gloo ranks (real processes) where only one rank checks the
-damaged file and both must still agree on the step before.
+one bit or a half of one file of the newest step damaged (with the CRC32 sidecars the writer
+leaves, and without them as older checkpoints are), loaded by a fresh node (no shared memory):
+in one process, and on two gloo ranks (real processes) where only one rank checks the damaged
+file and both must still agree on the step before.
 """
 
 from __future__ import annotations
@@ -75,17 +76,32 @@ def _central_size(b: bytearray) -> None:  # zipfile reads it; torch.load does no
     b[b.index(b"PK\x01\x02") + 20] ^= 1
 
 
+def _field_name(b: bytearray) -> None:  # unpickles, without a field the load reads
+    at = b.index(b"offsets")
+    b[at] ^= 0x20
+
+
+DAMAGES = [
+    (".metadata", _class_name), (".metadata", _module_name), (".metadata", _truncated),
+    ("shard", _zip_signature), ("shard", _central_flags), ("shard", _central_size),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("target", "damage"),
-    [(".metadata", _class_name), (".metadata", _module_name), (".metadata", _truncated),
-     ("shard", _zip_signature), ("shard", _central_flags), ("shard", _central_size)],
+    ("crcs", "target", "damage"),
+    [*((True, t, d) for t, d in [*DAMAGES, (".metadata", _field_name)]),
+     *((False, t, d) for t, d in DAMAGES)],  # a checkpoint written before the CRC32 sidecars
 )  # fmt: skip
 def test_dcp_load_falls_back_to_previous_step_when_newest_step_has_a_damaged_file(
-    saved: Path, target: str, damage: Callable[[bytearray], None], tmp_path: Path,
+    saved: Path, crcs: bool, target: str, damage: Callable[[bytearray], None], tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     root = tmp_path / "dcp"
     shutil.copytree(saved / "dcp", root)
+    sidecars = sorted(root.glob("step-*/*.crc32"))
+    assert len(sidecars) == 4  # .metadata's and the shard's, in each step
+    for sidecar in sidecars if not crcs else []:
+        sidecar.unlink()
     (shard,) = (p.name for p in (saved / "pristine").iterdir() if p.suffix == ".distcp")
     path = root / "step-2" / (shard if target == "shard" else target)
     raw = bytearray(path.read_bytes())
@@ -134,10 +150,13 @@ def test_dcp_load_on_two_ranks_falls_back_together_when_a_shard_only_rank_1_chec
     tmp_path: Path,
 ) -> None:
     """Rank 1 checks the second file: the damage makes zipfile raise there, and rank 1 must
-    still reach the collective in which rank 0 waits for its verdict."""
+    still reach the collective in which rank 0 waits for its verdict. (Without the CRC32
+    sidecars, as in a checkpoint written before them: with them the CRC finds it first.)"""
     pods = [tmp_path / "pod0", tmp_path / "pod1"]
     _run_ranks(tmp_path, "save", ["save", str(tmp_path / "ckpt{rank}")], pods)
     step2 = tmp_path / "dcp" / "step-2"
+    for sidecar in step2.glob("*.crc32"):
+        sidecar.unlink()
     second = sorted(p for p in step2.iterdir() if p.suffix == ".distcp")[1]
     raw = bytearray(second.read_bytes())
     _central_flags(raw)
