@@ -32,13 +32,14 @@ from typing import Any
 
 from aegis import training
 from aegis.checkpoint import api
-from aegis.checkpoint.api import BusyPolicy, Saver, SaverBusyError, SaverSettings
+from aegis.checkpoint.api import BusyPolicy, Saver, SaverBusyError, SaverSettings, ShmFullError
 
 __all__ = [
     "BusyPolicy",
     "Saver",
     "SaverBusyError",
     "SaverSettings",
+    "ShmFullError",
     "load_latest",
     "save",
     "save_if_requested",

@@ -6,6 +6,7 @@ torch is imported inside the methods, so ``import aegis.checkpoint`` stays light
 from __future__ import annotations
 
 import enum
+import errno
 import functools
 import logging
 import os
@@ -28,6 +29,16 @@ log = logging.getLogger(__name__)
 class BusyPolicy(enum.StrEnum):
     WAIT = "wait"  # block until the previous save is durable (default: training never loses one)
     RAISE = "raise"  # raise SaverBusyError at once
+
+
+class ShmFullError(AegisError):
+    """The shared-memory filesystem has no room for the save's buffer (the pod's /dev/shm)."""
+
+    def __init__(self, directory: Path, needed: int, free: int) -> None:
+        super().__init__(
+            f"checkpoint not saved: {directory} needs {needed} more bytes for the save's buffer "
+            f"and has {free} bytes free (raise the pod's shared-memory size)"
+        )
 
 
 class SaverBusyError(AegisError):
@@ -194,7 +205,15 @@ class Saver:
         if cached is not None and cached[0] >= size:
             return cached[1]
         path = lay.buffer_path(self.settings.shm_dir, buffer)
-        size = max(size, path.stat().st_size if path.exists() else 0)
+        held = path.stat().st_size if path.exists() else 0
+        size = max(size, held)
+        try:
+            lay.allocate(path, size)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            free = os.statvfs(path.parent)
+            raise ShmFullError(path.parent, size - held, free.f_bavail * free.f_frsize) from exc
         storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=size)
         tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
         self._buffers[buffer] = (size, tensor)

@@ -61,7 +61,7 @@ def commit_one(
         final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed)
         if still_handed is not None and not still_handed():  # after .metadata: not in shm
             raise store.SlotReplacedError(step)
-    store.prune(ckpt, keep)  # before the commit is announced: a reported commit is final
+    store.prune(ckpt, keep, step)  # before the commit is announced: a reported commit is final
     older = [s for s in lay.slot_steps(shm) if s < step]
     previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)
     for stale in older:
@@ -140,14 +140,15 @@ def handed_identity(shm: Path, step: int) -> tuple[int, int] | None:
     return info.st_ino, info.st_mtime_ns
 
 
-def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep: int) -> float:
+def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep: int,
+            poll_s: float) -> float:  # fmt: skip
     """Persist and commit ``step`` of ``where`` once; the wait before the next attempt. A slot
     dropped or replaced meanwhile (a save went on while the store was down) is not committed
     and is no failure of the store."""
     shm, ckpt = where.slots, where.ckpt
     handed = handed_identity(shm, step)
-    if handed is None:
-        return 0.0
+    if handed is None:  # gone since it was listed: nothing to do before the next save
+        return poll_s
 
     def still_handed() -> bool:
         return handed_identity(shm, step) == handed
@@ -253,7 +254,9 @@ def serve_slots(
                 store.clean_tmp(where.ckpt)
         while True:
             steps = lay.pending(where.slots)
-            wait_s = attempt(where, steps[-1], shared, max_write_mb_s, keep) if steps else poll_s
+            wait_s = (
+                attempt(where, steps[-1], shared, max_write_mb_s, keep, poll_s) if steps else poll_s
+            )
             time.sleep(wait_s)
     except BaseException:
         log.exception("serving %s failed", where.slots)

@@ -41,9 +41,9 @@ FORMAT = 1
 COMMIT = "COMMIT"
 COMMITS_LOG = "commits.jsonl"
 LOCAL_WORLD = "local-world-size"
-_SLOT = re.compile(r"^slot-(\d+)\.json$")
-_LOCAL = re.compile(r"^local-(\d+)$")
-_STEP = re.compile(r"^step-(\d+)$")
+_SLOT = re.compile(r"slot-([0-9]+)\.json")  # (matched whole: fullmatch)
+_LOCAL = re.compile(r"local-([0-9]+)")
+_STEP = re.compile(r"step-([0-9]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +197,14 @@ def _numbered(directory: Path, name: re.Pattern[str]) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := name.match(n)))
+    return sorted(n for n in (number_in(name, entry) for entry in names) if n is not None)
+
+
+def number_in(name: re.Pattern[str], entry: str) -> int | None:
+    """The number in ``entry`` if it is ``name`` with the number written as Aegis writes it:
+    ``slot-05.json`` is not step 5's slot (``slot-5.json``, which code opens by the number)."""
+    m = name.fullmatch(entry)
+    return int(m.group(1)) if m and str(int(m.group(1))) == m.group(1) else None
 
 
 def read_layout(shm: Path, step: int) -> Layout:
@@ -220,5 +227,23 @@ def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def allocate(path: Path, size: int) -> None:
+    """Give ``path`` (created if missing) ``size`` bytes of real space before it is mapped: a
+    write through a mapping past a full filesystem's end is a SIGBUS, not an error. On failure
+    (ENOSPC) the file is left as it was, or removed if it was not there."""
+    before = path.stat().st_size if path.exists() else None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            os.ftruncate(fd, before)
+        raise
     finally:
         os.close(fd)

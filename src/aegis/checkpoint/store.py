@@ -177,8 +177,18 @@ def discard_torn(ckpt: Path, step: int) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def prune(ckpt: Path, keep: int) -> None:
-    """Keep the newest ``keep`` step directories."""
-    steps = lay.disk_steps(ckpt)
-    for step in steps[: max(len(steps) - keep, 0)]:
+def prune(ckpt: Path, keep: int, committed: int | None = None) -> None:
+    """Keep the newest ``keep`` step directories (at most ``committed``, the step just
+    committed: see :func:`to_prune`)."""
+    for step in to_prune(lay.disk_steps(ckpt), keep, committed):
         shutil.rmtree(lay.step_dir(ckpt, step), ignore_errors=True)
+
+
+def to_prune(steps: list[int], keep: int, committed: int | None) -> list[int]:
+    """Which of ``steps`` (ascending) go: those above ``committed``, an abandoned timeline (a
+    restart rewound to an earlier step; within one timeline commits only go up), then the
+    oldest beyond the newest ``keep``. Counting the abandoned ones among the kept deleted the
+    steps of the timeline the job resumed on."""
+    above = [s for s in steps if committed is not None and s > committed]
+    rest = [s for s in steps if s not in above]
+    return rest[: max(len(rest) - keep, 0)] + above

@@ -18,6 +18,7 @@ import os
 import pickle
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,14 +147,8 @@ class Reader(filesystem.FileSystemReader):
 
     def _newest_valid_on_disk(self, steps: list[int]) -> tuple[int, dmd.Metadata]:
         for step in reversed(steps):
-            where = self._step_dir(step)
-            try:
-                with (where / sl.METADATA).open("rb") as src:
-                    meta = pickle.load(src)
-                problem = _check_share(where, meta)
-            except (OSError, pickle.UnpicklingError, EOFError) as exc:
-                meta, problem = None, f"unreadable metadata: {exc}"
-            problems = [p for p in _all_gather(problem) if p]
+            meta, problem = _read_step(self._step_dir(step))
+            problems = [p for p in _all_gather(problem) if p]  # every rank gets here, step by step
             if not problems and meta is not None:
                 return step, meta
             log.warning("DCP checkpoint step %s skipped: %s", step, "; ".join(problems))
@@ -221,29 +216,83 @@ def _slot_metadata(shm: Path, step: int) -> bytes | None:
     return lay.slot_pkl(shm, step).read_bytes()[at : at + n]
 
 
+def _read_step(where: Path) -> tuple[dmd.Metadata | None, str | None]:
+    """The step's metadata, and what is wrong with it or with this rank's share of its files.
+
+    Any error reading or checking them makes the step a bad one, never the load's failure:
+    unpickling or unzipping a damaged file can raise nearly any exception.
+    """
+    try:
+        if problem := _whole_file_problem(where / sl.METADATA):
+            return None, problem
+        with (where / sl.METADATA).open("rb") as src:
+            meta = pickle.load(src)
+    except Exception as exc:
+        return None, f"unreadable metadata: {type(exc).__name__}: {exc}"
+    if not isinstance(meta, dmd.Metadata):
+        return None, f"unreadable metadata: a {type(meta).__name__}, not DCP metadata"
+    try:
+        return meta, _check_share(where, meta)
+    except Exception as exc:
+        return None, f"metadata that does not fit its files: {type(exc).__name__}: {exc}"
+
+
 def _check_share(where: Path, meta: dmd.Metadata) -> str | None:
     """Check the CRCs of this rank's share of the files (file i: rank i mod world)."""
-    by_file: dict[str, list[filesystem._StorageInfo]] = {}
-    for info in meta.storage_data.values():
-        by_file.setdefault(info.relative_path, []).append(info)
+    by_file: dict[str, list[tuple[dmd.MetadataIndex, filesystem._StorageInfo]]] = {}
+    for index, info in meta.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
     rank, world = _rank(), _world()
     for number, name in enumerate(sorted(by_file)):
         if number % world != rank:
             continue
         try:
+            if problem := _whole_file_problem(where / name):
+                return problem
             with (where / name).open("rb") as src:
-                for info in by_file[name]:
+                for index, info in by_file[name]:
                     src.seek(info.offset)
                     chunk = src.read(info.length)
                     if len(chunk) != info.length:
                         return f"{name} is shorter than its metadata says"
-                    if chunk[:4] == b"PK\x03\x04":
-                        bad = zipfile.ZipFile(io.BytesIO(chunk)).testzip()
-                        if bad is not None:
-                            return f"{name}: checksum mismatch in {bad}"
-        except (OSError, zipfile.BadZipFile) as exc:
-            return f"{name}: {exc}"
+                    if problem := _check_chunk(chunk, _is_tensor(meta, index)):
+                        return f"{name}: {problem}"
+        except Exception as exc:
+            return f"{name}: {type(exc).__name__}: {exc}"
     return None
+
+
+def _whole_file_problem(path: Path) -> str | None:
+    """What the CRC32 of the whole file says is wrong with it, where the writer left one beside
+    it (checkpoints written before have none: only their items are checked)."""
+    try:
+        expected = path.with_name(path.name + sl.CRC_SUFFIX).read_bytes()
+    except FileNotFoundError:
+        return None
+    crc = 0
+    with path.open("rb") as src:
+        while chunk := src.read(sl.CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    if expected != f"{crc:08x}\n".encode():
+        return f"{path.name}: CRC32 {crc:08x}, written as {expected[:16]!r}"
+    return None
+
+
+def _is_tensor(meta: dmd.Metadata, index: dmd.MetadataIndex) -> bool:
+    return isinstance(meta.state_dict_metadata.get(index.fqn), dmd.TensorStorageMetadata)
+
+
+def _check_chunk(chunk: bytes, tensor: bool) -> str | None:
+    """What is wrong with one item's bytes: a tensor is a ``torch.save`` zip, whose CRCs must
+    match; other items are the bytes DCP was given, a zip too unless they came as a stream."""
+    if chunk[:4] != b"PK\x03\x04":
+        return "not a torch.save archive (no zip signature)" if tensor else None
+    archive = zipfile.ZipFile(io.BytesIO(chunk))
+    for member in archive.infolist():  # (zipfile reads a stored member by one size, torch by both)
+        if member.compress_type == zipfile.ZIP_STORED and member.compress_size != member.file_size:
+            return f"{member.filename} is stored with two sizes"
+    bad = archive.testzip()
+    return f"checksum mismatch in {bad}" if bad is not None else None
 
 
 def _rank() -> int:

@@ -8,7 +8,8 @@ file to write there as a list of pieces (``["lit", at, n]`` bytes of the ``.pkl`
 ``["buf", at, n]`` bytes of the buffer, ``["crc", at, n]`` the CRC32 of bytes of the buffer), the
 pickled DCP metadata (coordinator only) and the files of the other ranks that must be on disk
 before it is written. The ``.metadata`` file, written last and atomically by the coordinator's
-daemon once every rank's files are there, is what makes the directory a DCP checkpoint.
+daemon once every rank's files are there, is what makes the directory a DCP checkpoint. Each
+file has a sidecar, ``<name>.crc32``: the CRC32 of the whole file (the reader checks it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from aegis.checkpoint.store import SlotReplacedError
 from aegis.core.errors import AegisError
 
 METADATA = ".metadata"
+CRC_SUFFIX = ".crc32"  # beside each file: the CRC32 of the whole file, 8 hex digits and \n
 CHUNK = 16 * 1024 * 1024
 
 Piece = tuple[str, int, int]  # ("lit" | "buf" | "crc", offset, length)
@@ -127,8 +129,7 @@ def persist(
     where.mkdir(parents=True, exist_ok=True)
     with lay.mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
         for spec in slot.files:
-            _write_file(where, spec.name, spec.pieces, blob, data)
-            _place(where, spec.name, slot.step, still_handed)
+            _put(where, spec.name, spec.pieces, (blob, data), slot.step, still_handed)
     lay.fsync_dir(where)
     if slot.metadata is None:
         return where
@@ -139,8 +140,7 @@ def persist(
             path.unlink(missing_ok=True)
         raise AbandonedStepError(f"step {slot.step} abandoned, not committed: {exc}") from None
     at, n = slot.metadata
-    _write_file(where, METADATA, [("lit", at, n)], blob, memoryview(b""))
-    _place(where, METADATA, slot.step, still_handed)
+    _put(where, METADATA, [("lit", at, n)], (blob, memoryview(b"")), slot.step, still_handed)
     lay.fsync_dir(where)
     prune(where.parent, keep)
     return where
@@ -150,37 +150,51 @@ def _tmp(where: Path, name: str) -> Path:
     return where / f".{name}.tmp-{os.getpid()}"
 
 
-def _place(where: Path, name: str, step: int, still_handed: Callable[[], bool] | None) -> None:
-    """Rename the written file into place, unless the slot was replaced since it was read."""
-    tmp = _tmp(where, name)
+def _put(where: Path, name: str, pieces: Sequence[Piece], sources: tuple[bytes, memoryview],
+         step: int, still_handed: Callable[[], bool] | None) -> None:  # fmt: skip
+    """Write file ``name`` and its CRC32 sidecar beside their places, and rename them into
+    place (the sidecar first: a reader finds it whenever it finds the file) unless the slot
+    was replaced since it was read (then neither is left)."""
+    crc = _write_file(where, name, pieces, *sources)
+    side = name + CRC_SUFFIX
+    with _tmp(where, side).open("wb") as out:
+        out.write(f"{crc:08x}\n".encode())
+        out.flush()
+        os.fsync(out.fileno())
     try:
         _check_handed(step, still_handed)
     except SlotReplacedError:
-        tmp.unlink(missing_ok=True)
+        for written in (side, name):
+            _tmp(where, written).unlink(missing_ok=True)
         raise
-    tmp.rename(where / name)
+    for written in (side, name):
+        _tmp(where, written).rename(where / written)
 
 
 def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
-                data: memoryview) -> None:  # fmt: skip
-    """Write the file beside its place (``_place`` puts it there)."""
+                data: memoryview) -> int:  # fmt: skip
+    """Write the file beside its place (``_put`` puts it there); its CRC32."""
     tmp = _tmp(where, name)
     crcs: dict[tuple[int, int], bytes] = {}
+    whole = 0
     with tmp.open("wb") as out:
         for kind, at, n in pieces:
             if kind == "lit":
-                out.write(blob[at : at + n])
+                parts: Sequence[bytes | memoryview] = [blob[at : at + n]]
             elif kind == "buf":
-                for start in range(at, at + n, CHUNK):
-                    out.write(data[start : min(start + CHUNK, at + n)])
+                parts = [data[i : min(i + CHUNK, at + n)] for i in range(at, at + n, CHUNK)]
             elif kind == "crc":
                 if (at, n) not in crcs:
                     crcs[at, n] = zlib.crc32(data[at : at + n]).to_bytes(4, "little")
-                out.write(crcs[at, n])
+                parts = [crcs[at, n]]
             else:
                 raise ValueError(f"unknown piece {kind!r} in the slot of {where / name}")
+            for part in parts:
+                out.write(part)
+                whole = zlib.crc32(part, whole)
         out.flush()
         os.fsync(out.fileno())
+    return whole
 
 
 def _check_handed(step: int, still_handed: Callable[[], bool] | None) -> None:

@@ -1,0 +1,56 @@
+"""Which step directories the saver daemon deletes once a step is committed: never the steps
+of the timeline the job goes on with, whatever an abandoned one left above them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aegis.checkpoint import api, daemon, store
+from aegis.checkpoint import layout as lay
+
+
+@pytest.mark.parametrize(
+    ("steps", "keep", "committed", "gone"),
+    [
+        ([10, 20, 30, 40], 3, 40, [10]),
+        ([10, 20, 30], 3, 30, []),
+        ([20, 25, 30, 40], 3, 25, [30, 40]),  # 30, 40: a timeline a restart rewound from
+        ([5, 10, 20, 25, 28, 30, 40], 3, 28, [5, 10, 30, 40]),
+        ([10, 20, 30, 40], 3, None, [10]),  # no step named: the newest by number
+    ],
+)
+def test_pruning_deletes_an_abandoned_timeline_above_the_commit_and_keeps_the_newest_below(
+    steps: list[int], keep: int, committed: int | None, gone: list[int]
+) -> None:
+    assert store.to_prune(steps, keep, committed) == gone
+
+
+def _save_and_commit(saver: api.Saver, step: int) -> None:
+    """``Saver.save``, then what the saver daemon does with the slot (keep 3, its default)."""
+    saver.save(step, {"w": torch.full((4,), float(step))})
+    assert saver.settings.ckpt_dir is not None
+    daemon.commit_one(saver.settings.shm_dir, saver.settings.ckpt_dir, step, 0.0, 3)
+
+
+def test_steps_saved_after_a_rewind_survive_the_abandoned_higher_steps_on_disk(
+    tmp_path: Path,
+) -> None:
+    """A restart rewinds to step 20 after 30 and 40 were committed; 25 and 28 are saved. Counted
+    by number, 30 and 40 stayed and 25 went: a replacement node told to resume from 25 (the
+    newest step every pod committed) found nothing to load."""
+    shm, ckpt = tmp_path / "shm", tmp_path / "ckpt"
+    for step in (20, 30, 40):
+        _save_and_commit(api.Saver(api.SaverSettings(shm, ckpt)), step)
+    resumed = api.Saver(api.SaverSettings(shm, ckpt, resume_step=20))
+    loaded = resumed.load_latest()
+    assert loaded is not None and loaded[0] == 20
+    for step in (25, 28):
+        _save_and_commit(resumed, step)
+    assert lay.disk_steps(ckpt) == [20, 25, 28]
+    elsewhere = api.Saver(api.SaverSettings(tmp_path / "new-node-shm", ckpt, resume_step=25))
+    loaded = elsewhere.load_latest()
+    assert loaded is not None
+    assert loaded[0] == 25 and torch.equal(loaded[1]["w"], torch.full((4,), 25.0))
