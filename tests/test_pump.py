@@ -4,9 +4,11 @@ heard (the hang watchdog's "output"), and the observer sees whole lines."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -78,3 +80,42 @@ async def test_a_line_longer_than_the_limit_is_observed_in_pieces_and_passed_who
     await async_wait_until(lambda: len(pipes.lines) == 2, 30, "the rest observed")
     assert [len(line) for line in pipes.lines] == [pump.MAX_LINE, 11]
     assert pipes.read_sink() == data + b"\n"
+
+
+async def test_a_stalled_reader_blocks_the_command_not_the_loop_and_loses_nothing(
+    pipes: Pipes,
+) -> None:
+    """Nobody reads the agent's stderr (a log driver fallen behind): the loop goes on observing
+    while the sink's thread waits, the pump stops reading once ``HIGH`` bytes wait (the command
+    blocks on its writes, as under tini), and once the reader is back every byte arrives in
+    order. Before, the loop itself blocked in the write (no signals, no heartbeats)."""
+    line = b"y" * 1023 + b"\n"
+    data = line * 8192  # 8 MiB: more than the pipes and the waiting bytes hold
+    drain_started, drain_now = threading.Event(), threading.Event()
+    got = bytearray()
+
+    def command() -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(pipes.child_w, view[: 1 << 16]) :]
+
+    def reader() -> None:
+        drain_now.wait(60)  # the old pump never let the test say so: it drains after 60 s
+        drain_started.set()
+        os.set_blocking(pipes.sink_r, True)
+        while len(got) < len(data):
+            got.extend(os.read(pipes.sink_r, 1 << 20))
+
+    threads = [threading.Thread(target=command), threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    try:
+        await async_wait_until(lambda: len(pipes.lines) >= 1536, 120, "1.5 MiB observed")
+        assert not drain_started.is_set()  # observed while nobody read the sink
+        assert threads[0].is_alive()  # the command is held: 8 MiB cannot fit anywhere
+    finally:
+        drain_now.set()
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 120)
+    await async_wait_until(lambda: len(pipes.lines) == 8192, 60, "every line observed")
+    assert bytes(got) == data
