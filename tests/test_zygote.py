@@ -191,10 +191,12 @@ async def test_zygote_never_initialises_cuda_or_threads_when_torch_is_prewarmed(
 async def test_zygote_drops_module_when_it_starts_a_thread(
     the_reaper: reaper.Reaper, devnull: int, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    (tmp_path / "starts_thread.py").write_text(
+    libraries = tmp_path / "site-packages"  # a library (the job's own code is never prewarmed)
+    libraries.mkdir()
+    (libraries / "starts_thread.py").write_text(
         "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
     )
-    env = harness.with_path(str(tmp_path))
+    env = harness.with_path(str(libraries))
     modules = ("json", "starts_thread")
     sup, _, _ = harness.make([PYTHON, PROBE], the_reaper, devnull, modules=modules, env=env)
     async with sup:

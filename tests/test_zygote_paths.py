@@ -12,6 +12,7 @@ import pytest
 
 from aegis.agent import pycmd, reaper
 from tests import forkserver_harness as harness
+from tests.waits import async_wait_until
 
 the_reaper, devnull = harness.the_reaper, harness.devnull  # fixtures
 
@@ -103,3 +104,33 @@ async def test_warm_child_has_cold_sys_path_when_safe_path_flag_is_given(
     assert [r.exit_status for r in reports] == [0] * 3 and len(warms) == 2
     assert cold["found"] == {"on_pythonpath": flag != "-I", "beside_script": flag is None}
     assert all(warm == cold for warm in warms), (cold, warms)
+
+
+async def test_the_jobs_own_library_beside_its_scripts_is_imported_fresh_by_each_warm_start(
+    the_reaper: reaper.Reaper, devnull: int, tmp_path: Path
+) -> None:
+    """``repo/scripts/train.py`` importing ``repo/src/mylib`` (PYTHONPATH=src, as an editable
+    install has it): the zygote imported mylib as if it were a library, so a warm restart ran
+    the code as it was before a fix, with what it read from the environment at import."""
+    lib = tmp_path / "src" / "mylib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("VERSION = 'buggy'\n")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "train.py"
+    probe = "print('PROBE', json.dumps([mylib.VERSION, os.getppid()]), flush=True)\n"
+    script.write_text("import json, os, mylib\n" + probe)
+    env = harness.with_path(str(tmp_path / "src"))
+    sup, _, lines = harness.make([PYTHON, str(script)], the_reaper, devnull, env=env)
+    async with sup:
+        await sup.start()
+        assert (await sup.wait()).exit_status == 0
+        zygotes = sup.zygotes
+        assert zygotes is not None
+        await async_wait_until(lambda: zygotes.made == 2, 60, "the next zygote made")
+        await zygotes.ready()  # it has imported what it prewarms: the library is fixed after
+        (lib / "__init__.py").write_text("VERSION = 'fixed'\n")
+        await sup.restart()
+        assert (await sup.wait()).exit_status == 0
+    (_, first), (version, parent) = lines.json("PROBE")
+    assert first != os.getpid() and parent != os.getpid()  # both forked from zygotes: warm
+    assert version == "fixed"

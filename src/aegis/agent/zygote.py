@@ -6,9 +6,10 @@ environment and cwd, in a process group of its own; it dies with the agent while
 the directory a cold start would put first on ``sys.path`` (the script's, or the cwd for ``-m``;
 none under ``-P``/``-I``), imports the modules to prewarm (``--modules``; with ``--auto`` also
 the modules the script imports and, in import order, those the previous incarnation had loaded at
-its first ``aegis.progress()``, listed in ``--learned``), skipping any that lives under that
-directory (the job's own code, which may change between restarts) and stopping at one that starts
-a thread or initialises CUDA. Then it serves the agent as :func:`aegis.forking.run_server`
+its first ``aegis.progress()``, listed in ``--learned``), skipping the job's own code (under that
+directory, or anywhere but the standard library and site-packages: it may change between
+restarts, or read the incarnation's environment as it is imported) and stopping at one that
+starts a thread or initialises CUDA. Then it serves the agent as :func:`aegis.forking.run_server`
 says, as a *nanny*: its ready message adds ``modules``, ``skipped`` and ``learned``, a failed one
 the ``module`` that broke it; a request is ``{"env", "cwd", "args", "orig_argv", "learn"}``; after
 its one fork the zygote is the child's nanny (the one process that waits for it), it reports the
@@ -36,7 +37,9 @@ import importlib.util
 import io
 import os
 import runpy
+import site
 import socket
+import sysconfig
 import time
 import types
 from collections.abc import Callable, Mapping
@@ -79,25 +82,44 @@ def script_imports(path: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def is_job_code(name: str, path0: str) -> bool:
-    """Whether the top-level package of ``name`` lives under ``path0`` (or cannot be found)."""
+def library_roots(path: list[str]) -> tuple[str, ...]:
+    """Where installed libraries live: the standard library, the site directories, and any
+    ``site-packages``/``dist-packages`` directory on ``path`` (a cluster's ``module load``
+    puts one on PYTHONPATH)."""
+    paths = sysconfig.get_paths()
+    found = [paths.get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += [*site.getsitepackages(), site.getusersitepackages()]
+    found += [entry for entry in path if _LIBRARY_DIRS & set(entry.split(os.sep))]
+    return tuple(dict.fromkeys(os.path.join(os.path.realpath(p), "") for p in found if p))
+
+
+_LIBRARY_DIRS = {"site-packages", "dist-packages"}
+
+
+def is_job_code(name: str, path0: str, libraries: tuple[str, ...]) -> bool:
+    """Whether the top-level package of ``name`` is the job's own code (or cannot be found):
+    under ``path0``, or anywhere but ``libraries`` (PYTHONPATH=src, an editable install). Such
+    code may change between restarts, and may read the incarnation's environment (its
+    ``MASTER_PORT``) as it is imported: it is never imported before the fork."""
     try:
         spec = importlib.util.find_spec(name.partition(".")[0])
     except (ImportError, ValueError):
         return True
     if spec is None:
         return True
-    places = [spec.origin or "", *(spec.submodule_search_locations or ())]
+    places = [os.path.realpath(p) for p in (spec.origin or "", *(spec.submodule_search_locations
+              or ())) if p and p not in ("built-in", "frozen")]  # fmt: skip
     root = os.path.join(os.path.realpath(path0), "")
-    return any(os.path.realpath(p).startswith(root) for p in places if p and p != "built-in")
+    return any(p.startswith(root) or not p.startswith(libraries) for p in places)
 
 
 def prewarm(names: list[str], path0: str) -> tuple[list[str], list[str], str | None]:
     """Import ``names``; (imported, skipped, the module that broke the single thread or None)."""
     imported: list[str] = []
     skipped: list[str] = []
+    libraries = library_roots(sys.path)
     for name in names:
-        if name in sys.modules or name == "__future__" or is_job_code(name, path0):
+        if name in sys.modules or name == "__future__" or is_job_code(name, path0, libraries):
             (imported if name in sys.modules else skipped).append(name)
             continue
         try:
