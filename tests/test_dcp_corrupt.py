@@ -2,8 +2,8 @@
 warning, and loads the step before, whatever the damage makes unpickling or unzipping raise.
 
 Real saves (``dcp.save`` with Aegis's ``Writer``, committed to disk as the saver daemon does),
-one bit or a half of one file of the newest step damaged (with the CRC32 sidecars the writer
-leaves, and without them as older checkpoints are), loaded by a fresh node (no shared memory):
+one bit or a half of one file of the newest step damaged (with the CRC32 sidecar the writer
+leaves beside ``.metadata``, and without it as older checkpoints are), loaded by a fresh node (no shared memory):
 in one process, and on two gloo ranks (real processes) where only one rank checks the damaged
 file and both must still agree on the step before.
 """
@@ -99,7 +99,7 @@ def test_dcp_load_falls_back_to_previous_step_when_newest_step_has_a_damaged_fil
     root = tmp_path / "dcp"
     shutil.copytree(saved / "dcp", root)
     sidecars = sorted(root.glob("step-*/*.crc32"))
-    assert len(sidecars) == 4  # .metadata's and the shard's, in each step
+    assert [p.name for p in sidecars] == [".metadata.crc32"] * 2  # in each step
     for sidecar in sidecars if not crcs else []:
         sidecar.unlink()
     (shard,) = (p.name for p in (saved / "pristine").iterdir() if p.suffix == ".distcp")
@@ -150,8 +150,8 @@ def test_dcp_load_on_two_ranks_falls_back_together_when_a_shard_only_rank_1_chec
     tmp_path: Path,
 ) -> None:
     """Rank 1 checks the second file: the damage makes zipfile raise there, and rank 1 must
-    still reach the collective in which rank 0 waits for its verdict. (Without the CRC32
-    sidecars, as in a checkpoint written before them: with them the CRC finds it first.)"""
+    still reach the collective in which rank 0 waits for its verdict (the data files have no
+    CRC32 sidecar: their items' own CRCs are checked)."""
     pods = [tmp_path / "pod0", tmp_path / "pod1"]
     _run_ranks(tmp_path, "save", ["save", str(tmp_path / "ckpt{rank}")], pods)
     step2 = tmp_path / "dcp" / "step-2"

@@ -168,7 +168,7 @@ def test_a_file_of_a_replaced_slot_never_goes_into_place(tmp_path: Path) -> None
         slot.persist(shm, dcp, keep=3, still_handed=lambda: False)
     assert list(where.iterdir()) == []  # neither the file nor its temporary copy
     assert slot.persist(shm, dcp, keep=3, still_handed=lambda: True) == where
-    assert sorted(p.name for p in where.iterdir()) == _with_crcs(writer.file_name(1, "b"))
+    assert sorted(p.name for p in where.iterdir()) == [writer.file_name(1, "b")]
 
 
 def test_the_coordinator_writes_no_metadata_when_its_slot_is_replaced_while_it_waits(
@@ -183,7 +183,7 @@ def test_the_coordinator_writes_no_metadata_when_its_slot_is_replaced_while_it_w
     with pytest.raises(store.SlotReplacedError):
         slot.persist(shm, dcp, keep=3, still_handed=lambda: next(answers))
     assert sorted(p.name for p in where.iterdir()) == sorted(
-        [*_with_crcs(writer.file_name(0, "b")), writer.file_name(1, "b")]
+        [writer.file_name(0, "b"), writer.file_name(1, "b")]
     )  # no .metadata, and no temporary copy of it
 
 
@@ -198,9 +198,4 @@ def test_the_coordinator_stops_waiting_for_its_peers_when_its_slot_is_replaced(
     answers = iter([True, True, False])  # its own file read whole; replaced while it waits
     with pytest.raises(store.SlotReplacedError):
         slot.persist(shm, dcp, keep=3, wait_s=120.0, still_handed=lambda: next(answers))
-    assert sorted(p.name for p in where.iterdir()) == _with_crcs(writer.file_name(0, "b"))
-
-
-def _with_crcs(name: str) -> list[str]:
-    """A file the daemon wrote, and its CRC32 sidecar."""
-    return [name, name + slot.CRC_SUFFIX]
+    assert sorted(p.name for p in where.iterdir()) == [writer.file_name(0, "b")]

@@ -223,7 +223,7 @@ def _read_step(where: Path) -> tuple[dmd.Metadata | None, str | None]:
     unpickling or unzipping a damaged file can raise nearly any exception.
     """
     try:
-        if problem := _whole_file_problem(where / sl.METADATA):
+        if problem := _whole_file_problem(where / sl.METADATA)[0]:
             return None, problem
         with (where / sl.METADATA).open("rb") as src:
             meta = pickle.load(src)
@@ -247,7 +247,8 @@ def _check_share(where: Path, meta: dmd.Metadata) -> str | None:
         if number % world != rank:
             continue
         try:
-            if problem := _whole_file_problem(where / name):
+            problem, whole = _whole_file_problem(where / name)
+            if problem or whole:  # its bytes as written (the items' own check: one read less)
                 return problem
             with (where / name).open("rb") as src:
                 for index, info in by_file[name]:
@@ -262,20 +263,21 @@ def _check_share(where: Path, meta: dmd.Metadata) -> str | None:
     return None
 
 
-def _whole_file_problem(path: Path) -> str | None:
+def _whole_file_problem(path: Path) -> tuple[str | None, bool]:
     """What the CRC32 of the whole file says is wrong with it, where the writer left one beside
-    it (checkpoints written before have none: only their items are checked)."""
+    it, and whether it was checked (checkpoints written before have none: only their items are
+    checked)."""
     try:
         expected = path.with_name(path.name + sl.CRC_SUFFIX).read_bytes()
     except FileNotFoundError:
-        return None
+        return None, False
     crc = 0
     with path.open("rb") as src:
         while chunk := src.read(sl.CHUNK):
             crc = zlib.crc32(chunk, crc)
     if expected != f"{crc:08x}\n".encode():
-        return f"{path.name}: CRC32 {crc:08x}, written as {expected[:16]!r}"
-    return None
+        return f"{path.name}: CRC32 {crc:08x}, written as {expected[:16]!r}", True
+    return None, True
 
 
 def _is_tensor(meta: dmd.Metadata, index: dmd.MetadataIndex) -> bool:

@@ -8,8 +8,10 @@ file to write there as a list of pieces (``["lit", at, n]`` bytes of the ``.pkl`
 ``["buf", at, n]`` bytes of the buffer, ``["crc", at, n]`` the CRC32 of bytes of the buffer), the
 pickled DCP metadata (coordinator only) and the files of the other ranks that must be on disk
 before it is written. The ``.metadata`` file, written last and atomically by the coordinator's
-daemon once every rank's files are there, is what makes the directory a DCP checkpoint. Each
-file has a sidecar, ``<name>.crc32``: the CRC32 of the whole file (the reader checks it).
+daemon once every rank's files are there, is what makes the directory a DCP checkpoint. It has a
+sidecar, ``.metadata.crc32``: the CRC32 of the whole file (the reader checks it; nothing else
+would see a flipped bit that still unpickles). The data files are checked by their items' own
+zip CRCs (a whole-file CRC32 of them added a third to every persist: ``benchmarks/dcp_crc.py``).
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def persist(
     where.mkdir(parents=True, exist_ok=True)
     with lay.mapped(lay.buffer_path(shm, slot.buffer), slot.data_bytes) as data:
         for spec in slot.files:
-            _put(where, spec.name, spec.pieces, (blob, data), slot.step, still_handed)
+            _put(where, spec.name, spec.pieces, (blob, data), slot.step, still_handed, False)
     lay.fsync_dir(where)
     if slot.metadata is None:
         return where
@@ -140,7 +142,8 @@ def persist(
             path.unlink(missing_ok=True)
         raise AbandonedStepError(f"step {slot.step} abandoned, not committed: {exc}") from None
     at, n = slot.metadata
-    _put(where, METADATA, [("lit", at, n)], (blob, memoryview(b"")), slot.step, still_handed)
+    _put(where, METADATA, [("lit", at, n)], (blob, memoryview(b"")), slot.step, still_handed,
+         True)  # fmt: skip
     lay.fsync_dir(where)
     prune(where.parent, keep)
     return where
@@ -151,32 +154,34 @@ def _tmp(where: Path, name: str) -> Path:
 
 
 def _put(where: Path, name: str, pieces: Sequence[Piece], sources: tuple[bytes, memoryview],
-         step: int, still_handed: Callable[[], bool] | None) -> None:  # fmt: skip
-    """Write file ``name`` and its CRC32 sidecar beside their places, and rename them into
+         step: int, still_handed: Callable[[], bool] | None, sidecar: bool) -> None:  # fmt: skip
+    """Write file ``name`` (and its CRC32 sidecar) beside their places, and rename them into
     place (the sidecar first: a reader finds it whenever it finds the file) unless the slot
     was replaced since it was read (then neither is left)."""
-    crc = _write_file(where, name, pieces, *sources)
-    side = name + CRC_SUFFIX
-    with _tmp(where, side).open("wb") as out:
-        out.write(f"{crc:08x}\n".encode())
-        out.flush()
-        os.fsync(out.fileno())
+    crc = _write_file(where, name, pieces, *sources, whole=sidecar)
+    written = [name]
+    if crc is not None:
+        written.insert(0, name + CRC_SUFFIX)
+        with _tmp(where, written[0]).open("wb") as out:
+            out.write(f"{crc:08x}\n".encode())
+            out.flush()
+            os.fsync(out.fileno())
     try:
         _check_handed(step, still_handed)
     except SlotReplacedError:
-        for written in (side, name):
-            _tmp(where, written).unlink(missing_ok=True)
+        for each in written:
+            _tmp(where, each).unlink(missing_ok=True)
         raise
-    for written in (side, name):
-        _tmp(where, written).rename(where / written)
+    for each in written:
+        _tmp(where, each).rename(where / each)
 
 
 def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
-                data: memoryview) -> int:  # fmt: skip
-    """Write the file beside its place (``_put`` puts it there); its CRC32."""
+                data: memoryview, *, whole: bool) -> int | None:  # fmt: skip
+    """Write the file beside its place (``_put`` puts it there); its CRC32 when ``whole``."""
     tmp = _tmp(where, name)
     crcs: dict[tuple[int, int], bytes] = {}
-    whole = 0
+    crc = 0
     with tmp.open("wb") as out:
         for kind, at, n in pieces:
             if kind == "lit":
@@ -191,10 +196,11 @@ def _write_file(where: Path, name: str, pieces: Sequence[Piece], blob: bytes,
                 raise ValueError(f"unknown piece {kind!r} in the slot of {where / name}")
             for part in parts:
                 out.write(part)
-                whole = zlib.crc32(part, whole)
+                if whole:
+                    crc = zlib.crc32(part, crc)
         out.flush()
         os.fsync(out.fileno())
-    return whole
+    return crc if whole else None
 
 
 def _check_handed(step: int, still_handed: Callable[[], bool] | None) -> None:
