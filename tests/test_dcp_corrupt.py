@@ -3,9 +3,9 @@ warning, and loads the step before, whatever the damage makes unpickling or unzi
 
 Real saves (``dcp.save`` with Aegis's ``Writer``, committed to disk as the saver daemon does),
 one bit or a half of one file of the newest step damaged (with the CRC32 sidecar the writer
-leaves beside ``.metadata``, and without it as older checkpoints are), loaded by a fresh node (no shared memory):
-in one process, and on two gloo ranks (real processes) where only one rank checks the damaged
-file and both must still agree on the step before.
+leaves beside ``.metadata``, and without it as older checkpoints are), loaded by a fresh node
+(no shared memory): in one process, and on two gloo ranks (real processes) where only one rank
+checks the damaged file and both must still agree on the step before.
 """
 
 from __future__ import annotations
