@@ -25,7 +25,8 @@ import zlib
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from aegis.checkpoint import daemon
 from aegis.checkpoint.dcp import Reader, Writer, slot
@@ -39,7 +40,7 @@ def _state(size_mb: int, step: int) -> dict[str, object]:
 def _load_s(root: Path, step: int, template: dict[str, object]) -> float:
     env = {"AEGIS_CKPT_SHM": str(root / "no-shm"), "AEGIS_DCP_DIR": str(root / "dcp")}
     started = time.perf_counter()
-    dcp.load(template, storage_reader=Reader(environ=env), checkpoint_id=step)
+    dcp_load(template, storage_reader=Reader(environ=env), checkpoint_id=step)
     return time.perf_counter() - started
 
 
@@ -54,7 +55,7 @@ def main() -> None:
     env = {"AEGIS_CKPT_SHM": str(root / "shm"), "AEGIS_DCP_DIR": str(root / "dcp")}
     persist_s: list[float] = []
     for step in (1, 2, 3):
-        dcp.save(_state(args.size_mb, step), storage_writer=Writer(environ=env), checkpoint_id=step)
+        dcp_save(_state(args.size_mb, step), storage_writer=Writer(environ=env), checkpoint_id=step)
         started = time.perf_counter()
         daemon.commit_one(root / "shm", root / "ckpt", step, 0, 3)
         persist_s.append(time.perf_counter() - started)
