@@ -15,13 +15,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import pickle
 import shutil
-import socket
 import struct
 import subprocess
-import sys
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -32,11 +29,11 @@ from typing import Any
 import pytest
 
 from aegis.checkpoint import process
+from tests import gloo_ranks
 from tests.agent_waits import BIN
 from tests.waits import wait_until
 
 WORKER = BIN / "dcp_fsdp.py"
-RANK_TIMEOUT_S = 300.0
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the scenario runs 3 times 2 ranks
 
@@ -55,28 +52,7 @@ class Scenario:
 
     def run(self, *actions: str, shms: list[Path]) -> None:
         """Run ``dcp_fsdp.py ACTIONS`` on ``len(shms)`` ranks (rank r on shared memory shms[r])."""
-        port, world = _free_port(), len(shms)
-        procs = []
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "AEGIS_CKPT_SHM": str(shms[rank]), "AEGIS_DCP_DIR": str(self.root),
-                   "OMP_NUM_THREADS": "1"}  # fmt: skip
-            log = (self.tmp / f"run-rank{rank}.log").open("wb")
-            argv = [sys.executable, str(WORKER), *actions]
-            procs.append(
-                subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
-            )
-        try:
-            codes = [p.wait(timeout=RANK_TIMEOUT_S) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        text = "".join((self.tmp / f"run-rank{r}.log").read_text() for r in range(world))
-        self.logs += text
-        assert codes == [0] * world, f"ranks exited {codes}:\n{text[-6000:]}"
+        self.logs += gloo_ranks.run_ranks(WORKER, list(actions), shms, self.root, self.tmp, "run")
 
     def committed(self) -> list[int | None]:
         for tail in self.tails:
@@ -86,13 +62,6 @@ class Scenario:
     def report(self, name: str) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.tmp / name).read_text())
         return data
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _shms(n: int) -> list[Path]:

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 
 from aegis.checkpoint import daemon
 from aegis.checkpoint.dcp import Reader, Writer
+from tests import gloo_ranks
 from tests.agent_waits import BIN
 
 RANK = BIN / "dcp_corrupt_rank.py"
@@ -116,32 +113,9 @@ def test_dcp_load_falls_back_to_previous_step_when_newest_step_has_a_damaged_fil
     assert "DCP checkpoint step 2 skipped" in caplog.text
 
 
-RANK_TIMEOUT_S = 300.0  # a rank left in a collective the other skipped would wait for ever
-
-
 def _run_ranks(tmp: Path, name: str, argv: list[str], shms: list[Path]) -> None:
     """Run ``dcp_corrupt_rank.py ARGV`` (``{rank}`` filled in) on len(shms) gloo ranks."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank, shm in enumerate(shms):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(shms)),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "AEGIS_CKPT_SHM": str(shm), "AEGIS_DCP_DIR": str(tmp / "dcp")}  # fmt: skip
-        log = (tmp / f"{name}-rank{rank}.log").open("wb")
-        args = [a.format(rank=rank) for a in argv]
-        procs.append(subprocess.Popen([sys.executable, str(RANK), *args], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT))  # fmt: skip
-    try:
-        codes = [p.wait(timeout=RANK_TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = "".join((tmp / f"{name}-rank{r}.log").read_text() for r in range(len(shms)))
-    assert codes == [0] * len(shms), f"{name}: ranks exited {codes}:\n{logs[-6000:]}"
+    gloo_ranks.run_ranks(RANK, argv, shms, tmp / "dcp", tmp, name)
 
 
 @pytest.mark.slow
