@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aegis.adapters import aio
-from aegis.agent import decline_rule, link, order_policy, ports, tasks
+from aegis.agent import commit_rule, decline_rule, link, order_policy, ports, tasks
 from aegis.checks import host as check_host
 from aegis.checks import suites
 from aegis.wire import messages as m
@@ -122,7 +122,12 @@ class OrderExecutor:
             case order_policy.Action.START | order_policy.Action.RESTART:
                 self._link.begin_round(msg.phase, msg.seq)
                 env = order_policy.round_env(order.env)
-                if action is order_policy.Action.RESTART:
+                restarting = action is order_policy.Action.RESTART
+                count = training.restart_count + 1 if restarting else training.restart_count
+                self._link.begin_incarnation(
+                    commit_rule.Current(count, commit_rule.resume_step_of(env))
+                )  # before the stop: a commit of the timeline it abandons is never reported
+                if restarting:
                     await training.restart(env)  # AEGIS_RESTART_COUNT + 1, same agent
                 else:
                     await training.start(env)
