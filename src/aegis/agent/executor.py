@@ -5,9 +5,9 @@ The executor drives the training through the narrow :class:`ports.Training` port
 supervisor), one order at a time, each round at most once; what each order means is decided by
 :func:`order_policy.plan`. A round of checks runs while the next order is awaited, so that an
 order of a newer round can end it (:func:`order_policy.supersedes`). It answers through the
-link (check results, a declined checkpoint request) and tells it when a round starts. The link
-never drives the training, and the supervisor never sees the executor: the supervisor reports
-facts to the link.
+link (check results, a declined checkpoint request) and tells it when a round starts, and which
+incarnation of the training (:mod:`aegis.agent.commit_rule`). The link never drives the
+training, and the supervisor never sees the executor: the supervisor reports facts to the link.
 """
 
 from __future__ import annotations

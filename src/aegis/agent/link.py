@@ -8,9 +8,13 @@ into ``orders`` (what it takes is :mod:`aegis.agent.order_policy`'s: signed, of 
 the current master, for this pod, with only the environment keys orders carry); whatever it
 drops is counted (``dropped``, ``dropped_env``) and logged at a bounded rate.
 
+A commit of the saver daemon is reported unless it is of the timeline a restart abandoned (an
+older incarnation's, past the step the current one resumed from: :mod:`aegis.agent.commit_rule`).
+
 It never reads nor drives the training: the supervisor reports facts to it, and the order
 executor (:mod:`aegis.agent.executor`) carries out its orders, tells it when a round starts
-(:meth:`begin_round`) and hands it each heartbeat's look at the training.
+(:meth:`begin_round`) and which incarnation of the training it starts
+(:meth:`begin_incarnation`), and hands it each heartbeat's look at the training.
 """
 
 from __future__ import annotations
