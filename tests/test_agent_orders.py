@@ -170,6 +170,7 @@ class _Training:
 
     def __init__(self) -> None:
         self.running = False
+        self.restart_count = 0
         self.calls: list[tuple[str, object]] = []
 
     async def start(self, env: Mapping[str, str] | None = None) -> None:
@@ -179,6 +180,7 @@ class _Training:
     async def restart(self, env: Mapping[str, str] | None = None) -> None:
         self.calls.append(("restart", dict(env or {})))
         self.running = True
+        self.restart_count += 1
 
     async def stop(self) -> ports.ExitReport | None:
         self.calls.append(("stop", None))

@@ -5,9 +5,9 @@ The executor drives the training through the narrow :class:`ports.Training` port
 supervisor), one order at a time, each round at most once; what each order means is decided by
 :func:`order_policy.plan`. A round of checks runs while the next order is awaited, so that an
 order of a newer round can end it (:func:`order_policy.supersedes`). It answers through the
-link (check results, a declined checkpoint request) and tells it when a round starts. The link
-never drives the training, and the supervisor never sees the executor: the supervisor reports
-facts to the link.
+link (check results, a declined checkpoint request) and tells it when a round starts, and which
+incarnation of the training (:mod:`aegis.agent.commit_rule`). The link never drives the
+training, and the supervisor never sees the executor: the supervisor reports facts to the link.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aegis.adapters import aio
-from aegis.agent import decline_rule, link, order_policy, ports, tasks
+from aegis.agent import commit_rule, decline_rule, link, order_policy, ports, tasks
 from aegis.checks import host as check_host
 from aegis.checks import suites
 from aegis.wire import messages as m
@@ -122,7 +122,12 @@ class OrderExecutor:
             case order_policy.Action.START | order_policy.Action.RESTART:
                 self._link.begin_round(msg.phase, msg.seq)
                 env = order_policy.round_env(order.env)
-                if action is order_policy.Action.RESTART:
+                restarting = action is order_policy.Action.RESTART
+                count = training.restart_count + 1 if restarting else training.restart_count
+                self._link.begin_incarnation(
+                    commit_rule.Current(count, commit_rule.resume_step_of(env))
+                )  # before the stop: a commit of the timeline it abandons is never reported
+                if restarting:
                     await training.restart(env)  # AEGIS_RESTART_COUNT + 1, same agent
                 else:
                     await training.start(env)

@@ -8,9 +8,13 @@ into ``orders`` (what it takes is :mod:`aegis.agent.order_policy`'s: signed, of 
 the current master, for this pod, with only the environment keys orders carry); whatever it
 drops is counted (``dropped``, ``dropped_env``) and logged at a bounded rate.
 
+A commit of the saver daemon is reported unless it is of the timeline a restart abandoned (an
+older incarnation's, past the step the current one resumed from: :mod:`aegis.agent.commit_rule`).
+
 It never reads nor drives the training: the supervisor reports facts to it, and the order
 executor (:mod:`aegis.agent.executor`) carries out its orders, tells it when a round starts
-(:meth:`begin_round`) and hands it each heartbeat's look at the training.
+(:meth:`begin_round`) and which incarnation of the training it starts
+(:meth:`begin_incarnation`), and hands it each heartbeat's look at the training.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections import Counter
 
 from aegis.adapters import aio
 from aegis.adapters.grpc import creds as grpc_creds
-from aegis.agent import encode, link_settings, order_policy, ports, transport
+from aegis.agent import commit_rule, encode, link_settings, order_policy, ports, transport
 from aegis.checkpoint import outage
 from aegis.core.phases import Phase
 from aegis.wire import messages as m
@@ -50,6 +54,7 @@ class MasterLink:
         )
         self.run_round: Round = (Phase.RUN_COMMAND, -1)
         self.hung = False  # a hang was reported in the current round
+        self.current = commit_rule.Current()  # the training's incarnation, as ordered
         # (pid, restart count) of incarnations whose fault went ahead of their exit
         self._dying_reported: set[tuple[int, int]] = set()
         self._beats, self._watchdog_said = 0, ""
@@ -89,6 +94,11 @@ class MasterLink:
         self.run_round = (phase, seq)
         self.hung = False
 
+    def begin_incarnation(self, current: commit_rule.Current) -> None:
+        """The training is (re)started as ``current``: the saver's commits of the timeline it
+        abandons are no longer reported (:func:`commit_rule.abandoned`)."""
+        self.current = current
+
     def finish(self, exit_code: int) -> None:
         """The agent ends with ``exit_code`` (the master's exit order, or a SIGTERM)."""
         if not self.done.done():
@@ -117,8 +127,14 @@ class MasterLink:
     async def fault_seen(self, report: ports.FaultReport) -> None:
         log.info("fault signature %s: %s", report.match.fault_class, report.match.line)
 
-    async def checkpoint_committed(self, step: int) -> None:
-        """The saver daemon committed ``step``: the master's safe point for evictions."""
+    async def checkpoint_committed(self, step: int, incarnation: int = -1) -> None:
+        """The saver daemon committed ``step``, saved by ``incarnation`` (-1: not known): the
+        master's safe point for evictions, unless a restart abandoned its timeline."""
+        if commit_rule.abandoned(step, incarnation, self.current):
+            log.info("commit of step %d not reported: saved by incarnation %d, of the timeline "
+                     "abandoned when incarnation %d resumed from step %s", step, incarnation,
+                     self.current.restart_count, self.current.resume_step)  # fmt: skip
+            return
         await self.send(m.MessageType.CHECKPOINT, m.CheckpointData(step))
 
     async def checkpoint_store(self, report: outage.StoreReport) -> None:

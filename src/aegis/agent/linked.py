@@ -95,8 +95,8 @@ async def run_linked(
                 daemon = process.DaemonProcess(
                     daemon_settings,
                     spawner=the_reaper,
-                    on_commit=the_link.checkpoint_committed,
                     on_store=the_link.checkpoint_store,
+                    on_stamped_commit=the_link.checkpoint_committed,
                 )
                 saver = daemon, asyncio.create_task(daemon.supervise(), name="ckpt-saver")
             try:

@@ -142,6 +142,9 @@ class Training(Protocol):
     @property
     def running(self) -> bool: ...
 
+    @property
+    def restart_count(self) -> int: ...  # the incarnation's AEGIS_RESTART_COUNT
+
     async def start(self, env: Mapping[str, str] | None = None) -> None: ...
 
     async def restart(self, env: Mapping[str, str] | None = None) -> None: ...

@@ -62,6 +62,7 @@ class SaverSettings:
     poll_s: float = 0.005
     resume_step: int | None = None  # the job's committed step: never resume past it
     local_world: int = 0  # >1: one of that many ranks of the pod, in its own local-<k>/ slots
+    incarnation: int = lay.UNKNOWN  # AEGIS_RESTART_COUNT, stamped on every slot it saves
 
     @property
     def pod_shm_dir(self) -> Path:
@@ -73,7 +74,8 @@ class SaverSettings:
         """``AEGIS_CKPT_SHM`` (default ``/dev/shm/aegis-<AEGIS_JOB>-<AEGIS_POD>``),
         ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY`` (wait|raise), ``AEGIS_CKPT_WAIT_S``,
         ``AEGIS_RESUME_STEP`` (set by the master on a restart: the newest step every pod
-        committed, so that all ranks resume from the same one). Where the pod runs several
+        committed, so that all ranks resume from the same one), ``AEGIS_RESTART_COUNT`` (the
+        incarnation its slots are stamped with). Where the pod runs several
         ranks (``LOCAL_WORLD_SIZE`` over 1), local rank k uses ``local-<k>/`` of both."""
         env = dict(os.environ if environ is None else environ)
         shm = Path(env.get("AEGIS_CKPT_SHM") or default_shm_dir(env))
@@ -89,6 +91,7 @@ class SaverSettings:
             wait_timeout_s=float(env.get("AEGIS_CKPT_WAIT_S", "600")),
             resume_step=int(env["AEGIS_RESUME_STEP"]) if env.get("AEGIS_RESUME_STEP") else None,
             local_world=local_world,
+            incarnation=lay.incarnation_in(env),
         )
 
 
@@ -157,7 +160,7 @@ class Saver:
                 if e.nbytes:
                     flat = t.detach().reshape(-1).contiguous().view(torch.uint8)
                     target[e.offset : e.offset + e.nbytes].copy_(flat)
-        layout = lay.Layout(step, buffer, offset, tuple(entries))
+        layout = lay.Layout(step, buffer, offset, tuple(entries), self.settings.incarnation)
         lay.write_atomic(lay.slot_pkl(shm, step), pickle.dumps(skeleton, protocol=5),
                          durable=False)  # fmt: skip
         lay.write_atomic(lay.slot_json(shm, step), _dumps(layout), durable=False)

@@ -5,9 +5,10 @@ one (:func:`store.persist`), then drops older slots but the previous committed o
 still whole in the other buffer: a rank that saved past the step its peers committed resumes
 from it without a disk read; ``Saver.save`` drops it before reusing that buffer), writes
 ``committed-<step>`` and appends a
-line to ``commits.jsonl``. Killed at any point, it leaves at most a ``.tmp-step-*`` directory
-(removed at the next start) and the slot it was writing is persisted again after the restart.
-It imports no torch.
+line to ``commits.jsonl``, with the incarnation that saved the slot (see
+:mod:`aegis.checkpoint.layout`). Killed at any point, it leaves at most a ``.tmp-step-*``
+directory (removed at the next start) and the slot it was writing is persisted again after the
+restart. It imports no torch.
 
 A durable directory that fails (full, read-only, vanished) stalls nothing: each failed attempt
 is recorded in ``store.jsonl`` (the agent forwards it to the master) and ``store-down`` stays in
@@ -52,8 +53,9 @@ def commit_one(
     still_handed: Callable[[], bool] | None = None,
 ) -> Path:
     """Persist ``step`` of the slot directory ``shm``, mark it committed there, append it to
-    that directory's ``commits.jsonl``; where it went."""
+    that directory's ``commits.jsonl`` with the incarnation that saved it; where it went."""
     started = time.monotonic()
+    incarnation = lay.slot_incarnation(shm, step)  # (a slot replaced meanwhile is not committed)
     dcp = dcp_slot.read(shm, step)
     if dcp is None:
         final = store.persist(shm, ckpt, step, max_write_mb_s, still_handed)
@@ -70,11 +72,16 @@ def commit_one(
                 path.unlink(missing_ok=True)
             lay.committed_marker(shm, stale).unlink(missing_ok=True)
     lay.committed_marker(shm, step).write_bytes(b"")
-    line = json.dumps({"step": step, "path": str(final), "ts": time.time()})
     with (shm / lay.COMMITS_LOG).open("a") as out:
-        out.write(line + "\n")
+        out.write(commit_line(step, final, incarnation))
     log.info("step %s committed to %s in %.2f s", step, final, time.monotonic() - started)
     return final
+
+
+def commit_line(step: int, final: Path, incarnation: int) -> str:
+    """The line of ``commits.jsonl`` that announces the commit of ``step``."""
+    record = {"step": step, "path": str(final), "ts": time.time(), "incarnation": incarnation}
+    return json.dumps(record) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +127,9 @@ def announce(where: Where, step: int, final: Path, shared: Shared) -> None:
     if markers == shared.announced:
         return
     shared.announced = markers
-    line = json.dumps({"step": step, "path": str(final), "ts": time.time()})
+    incarnation = lay.pod_incarnation(lay.slot_incarnation(d, step) for d in dirs)
     with (where.pod / lay.COMMITS_LOG).open("a") as out:
-        out.write(line + "\n")
+        out.write(commit_line(step, final, incarnation))
     log.info("step %s committed by all %d local ranks", step, len(dirs))
 
 

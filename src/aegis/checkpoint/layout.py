@@ -5,10 +5,13 @@ Shared-memory directory (owned by the agent, survives a restart of the training 
 - ``buf-0``, ``buf-1``: two data buffers used in turn; the newest committed slot's buffer is never
   written, so a restarted process can always read it back;
 - ``slot-<step>.pkl``: the pickled skeleton of the state (tensors replaced by :class:`TensorRef`);
-- ``slot-<step>.json``: the layout (buffer, offsets, dtypes, shapes); its rename into place is the
-  hand-off to the daemon;
+- ``slot-<step>.json``: the layout (buffer, offsets, dtypes, shapes) and the incarnation of the
+  training that saved it (its ``AEGIS_RESTART_COUNT``; -1 where not known); its rename into
+  place is the hand-off to the daemon;
 - ``committed-<step>``: written by the daemon once the step is durable on disk;
-- ``commits.jsonl``: one ``{"step", "path", "ts"}`` line per commit (the agent tails it).
+- ``commits.jsonl``: one ``{"step", "path", "ts", "incarnation"}`` line per commit (the agent
+  tails it; the incarnation, the slot's, lets it tell a commit of a timeline a restart
+  abandoned from one of the current timeline).
 
 A pod whose command starts several ranks (``torchrun --nproc-per-node N``: ``LOCAL_WORLD_SIZE``
 over 1) gives each its own slots: local rank ``k`` saves into ``local-<k>/`` (the same names
@@ -40,6 +43,8 @@ ALIGN = 64
 FORMAT = 1
 COMMIT = "COMMIT"
 COMMITS_LOG = "commits.jsonl"
+RESTART_COUNT_VAR = "AEGIS_RESTART_COUNT"  # = aegis.agent.incarnation.RESTART_COUNT_VAR
+UNKNOWN = -1  # the incarnation of a slot or commit that does not say it (an older one)
 LOCAL_WORLD = "local-world-size"
 _SLOT = re.compile(r"slot-([0-9]+)\.json")  # (matched whole: fullmatch)
 _LOCAL = re.compile(r"local-([0-9]+)")
@@ -67,6 +72,7 @@ class Layout:
     buffer: int
     data_bytes: int
     tensors: tuple[TensorEntry, ...]
+    incarnation: int = UNKNOWN  # the restart count of the training that saved it
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +88,37 @@ class Layout:
                             int(t["nbytes"]))
                 for t in data["tensors"]
             ),
+            incarnation=incarnation_of(data.get("incarnation")),
         )  # fmt: skip
+
+
+def incarnation_of(value: object) -> int:
+    """An incarnation as a slot or a commit line says it (a restart count, 0 or more); anything
+    else (absent, a string, a bool, a negative or fractional number) is :data:`UNKNOWN`."""
+    return value if type(value) is int and value >= 0 else UNKNOWN
+
+
+def incarnation_in(env: Mapping[str, str]) -> int:
+    """The incarnation of the training process whose environment is ``env``: the restart count
+    the agent gave it, :data:`UNKNOWN` without one (not under an agent) or when malformed."""
+    text = env.get(RESTART_COUNT_VAR, "")
+    return int(text) if text.isascii() and text.isdigit() else UNKNOWN
+
+
+def slot_incarnation(shm: Path, step: int) -> int:
+    """The incarnation that saved the slot of ``step`` (:data:`UNKNOWN`: it does not say, or
+    the slot is gone or unreadable)."""
+    try:
+        data = json.loads(slot_json(shm, step).read_bytes())
+    except (OSError, ValueError):
+        return UNKNOWN
+    return incarnation_of(data.get("incarnation")) if isinstance(data, dict) else UNKNOWN
+
+
+def pod_incarnation(stamps: Iterable[int]) -> int:
+    """The incarnation of a pod's commit that every local rank committed: the oldest of theirs
+    (:data:`UNKNOWN` if any rank's is not known, or none is given)."""
+    return min(stamps, default=UNKNOWN)
 
 
 def aligned(n: int) -> int:

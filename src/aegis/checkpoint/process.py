@@ -4,7 +4,9 @@
 :class:`~aegis.spawn.spawner.Spawner` (the agent passes its reaper, the one owner of ``waitpid``;
 :class:`~aegis.spawn.spawner.LocalSpawner` serves elsewhere),
 restarts it at once when it dies (:meth:`supervise`), and tails ``commits.jsonl`` in the shared
-memory directory, calling ``on_commit(step)`` once per newly committed step, and ``store.jsonl``,
+memory directory, calling ``on_commit(step)`` once per newly committed step (and
+``on_stamped_commit(step, incarnation)``, with the incarnation of the training that saved it:
+:data:`~aegis.checkpoint.layout.UNKNOWN` where the line does not say it), and ``store.jsonl``,
 calling ``on_store(report)`` for the daemon's failed attempts to persist (batched) and recoveries.
 """
 
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 10.0  # a killed daemon is collected by then (the reaper runs on SIGCHLD)
 
 OnCommit = Callable[[int], Awaitable[None]]
+OnStampedCommit = Callable[[int, int], Awaitable[None]]  # (step, incarnation)
 OnStore = Callable[[outage.StoreReport], Awaitable[None]]
 
 
@@ -59,10 +62,12 @@ class DaemonProcess:
         spawner: spawning.Spawner | None = None,
         on_commit: OnCommit | None = None,
         on_store: OnStore | None = None,
+        on_stamped_commit: OnStampedCommit | None = None,
     ) -> None:
         self.settings = settings
         self._spawner: spawning.Spawner = spawner or spawning.LocalSpawner()
         self._on_commit = on_commit
+        self._on_stamped_commit = on_stamped_commit
         self._on_store = on_store
         self._pid: int | None = None
         self._exited: asyncio.Event = asyncio.Event()
@@ -121,17 +126,22 @@ class DaemonProcess:
         await self.start()
 
     async def poll_commits(self) -> list[int]:
-        """New commit lines since the last call; calls ``on_commit`` for each (a step at or
-        below the last one is a commit of a new timeline, after the rank rolled back)."""
+        """New commit lines since the last call; calls ``on_commit`` and ``on_stamped_commit``
+        for each (a step at or below the last one is a commit of a new timeline, after the rank
+        rolled back, or one of a timeline a restart abandoned: its incarnation tells which)."""
         complete, self._offset = _tail(self.settings.shm_dir / lay.COMMITS_LOG, self._offset)
         steps = []
         for line in complete.splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                step = int(json.loads(line)["step"])
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                record = json.loads(line)
+                step = int(record["step"])
+                incarnation = lay.incarnation_of(record.get("incarnation"))
                 self.last_committed = step
                 steps.append(step)
                 if self._on_commit is not None:
                     await self._on_commit(step)
+                if self._on_stamped_commit is not None:
+                    await self._on_stamped_commit(step, incarnation)
         return steps
 
     async def poll_store(self) -> list[outage.StoreReport]:

@@ -58,6 +58,7 @@ class DcpSlot:
     index: tuple[int, int]  # the reader's pickled index, in the blob
     metadata: tuple[int, int] | None = None  # the pickled DCP Metadata (coordinator)
     wait_for: tuple[str, ...] = ()
+    incarnation: int = lay.UNKNOWN  # the restart count of the training that saved it
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class DcpSlot:
             "buffer": self.buffer,
             "data_bytes": self.data_bytes,
             "tensors": [],
+            "incarnation": self.incarnation,
             "dcp": {
                 "dir": str(self.directory),
                 "files": [
@@ -92,6 +94,7 @@ class DcpSlot:
             index=(int(d["index"][0]), int(d["index"][1])),
             metadata=None if meta is None else (int(meta[0]), int(meta[1])),
             wait_for=tuple(str(n) for n in d["wait_for"]),
+            incarnation=lay.incarnation_of(data.get("incarnation")),
         )
 
 

@@ -165,6 +165,7 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
             files=(sl.FileSpec(assignment.file, tuple(pieces)),), index=spot,
             wait_for=tuple(file_name(r, assignment.save) for r in range(assignment.ranks)
                            if r != assignment.rank),
+            incarnation=self._saver.settings.incarnation,
         )  # fmt: skip
         self._staged = None
         self._pending = _Pending(slot, blob)
