@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from aegis.checkpoint import api, daemon, process
 from aegis.checkpoint import layout as lay
 from aegis.core.phases import Order, Phase
 from aegis.wire import messages as m
+from tests import forkserver_harness as harness
 from tests.waits import async_wait_until
 
 SETTINGS = link_settings.LinkSettings("127.0.0.1:1", "ns", "job", "job-1", "t")
@@ -86,17 +87,7 @@ def _order(seq: int, env: dict[str, str]) -> m.Message:
                      data=m.OrderData(Order.RUN, env=env))  # fmt: skip
 
 
-@pytest.fixture
-def devnull() -> Iterator[int]:
-    fd = os.open(os.devnull, os.O_WRONLY)
-    yield fd
-    os.close(fd)
-
-
-@pytest.fixture
-async def the_reaper() -> AsyncIterator[reaper.Reaper]:
-    async with reaper.Reaper() as r:
-        yield r
+the_reaper, devnull = harness.the_reaper, harness.devnull  # fixtures
 
 
 class Pod:
