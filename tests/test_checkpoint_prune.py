@@ -3,6 +3,7 @@ of the timeline the job goes on with, whatever an abandoned one left above them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,35 @@ def test_steps_saved_after_a_rewind_survive_the_abandoned_higher_steps_on_disk(
     loaded = elsewhere.load_latest()
     assert loaded is not None
     assert loaded[0] == 25 and torch.equal(loaded[1]["w"], torch.full((4,), 25.0))
+
+
+@pytest.mark.parametrize(
+    ("resume", "loaded", "said"),
+    [
+        (None, 7, None), (None, None, None), (20, 20, None), (0, None, None),  # as told
+        (20, 10, "it loads step 10, its peers step 20"),
+        (20, None, "it loads nothing (a fresh start), its peers step 20"),
+    ],
+)  # fmt: skip
+def test_a_rank_that_cannot_resume_from_the_jobs_step_says_so(
+    resume: int | None, loaded: int | None, said: str | None
+) -> None:
+    note = lay.resume_note(resume, loaded)
+    assert note == said if said is None else note is not None and note.endswith(said)
+
+
+def test_a_rank_missing_the_jobs_step_warns_as_it_loads_an_older_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its peers resume from the job's step (every pod committed it); this rank lost it (its
+    store pruned it, say): it loads what it has, and the log says the ranks now differ."""
+    shm, ckpt = tmp_path / "shm", tmp_path / "ckpt"
+    for step in (10, 20):
+        _save_and_commit(api.Saver(api.SaverSettings(shm, ckpt)), step)
+    for path in (lay.slot_json(shm, 20), lay.committed_marker(shm, 20)):
+        path.unlink()
+    shutil.rmtree(lay.step_dir(ckpt, 20))
+    with caplog.at_level("WARNING", logger="aegis.checkpoint.api"):
+        loaded = api.Saver(api.SaverSettings(shm, ckpt, resume_step=20)).load_latest()
+    assert loaded is not None and loaded[0] == 10
+    assert "the job resumes from step 20, which this rank does not have" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import errno
 import functools
+import json
 import logging
 import os
 import pickle
@@ -240,8 +241,13 @@ class Saver:
             finally:
                 os.close(fd)
             log.info("checkpoint step %s loaded from shared memory", step)
-            return step, state
-        return self.load_from_disk(template)
+            return self._resumed((step, state))
+        return self._resumed(self.load_from_disk(template))
+
+    def _resumed(self, loaded: tuple[int, Any] | None) -> tuple[int, Any] | None:
+        if note := lay.resume_note(self.settings.resume_step, loaded and loaded[0]):
+            log.warning("%s", note)
+        return loaded
 
     def load_from_disk(self, template: Any = None) -> tuple[int, Any] | None:
         import torch
@@ -345,8 +351,6 @@ def _drop_slot(shm: Path, step: int) -> None:
 
 
 def _dumps(layout: lay.Layout) -> bytes:
-    import json
-
     return json.dumps(layout.to_json()).encode()
 
 

@@ -283,3 +283,14 @@ def allocate(path: Path, size: int) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def resume_note(resume_step: int | None, loaded: int | None) -> str | None:
+    """What a rank that does not resume from the job's step says (``AEGIS_RESUME_STEP``: the
+    newest step every pod committed; 0: a fresh start for all): its peers resume from that
+    one, it from another. None when it resumes as told (or was told nothing)."""
+    if resume_step is None or loaded == resume_step or (loaded is None and resume_step == 0):
+        return None
+    got = f"step {loaded}" if loaded is not None else "nothing (a fresh start)"
+    return (f"checkpoint: the job resumes from step {resume_step}, which this rank does not "
+            f"have: it loads {got}, its peers step {resume_step}")  # fmt: skip
