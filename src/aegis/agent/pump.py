@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import os
 import select
 import threading
@@ -24,7 +23,6 @@ from collections.abc import Callable
 MAX_LINE = 64 * 1024  # a longer run without a newline is observed in pieces
 HIGH = 1 << 20  # bytes waiting for the sink's thread before the pump stops reading
 LOW = 256 << 10  # ... and resumes
-FLUSH_S = 5.0  # at exit, how long the agent's last log lines may wait for a stalled stderr
 
 LineObserver = Callable[[str, bytes], None]
 Heard = Callable[[], None]
@@ -68,11 +66,6 @@ class Sink:
             self._closed = True
             self._cond.notify_all()
 
-    def flush(self, timeout_s: float) -> bool:
-        """Until all that waits was written, for ``timeout_s`` at most; True when it was."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._waiting == 0, timeout_s)
-
     def _write(self) -> None:
         while True:
             with self._cond:
@@ -86,29 +79,9 @@ class Sink:
                 self._waiting -= len(data)
                 resume = self._paused and self._waiting <= LOW
                 self._paused &= not resume
-                self._cond.notify_all()
             if resume:
                 self._resume()
         self._drained()
-
-
-class SinkHandler(logging.Handler):
-    """The agent's own log lines, written by a ``Sink``: a stalled stderr (the one the command's
-    output goes to) never blocks the loop in a log call; at exit (``logging.shutdown``) what
-    waits gets ``FLUSH_S`` to be written."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__()
-        self._sink = Sink(fd, resume=lambda: None, drained=lambda: None)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self._sink.put(f"{self.format(record)}\n".encode(errors="replace"))
-        except Exception:  # as logging's own handlers do
-            self.handleError(record)
-
-    def flush(self) -> None:
-        self._sink.flush(FLUSH_S)
 
 
 class LinePump(asyncio.Protocol):

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from aegis.adapters import tls
-from aegis.agent import pump, runner, signatures, supervisor, warm
+from aegis.agent import runner, signatures, supervisor, warm
 from aegis.cli import paths
 
 LOG_LEVEL_VAR = "AEGIS_LOG_LEVEL"
@@ -152,12 +152,8 @@ def _log_to_stderr() -> None:
             print(f"aegis agent: warning: {LOG_LEVEL_VAR}={level!r} is no log level (DEBUG, "
                   "INFO, WARNING, ERROR): WARNING", file=sys.stderr)  # fmt: skip
             level = ""
-        try:  # a stalled stderr blocks no log call
-            handler: logging.Handler = pump.SinkHandler(sys.stderr.fileno())
-        except (OSError, ValueError):  # no descriptor (stderr captured in process)
-            handler = logging.StreamHandler(sys.stderr)
         logging.basicConfig(
-            handlers=[handler],
+            stream=sys.stderr,
             level=level.upper() or logging.WARNING,
             format=f"aegis agent: {'%(asctime)s ' if level else ''}%(message)s",
         )
