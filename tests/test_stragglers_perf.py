@@ -4,6 +4,7 @@ round."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -71,9 +72,17 @@ class FakeClock:
         self.now += seconds * (10 if start <= self.now < end else 1)
 
 
-def measure(clock: FakeClock, calls: list[str]) -> tuple[list[float], float]:
-    """``perf._measure`` for rank 0 of 3 on the fake clock: 5 compute rounds of 0.3 s, 5 pair
-    repeats of 4 ping-pongs of 1 MB."""
+def current_cpu() -> int:
+    """The CPU the calling thread runs on now (/proc: field 39 of its stat)."""
+    with open("/proc/thread-self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+def measure(
+    clock: FakeClock, calls: list[str], rank: int = 0, cpus: list[int] | None = None
+) -> tuple[list[float], float]:
+    """``perf._measure`` for ``rank`` of 3 on the fake clock: 5 compute rounds of 0.3 s, 5 pair
+    repeats of 4 ping-pongs of 1 MB; ``cpus`` gets the CPU of each product."""
 
     class FakeTorch:
         float32 = "float32"
@@ -89,6 +98,8 @@ def measure(clock: FakeClock, calls: list[str]) -> tuple[list[float], float]:
         @staticmethod
         def mm(a: object, b: object) -> None:
             calls.append("mm")
+            if cpus is not None:
+                cpus.append(current_cpu())
             clock.step(0.01)
 
     def transfer(kind: str) -> object:
@@ -102,12 +113,35 @@ def measure(clock: FakeClock, calls: list[str]) -> tuple[list[float], float]:
         barrier=lambda: calls.append("barrier"), send=transfer("send"), recv=transfer("recv")
     )
     args = types.SimpleNamespace(matrix=64, pair_mb=1.0, pair_repeats=5, world_size=3,
-                                 max_pair_rounds=3, rank=0, pair_iterations=4)  # fmt: skip
+                                 max_pair_rounds=3, rank=rank, pair_iterations=4)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(perf, "time", clock)
         mp.setattr(links, "time", clock)
         mp.setattr(perf, "run_delay_s", lambda: 0.0)
         return perf._measure(FakeTorch, dist, args, None, 5, 0.3)
+
+
+def test_round_cpu_moves_each_round_and_keeps_the_ranks_of_a_host_apart() -> None:
+    assert [perf.round_cpu([0, 1], 0, i) for i in range(5)] == [0, 1, 0, 1, 0]
+    assert [perf.round_cpu([0, 1], 1, i) for i in range(5)] == [1, 0, 1, 0, 1]
+    assert [perf.round_cpu([2, 5, 7], 4, i) for i in range(4)] == [5, 7, 2, 5]
+    assert perf.round_cpu([3], 0, 0) is None and perf.round_cpu([], 1, 2) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_each_compute_round_runs_on_the_cpu_round_cpu_names_then_the_thread_is_let_go() -> None:
+    """The CPUs of one virtual machine differed (140 against 77 GFLOP/s for seconds, no run
+    delay, no steal), and the pod left on the slow one read 0.55x in all five rounds (a CI
+    failure); each round is now measured on another CPU, so the slow one cannot hold it in all."""
+    allowed = sorted(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        calls: list[str] = []
+        ran_on: list[int] = []
+        measure(FakeClock(), calls, rank, ran_on)
+        per_round = [ran_on[i * 30 : (i + 1) * 30] for i in range(5)]  # 0.3 s of 0.01-s products
+        assert [set(r) for r in per_round] == [{perf.round_cpu(allowed, rank, i)} for i in range(5)]
+        assert len({r[0] for r in per_round}) >= 2  # not one CPU for all rounds
+        assert sorted(os.sched_getaffinity(0)) == allowed
 
 
 def test_compute_rounds_start_together_after_a_barrier() -> None:

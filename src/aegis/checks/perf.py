@@ -17,7 +17,12 @@ The compute figure is robust to a loaded machine (one loaded run rated a healthy
 its peers from its best 0.1-s window): it is measured in several rounds, every pod at once (a
 barrier starts each round), and the pod's rating is the second best over rounds of its ratio to
 its peers' median *in that round*. A busy neighbour or a scheduler's hiccup that holds one pod
-up, even in most rounds, does not make it slow; a slow pod is slow in every round.
+up, even in most rounds, does not make it slow; a slow pod is slow in every round. On a CPU each
+round runs on another of the pod's CPUs (:func:`round_cpu`), the pods of one host on different
+ones at once: the CPUs of one machine need not compute alike (a virtual machine's two vCPUs ran
+the same product at 140 and 77-110 GFLOP/s for seconds, with no run delay and no steal time to
+show for it, the host's other load on their siblings), and a pod left on the slow one read
+0.55x of its peer in all five rounds. A slow node is slow on every CPU.
 
 The straggler score as the tie-breaker (:func:`tie_break`): when the figures name no pod slow
 and the pod with the highest straggler score of the training before the round (the master's,
@@ -27,9 +32,11 @@ like its peers to every figure here) rates within noise of the lowest, that pod 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +228,30 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
     return best
 
 
+def round_cpu(cpus: Sequence[int], rank: int, round_index: int) -> int | None:
+    """The CPU that ``rank`` computes round ``round_index`` on: another one each round, and the
+    ranks sharing a host on different ones at once; None (left where it is) with fewer than two."""
+    return cpus[(rank + round_index) % len(cpus)] if len(cpus) >= 2 else None
+
+
+@contextlib.contextmanager
+def _pinned(cpu: int | None) -> Iterator[None]:
+    """The calling thread on ``cpu`` for the block, then back on the CPUs it had."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:  # a CPU taken away meanwhile (a cpuset changed): measured where it is
+        before = set()
+    try:
+        yield
+    finally:
+        if before:
+            os.sched_setaffinity(0, before)
+
+
 def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s: float,
              pairs: links.Links | None = None) -> tuple[list[float], float]:  # fmt: skip
     """GFLOP/s in each of ``count`` compute rounds (every pod at once, a barrier starts each) and
@@ -230,12 +261,14 @@ def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s:
     pair measurements at once read 0.09x of its peers and was evicted). ``pairs``: the links,
     probed (``links.Links``; else every buffer ``pair_mb``)."""
     pairs = pairs or links.Links(torch, dist, args, device, adapt=False)
+    cpus = [] if getattr(device, "type", "cpu") == "cuda" else sorted(os.sched_getaffinity(0))
     figures: list[float] = []
     best = 0.0
     for i in range(max(count, args.pair_repeats)):
         if i < count:
             dist.barrier()
-            figures.append(_compute(torch, args.matrix, round_s, round_s, device))
+            with _pinned(round_cpu(cpus, args.rank, i)):
+                figures.append(_compute(torch, args.matrix, round_s, round_s, device))
         if i < args.pair_repeats:
             best = max(best, pairs.repeat())
     dist.barrier()
