@@ -17,12 +17,14 @@ The compute figure is robust to a loaded machine (one loaded run rated a healthy
 its peers from its best 0.1-s window): it is measured in several rounds, every pod at once (a
 barrier starts each round), and the pod's rating is the second best over rounds of its ratio to
 its peers' median *in that round*. A busy neighbour or a scheduler's hiccup that holds one pod
-up, even in most rounds, does not make it slow; a slow pod is slow in every round. On a CPU each
-round runs on another of the pod's CPUs (:func:`round_cpu`), the pods of one host on different
-ones at once: the CPUs of one machine need not compute alike (a virtual machine's two vCPUs ran
-the same product at 140 and 77-110 GFLOP/s for seconds, with no run delay and no steal time to
-show for it, the host's other load on their siblings), and a pod left on the slow one read
-0.55x of its peer in all five rounds. A slow node is slow on every CPU.
+up, even in most rounds, does not make it slow; a slow pod is slow in every round. On a CPU a
+round's figure is the best of one window on each of up to three of the pod's CPUs
+(:func:`round_cpus`), the pods of one host on different ones at once: the CPUs of one machine
+need not compute alike (a virtual machine's two vCPUs ran the same product at 140 and 77-110
+GFLOP/s for seconds, with no run delay and no steal time to show for it: the host's other load
+on their siblings), and a pod left on the slow one read 0.55x of its peer in all five rounds.
+Every pod of such a host reads its fast CPU in every round, so the gap cancels in each round's
+ratio; a slow node is slow on every CPU.
 
 The straggler score as the tie-breaker (:func:`tie_break`): when the figures name no pod slow
 and the pod with the highest straggler score of the training before the round (the master's,
@@ -190,10 +192,11 @@ def run_delay_s() -> float:
         return 0.0
 
 
-# The compute figure: COMPUTE_ROUNDS rounds, each one window of ROUND_WINDOWS x ``window_s``
-# (0.3 s): long enough to span a few periods of a node that is slow in bursts (a duty-cycled
-# or throttled one; the barrier that starts a round waits for it, so a round starts while it
-# runs), and time spent waiting for a CPU is not counted (``_compute``), so load is not slowness.
+# The compute figure: COMPUTE_ROUNDS rounds of ROUND_WINDOWS x ``window_s`` (0.3 s; one window
+# on a GPU, one on each of up to ROUND_WINDOWS CPUs: ``round_cpus``): long enough to span a few
+# periods of a node that is slow in bursts (a duty-cycled or throttled one; the barrier that
+# starts a round waits for it, so a round starts while it runs), and time spent waiting for a
+# CPU is not counted (``_compute``), so load is not slowness.
 COMPUTE_ROUNDS = 5
 ROUND_WINDOWS = 3
 GPU_MATRIX = 4096  # on a GPU a small product measures launch latency, not the GPU
@@ -228,10 +231,16 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
     return best
 
 
-def round_cpu(cpus: Sequence[int], rank: int, round_index: int) -> int | None:
-    """The CPU that ``rank`` computes round ``round_index`` on: another one each round, and the
-    ranks sharing a host on different ones at once; None (left where it is) with fewer than two."""
-    return cpus[(rank + round_index) % len(cpus)] if len(cpus) >= 2 else None
+def round_cpus(cpus: Sequence[int], rank: int, round_index: int) -> list[int | None]:
+    """The CPUs that ``rank`` computes round ``round_index`` on, one window each: up to
+    ``ROUND_WINDOWS`` of ``cpus`` in turn, the ranks sharing a host on different ones at once,
+    the next round going on where this one stopped; ``[None]`` (left where it is) with fewer
+    than two."""
+    if len(cpus) < 2:
+        return [None]
+    width = min(len(cpus), ROUND_WINDOWS)
+    start = rank + round_index * width
+    return [cpus[(start + k) % len(cpus)] for k in range(width)]
 
 
 @contextlib.contextmanager
@@ -248,8 +257,22 @@ def _pinned(cpu: int | None) -> Iterator[None]:
     try:
         yield
     finally:
-        if before:
-            os.sched_setaffinity(0, before)
+        with contextlib.suppress(OSError):  # (the CPUs it had, less any taken away meanwhile)
+            if before:
+                os.sched_setaffinity(0, before)
+
+
+def _round_figure(
+    torch: Any, side: int, round_s: float, device: Any, visits: Sequence[int | None]
+) -> float:
+    """A compute round's GFLOP/s: the best of one window of ``round_s / len(visits)`` on each
+    CPU of ``visits`` (None: wherever the thread is)."""
+    window_s = round_s / len(visits)
+    figure = 0.0
+    for cpu in visits:
+        with _pinned(cpu):
+            figure = max(figure, _compute(torch, side, window_s, window_s, device))
+    return figure
 
 
 def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s: float,
@@ -267,8 +290,8 @@ def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s:
     for i in range(max(count, args.pair_repeats)):
         if i < count:
             dist.barrier()
-            with _pinned(round_cpu(cpus, args.rank, i)):
-                figures.append(_compute(torch, args.matrix, round_s, round_s, device))
+            figures.append(_round_figure(torch, args.matrix, round_s, device,
+                                         round_cpus(cpus, args.rank, i)))  # fmt: skip
         if i < args.pair_repeats:
             best = max(best, pairs.repeat())
     dist.barrier()
