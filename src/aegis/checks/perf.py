@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aegis.checks import links
+from aegis.checks import cgroup_cpu, links
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,26 +207,31 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
     collectives use, else the CPU).
 
     Time spent runnable but waiting for a CPU (other processes on the host) is not counted, so
-    a busy neighbour does not make a healthy pod look slow; a pod that is really slow (throttled,
-    stopped, slow hardware) is slow in every window. On a GPU each product is waited for, so a
-    window counts finished work.
+    a busy neighbour does not make a healthy pod look slow; a pod that is really slow (held back
+    by its cgroup's CPU limit, stopped, slow hardware) is slow in every window: the run delay
+    its limit caused counts (``cgroup_cpu``). On a GPU each product is waited for, so a window
+    counts finished work.
     """
     cuda = getattr(device, "type", "cpu") == "cuda"
     if cuda:
         side = max(side, GPU_MATRIX)
     a = torch.randn(side, side, device=device)
     b = torch.randn(side, side, device=device)
+    limits = cgroup_cpu.own_stat_files()
     best = 0.0
     end = time.monotonic() + seconds
     while best == 0.0 or time.monotonic() < end:  # at least one window, however loaded
         count = 0
         started, delayed = time.monotonic(), run_delay_s()
+        throttled = cgroup_cpu.throttled_s(limits)
         while (elapsed := time.monotonic() - started) < window_s:
             torch.mm(a, b)
             if cuda:
                 torch.cuda.synchronize(device)
             count += 1
-        busy = max(elapsed - (run_delay_s() - delayed), elapsed * 0.05)
+        busy = cgroup_cpu.busy_s(
+            elapsed, run_delay_s() - delayed, cgroup_cpu.throttled_s(limits) - throttled
+        )
         best = max(best, 2.0 * side**3 * count / busy / 1e9)
     return best
 
