@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -87,6 +88,42 @@ async def test_cluster_buckets_have_three_copies_and_survive_a_server(
         assert servers.index_of_client("probe") not in (None, served)  # reconnected elsewhere
     finally:
         await bus.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_bucket_opened_before_the_cluster_has_a_quorum_is_made_once_it_has(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run's start failed in CI: creating its R3 bucket timed out once (2 s) while the
+    cluster's JetStream could not answer, and the open gave up. It now asks again until
+    ``retry_s``: here one server of three runs (no quorum) until the open has failed once."""
+    authority = Authority()
+    servers = NatsCluster(authority, 3)
+    try:
+        first = servers.servers[0]
+        first.launch()
+        bus = await NatsBus.connect(first.url, authority.master_creds(), name="early")
+        try:
+            caplog.set_level(logging.WARNING, logger="aegis.adapters.nats_bus")
+            opening = asyncio.create_task(KvStore.open(bus, "early", replicas=3, retry_s=90))
+
+            def failed_once() -> bool:
+                assert not opening.done(), opening  # it gave up: the bug
+                return "kv early: opening failed" in caplog.text
+
+            await async_wait_until(failed_once, 30, "the open to fail without a quorum")
+            for server in servers.servers[1:]:
+                server.launch()
+            store = await asyncio.wait_for(opening, 90)
+            revision = await store.put("k", b"1", expected_revision=None)
+            assert await store.get("k") == (b"1", revision)
+            info = await bus.client.jetstream().stream_info("KV_early")
+            assert info.config.num_replicas == 3
+        finally:
+            await bus.close()
+    finally:
+        await asyncio.to_thread(servers.stop)
 
 
 def _settings(tmp_path: Path) -> RunSettings:

@@ -58,8 +58,16 @@ TRANSIENT = (
     ConnectionReconnectingError,
 )
 
-
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+async def _key_value(js: Any, bucket: str, replicas: int) -> Any:
+    try:  # (a create whose reply was lost is answered as done the second time)
+        return await js.key_value(bucket)
+    except TRANSIENT:
+        raise
+    except Exception:  # bucket missing: create it
+        return await js.create_key_value(bucket=bucket, history=1, replicas=replicas)
 
 
 def server_list(url: str) -> list[str]:
@@ -267,11 +275,20 @@ class KvStore:
         retry_s: float = 30.0,
         request_timeout_s: float = 2.0,
     ) -> KvStore:
+        """The bucket, created when missing; asked again until ``retry_s`` while JetStream
+        cannot answer (a cluster electing its leaders: one 2-s timeout failed a run's start)."""
         js = bus.client.jetstream(timeout=request_timeout_s)
-        try:
-            kv = await js.key_value(bucket)
-        except (NotFoundError, Exception):  # bucket missing: create it
-            kv = await js.create_key_value(bucket=bucket, history=1, replicas=replicas)
+        deadline, since = time.monotonic() + retry_s, cancellations()
+        while True:
+            try:
+                kv = await _key_value(js, bucket, replicas)
+                break
+            except TRANSIENT as exc:
+                raise_if_cancelled(since)
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("kv %s: opening failed (%s), trying again", bucket, type(exc).__name__)
+                await asyncio.sleep(0.2)
         return cls(kv, retry_s=retry_s, client=bus.client, request_timeout_s=request_timeout_s)
 
     @classmethod
