@@ -37,3 +37,21 @@ def test_the_installable_versions_of_grpcio_and_protobuf_run_the_generated_code(
     assert grpc_needed and pb_needed
     assert _floor("grpcio") >= tuple(map(int, grpc_needed.group(1).split(".")))
     assert _floor("protobuf") >= tuple(map(int, pb_needed.group(1).split(".")))
+
+
+def test_the_generator_is_pinned_to_the_version_that_made_the_committed_code() -> None:
+    """The drift test regenerates with whatever grpcio-tools is installed, and the generated code
+    names that version: an unpinned generator failed it on CI the day 1.85.4 came out. The pin and
+    the committed code move together (bump the pin, then regenerate)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    (spec,) = [
+        d
+        for d in project["project"]["optional-dependencies"]["dev"]
+        if d.startswith("grpcio-tools")
+    ]
+    generated = (codegen.OUT_DIR / "aegis_pb2_grpc.py").read_text()
+    made_by = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", generated)
+    assert made_by
+    assert spec == f"grpcio-tools=={made_by.group(1)}"
