@@ -221,6 +221,24 @@ async def test_lease_store_lets_one_holder_write_at_a_time(lease_store: LeaseSto
         await lease_store.write("m1", expected=first, ttl_s=30, timeout_s=5)
 
 
+async def test_lease_store_names_the_live_holder_and_the_revision_it_wrote(
+    lease_store: LeaseStore,
+) -> None:
+    assert await lease_store.holder() is None  # never written
+    first = await lease_store.write(
+        "m1", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
+    )
+    assert await lease_store.holder() == ("m1", first)
+    renewed = await lease_store.write("m1", expected=first, ttl_s=60, timeout_s=5)
+    assert await lease_store.holder() == ("m1", renewed)
+    await lease_store.remove(expected=renewed)
+    assert await lease_store.holder() is None  # removed
+    taken = await lease_store.write(
+        "m2", expected=await lease_store.vacant_revision(), ttl_s=60, timeout_s=5
+    )
+    assert await lease_store.holder() == ("m2", taken)
+
+
 async def test_lease_store_frees_the_key_when_its_ttl_passes(lease_store: LeaseStore) -> None:
     held = await lease_store.write(
         "m1", expected=await lease_store.vacant_revision(), ttl_s=1, timeout_s=5
@@ -238,6 +256,7 @@ async def test_lease_store_frees_the_key_when_its_ttl_passes(lease_store: LeaseS
     await async_wait_until(expired, what="the lease's TTL to pass")
     after = await vacant()
     assert after is not None and after > held  # the expiry takes a revision
+    assert await lease_store.holder() is None
     with pytest.raises(LeaseTakenError):  # the old holder's renewal is refused
         await lease_store.write("m1", expected=held, ttl_s=30, timeout_s=5)
     assert await lease_store.write("m2", expected=after, ttl_s=30, timeout_s=5) > after

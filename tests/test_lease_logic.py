@@ -31,7 +31,7 @@ async def test_one_candidate_leads_and_the_other_waits() -> None:
     assert await first.try_acquire()
     assert not await second.try_acquire()
     assert first.held and not second.held
-    assert first.epoch == store.revision and store.holder == "m1"
+    assert first.epoch == store.revision and store.held_by == "m1"
 
 
 async def test_a_leader_stopped_past_its_lease_finds_it_lost_before_writing() -> None:
@@ -72,6 +72,47 @@ async def test_a_renewal_that_fails_keeps_the_lease_until_it_runs_out() -> None:
     assert not await first.renew() and first.epoch is None
 
 
+def lose_the_next_answer(store: MemoryLeaseStore) -> None:
+    """The next write takes effect, but its answer never comes back (a timeout while a cluster
+    elects a stream leader)."""
+    real = store.write
+
+    async def write(holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
+        store.write = real  # type: ignore[method-assign]
+        await real(holder, expected=expected, ttl_s=ttl_s, timeout_s=timeout_s)
+        raise TimeoutError("the answer was lost")
+
+    store.write = write  # type: ignore[method-assign]
+
+
+async def test_a_renewal_whose_answer_was_lost_does_not_end_the_lead() -> None:
+    """The next renewal finds the key moved on, but to this holder's own write: it renews over
+    that, rather than ending the lead (and every job's loop) for nothing."""
+    clock, store, first, second = pair()
+    assert await first.try_acquire()
+    epoch = first.epoch
+    lose_the_next_answer(store)
+    clock.now += 0.5
+    assert await first.renew() and first.renew_failures == 1  # unknown outcome: a failure
+    assert store.held_by == "m1" and store.revision == epoch + 1  # but it took effect
+    clock.now += 0.5
+    assert await first.renew()
+    assert first.epoch == epoch and first.renew_failures == 0 and store.revision == epoch + 2
+    clock.now += 1.0  # past the first lease: the latest renewal holds it
+    assert first.held and not await second.try_acquire()
+
+
+async def test_an_acquisition_whose_answer_was_lost_is_taken_up_on_the_next_try() -> None:
+    clock, store, first, second = pair()
+    lose_the_next_answer(store)
+    assert not await first.try_acquire() and first.epoch is None
+    assert store.held_by == "m1"  # written all the same: nobody else can lead for a TTL
+    assert not await second.try_acquire()
+    clock.now += 0.2
+    assert await first.try_acquire()  # its own name on the key: not a lease to wait out
+    assert first.epoch == store.revision and first.held
+
+
 async def test_a_standby_takes_over_at_once_when_the_leader_releases() -> None:
     _, _, first, second = pair()
     assert await first.try_acquire()
@@ -104,6 +145,6 @@ async def test_a_deposed_leader_that_releases_later_leaves_its_successor_alone()
     clock.now += SETTINGS.lease_s  # stopped past its lease and the store's TTL
     assert await second.try_acquire()
     await first.release()  # its epoch was never cleared: a stale one
-    assert store.holder == "m2" and first.epoch is None
+    assert store.held_by == "m2" and first.epoch is None
     assert not await third.try_acquire()
     assert await second.renew() and second.held

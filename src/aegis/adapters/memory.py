@@ -93,7 +93,7 @@ class MemoryLeaseStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.revision = 0
-        self.holder: str | None = None
+        self.held_by: str | None = None
         self._expires_at = 0.0
         self._changed = asyncio.Condition()
 
@@ -101,26 +101,30 @@ class MemoryLeaseStore:
         return None
 
     def _expire(self) -> None:
-        if self.holder is not None and self.clock() >= self._expires_at:
-            self.holder, self.revision = None, self.revision + 1
+        if self.held_by is not None and self.clock() >= self._expires_at:
+            self.held_by, self.revision = None, self.revision + 1
 
     async def vacant_revision(self) -> int:
         self._expire()
-        if self.holder is not None:
-            raise LeaseTakenError("lease held", detail=self.holder)
+        if self.held_by is not None:
+            raise LeaseTakenError("lease held", detail=self.held_by)
         return self.revision
+
+    async def holder(self) -> tuple[str, int] | None:
+        self._expire()
+        return None if self.held_by is None else (self.held_by, self.revision)
 
     async def write(self, holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
         self._expire()
         if expected != self.revision:
             raise LeaseTakenError("lease moved on", detail=f"at {self.revision}, not {expected}")
-        self.holder, self.revision = holder, self.revision + 1
+        self.held_by, self.revision = holder, self.revision + 1
         self._expires_at = self.clock() + ttl_s
         return self.revision
 
     async def wait_vacancy(self, timeout_s: float) -> None:
         self._expire()
-        if self.holder is None:
+        if self.held_by is None:
             return
         left = min(timeout_s, max(0.0, self._expires_at - self.clock()))
         async with self._changed:
@@ -135,6 +139,6 @@ class MemoryLeaseStore:
         self._expire()
         if expected != self.revision:
             raise LeaseTakenError("lease moved on", detail=f"at {self.revision}, not {expected}")
-        self.holder, self.revision = None, self.revision + 1
+        self.held_by, self.revision = None, self.revision + 1
         async with self._changed:
             self._changed.notify_all()

@@ -57,17 +57,27 @@ class NatsLeaseStore:
     def _subject(self) -> str:
         return f"$KV.{self.bucket}.{self.key}"
 
-    async def vacant_revision(self) -> int:
-        """The server's TTL delete marker counts as vacant (nats-py's ``create`` does not see it
-        as a deletion)."""
+    async def _last(self) -> tuple[str | None, int]:
+        """The key's live holder (None when vacant) and its last revision. The server's TTL
+        delete marker counts as vacant (nats-py's ``create`` does not see it as a deletion)."""
         try:
             last = await self.client.jetstream().get_last_msg(f"KV_{self.bucket}", self._subject)
         except NotFoundError:
-            return 0
+            return None, 0
         headers = last.headers or {}
         if headers.get("Nats-Marker-Reason") or headers.get("KV-Operation") in ("DEL", "PURGE"):
-            return int(last.seq or 0)
-        raise LeaseTakenError("lease held", detail=self.key)
+            return None, int(last.seq or 0)
+        return (last.data or b"").decode(errors="replace"), int(last.seq or 0)
+
+    async def vacant_revision(self) -> int:
+        holder, revision = await self._last()
+        if holder is not None:
+            raise LeaseTakenError("lease held", detail=self.key)
+        return revision
+
+    async def holder(self) -> tuple[str, int] | None:
+        holder, revision = await self._last()
+        return None if holder is None else (holder, revision)
 
     async def write(self, holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
         headers = {str(api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value): str(expected)}

@@ -84,6 +84,11 @@ class LeaseStore(Protocol):
         when a live lease is there."""
         ...
 
+    async def holder(self) -> tuple[str, int] | None:
+        """Who holds the live lease, and the revision it wrote; None when the key is vacant. A
+        holder whose write took effect but whose answer was lost finds its own name here."""
+        ...
+
     async def write(self, holder: str, *, expected: int, ttl_s: float, timeout_s: float) -> int:
         """Write the lease for ``holder``, expiring ``ttl_s`` later, if the key is still at
         revision ``expected``; returns the new revision. Raises ``LeaseTakenError`` when the key

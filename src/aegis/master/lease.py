@@ -101,7 +101,10 @@ class Lease:
     async def try_acquire(self) -> bool:
         started = self.clock()
         try:
-            revision = await self._write(expected=await self.store.vacant_revision())
+            expected = await self._vacant_or_own()
+            if expected is None:
+                return False
+            revision = await self._write(expected=expected)
         except LeaseTakenError:
             return False
         except Exception as exc:  # a JetStream hiccup (cluster failover): try again later
@@ -119,7 +122,7 @@ class Lease:
             return False
         started = self.clock()
         try:
-            self._revision = await self._write(expected=self._revision)
+            self._revision = await self._renewal()
         except LeaseTakenError:  # another holder wrote the key: lost for good, whatever the clock
             log.warning("lease: %s was taken over (epoch %s)", self.holder, self.epoch)
             self.epoch = None
@@ -136,6 +139,35 @@ class Lease:
             self.renew_failures = 0
         self._valid_until = started + self.settings.lease_s - self.settings.margin_s
         return True
+
+    async def _own_revision(self) -> int | None:
+        """The revision of the live lease when it carries this holder's name: a write of ours
+        took effect though its answer was lost (a timeout in a cluster's failover). Only this
+        holder writes its name, so the key is still ours; None when it is vacant or another's."""
+        found = await self.store.holder()
+        if found is None or found[0] != self.holder:
+            return None
+        log.info("lease: %s's write at revision %d took effect unanswered", self.holder, found[1])
+        return found[1]
+
+    async def _vacant_or_own(self) -> int | None:
+        """The revision to acquire over: a vacant key's, or this holder's own lease (an
+        acquisition whose answer was lost); None when another holds it."""
+        try:
+            return await self.store.vacant_revision()
+        except LeaseTakenError:
+            return await self._own_revision()
+
+    async def _renewal(self) -> int:
+        """Renew over the last revision this holder knows of, or over its own later write whose
+        answer was lost (otherwise the lead would end on a lost answer)."""
+        try:
+            return await self._write(expected=self._revision)
+        except LeaseTakenError:
+            own = await self._own_revision()
+            if own is None or own <= self._revision:
+                raise
+            return await self._write(expected=own)
 
     async def _write(self, *, expected: int) -> int:
         return await self.store.write(
