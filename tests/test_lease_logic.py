@@ -31,7 +31,7 @@ async def test_one_candidate_leads_and_the_other_waits() -> None:
     assert await first.try_acquire()
     assert not await second.try_acquire()
     assert first.held and not second.held
-    assert first.epoch == store.revision and store.held_by == "m1"
+    assert first.epoch == store.revision and store.held_by == first.token
 
 
 async def test_a_leader_stopped_past_its_lease_finds_it_lost_before_writing() -> None:
@@ -94,7 +94,7 @@ async def test_a_renewal_whose_answer_was_lost_does_not_end_the_lead() -> None:
     lose_the_next_answer(store)
     clock.now += 0.5
     assert await first.renew() and first.renew_failures == 1  # unknown outcome: a failure
-    assert store.held_by == "m1" and store.revision == epoch + 1  # but it took effect
+    assert store.held_by == first.token and store.revision == epoch + 1  # but it took effect
     clock.now += 0.5
     assert await first.renew()
     assert first.epoch == epoch and first.renew_failures == 0 and store.revision == epoch + 2
@@ -106,11 +106,25 @@ async def test_an_acquisition_whose_answer_was_lost_is_taken_up_on_the_next_try(
     clock, store, first, second = pair()
     lose_the_next_answer(store)
     assert not await first.try_acquire() and first.epoch is None
-    assert store.held_by == "m1"  # written all the same: nobody else can lead for a TTL
+    assert store.held_by == first.token  # written all the same: nobody else can lead for a TTL
     assert not await second.try_acquire()
     clock.now += 0.2
     assert await first.try_acquire()  # its own name on the key: not a lease to wait out
     assert first.epoch == store.revision and first.held
+
+
+async def test_a_second_lease_of_the_same_name_never_takes_the_first_ones_key() -> None:
+    """Two replicas given one name (a restarted container keeps its host name and PID): the
+    second finds the name on the key but not its own write, and waits as any standby."""
+    clock, store, first, _ = pair()
+    twin = Lease(store, "m1", SETTINGS, clock)
+    assert await first.try_acquire()
+    assert not await twin.try_acquire()
+    lose_the_next_answer(store)
+    clock.now += 0.5
+    await first.renew()
+    assert not await twin.try_acquire() and twin.epoch is None
+    assert await first.renew() and first.held
 
 
 async def test_a_standby_takes_over_at_once_when_the_leader_releases() -> None:
@@ -145,6 +159,6 @@ async def test_a_deposed_leader_that_releases_later_leaves_its_successor_alone()
     clock.now += SETTINGS.lease_s  # stopped past its lease and the store's TTL
     assert await second.try_acquire()
     await first.release()  # its epoch was never cleared: a stale one
-    assert store.held_by == "m2" and first.epoch is None
+    assert store.held_by == second.token and first.epoch is None
     assert not await third.try_acquire()
     assert await second.renew() and second.held

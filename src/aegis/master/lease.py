@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,10 @@ class Lease:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.holder, self.settings, self.clock = store, holder, settings, clock
+        # What this Lease writes on the key: the holder's name and a token of this instance, so a
+        # second replica given the same name (a restarted container is often the same host and
+        # PID) never takes this one's write for its own (``_own_revision``).
+        self.token = f"{holder}#{secrets.token_hex(6)}"
         self.epoch: int | None = None
         self._revision = 0
         self._valid_until = 0.0
@@ -145,7 +150,7 @@ class Lease:
         took effect though its answer was lost (a timeout in a cluster's failover). Only this
         holder writes its name, so the key is still ours; None when it is vacant or another's."""
         found = await self.store.holder()
-        if found is None or found[0] != self.holder:
+        if found is None or found[0] != self.token:
             return None
         log.info("lease: %s's write at revision %d took effect unanswered", self.holder, found[1])
         return found[1]
@@ -171,7 +176,7 @@ class Lease:
 
     async def _write(self, *, expected: int) -> int:
         return await self.store.write(
-            self.holder,
+            self.token,
             expected=expected,
             ttl_s=self.settings.lease_s,
             timeout_s=max(0.2, self.settings.renew_every_s),
