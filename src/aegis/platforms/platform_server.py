@@ -9,6 +9,10 @@ the job would run on (a repeat reaching a job that ended already changes nothing
 found down is published again when a new leader asks (``resend``, once it listens): one
 published during a takeover would be lost, and the node never blacklisted (the core ignores a
 node it knows already).
+
+Requests are fenced by the leader's epoch, as the agents fence orders: once a request of epoch E
+came, one of a lower epoch (a deposed leader that woke from a stall and sent what it had
+decided) is dropped and counted in ``stale``, whatever its key.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class PlatformServer:
         self._repeating: asyncio.Task[None] | None = None
         self.quits_sent = 0
         self.down: dict[str, str] = {}  # node -> reason: every node found down, for a resend
+        self.max_epoch = 0  # the newest leader's epoch heard of
+        self.stale = 0  # requests of a deposed leader, dropped
 
     async def start(self) -> None:
         subject = pm.subject(self.namespace, self.job, "requests")
@@ -104,6 +110,12 @@ class PlatformServer:
         except msgspec.DecodeError as exc:
             log.warning("platform: dropped a request: %s", exc)
             return
+        if request.epoch < self.max_epoch:
+            self.stale += 1
+            log.warning("platform: dropped a deposed leader's request %s (epoch %d < %d)",
+                        request.key, request.epoch, self.max_epoch)  # fmt: skip
+            return
+        self.max_epoch = request.epoch
         if request.key in self.handled:
             return
         self.handled.add(request.key)
