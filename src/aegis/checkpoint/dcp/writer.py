@@ -75,10 +75,11 @@ class _Pending:
 
 
 def parse_step(checkpoint_id: Any) -> int | None:
-    """A checkpoint id that names a step (an int, or digits), else None."""
-    if isinstance(checkpoint_id, int):
-        return checkpoint_id
-    if isinstance(checkpoint_id, str) and checkpoint_id.isdigit():
+    """A checkpoint id that names a step (an int of 0 or more, or ASCII digits), else None: not
+    a bool, and not other digits ``str.isdigit`` accepts (``int("²")`` raises)."""
+    if isinstance(checkpoint_id, int) and not isinstance(checkpoint_id, bool):
+        return checkpoint_id if checkpoint_id >= 0 else None
+    if isinstance(checkpoint_id, str) and checkpoint_id.isascii() and checkpoint_id.isdigit():
         return int(checkpoint_id)
     return None
 
