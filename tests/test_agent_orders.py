@@ -91,6 +91,48 @@ def test_dropped_names_are_counted_by_name_while_few_then_together() -> None:
     assert order_policy.counted_as("", {}) == "(others)"
 
 
+def _committed(step: int, epoch: int = 0) -> m.Message:
+    return m.Message(job="job", namespace="ns", pod="master", type=m.MessageType.ORDER,
+                     phase=Phase.RUN_COMMAND, seq=3, ts=1.0, data=m.CommittedData(step),
+                     epoch=epoch)  # fmt: skip
+
+
+def test_the_word_of_a_committed_step_is_taken_as_an_order_is() -> None:
+    word = _committed(40)
+    assert _screen(word) == order_policy.Accepted(word)
+    assert _screen(word, verify=lambda body, sig: sig == "good") == order_policy.Dropped(
+        "unsigned", "committed#3 epoch 0"
+    )
+    other = msgspec.structs.replace(word, namespace="elsewhere")
+    assert _screen(other) == order_policy.Dropped("wrong_job", "an order of elsewhere/job")
+    negative = codec.encode(word).replace(b'"step":40', b'"step":-1')
+    dropped = _screen(negative)
+    assert isinstance(dropped, order_policy.Dropped) and dropped.reason != "not_an_order"
+
+
+def test_the_saver_keeps_the_steps_from_the_committed_one_the_master_told() -> None:
+    assert order_policy.held_step(m.CommittedData(40)) == 40
+    # a round's resume step is not a word of the committed step: a master that never tells it
+    # sends one too, and the saver would keep every step after it for the whole run
+    assert order_policy.held_step(m.OrderData(Order.RUN, env={m.RESUME_STEP_ENV: "35"})) is None
+    assert order_policy.held_step(m.OrderData(Order.CHECKPOINT)) is None
+
+
+async def test_the_link_tells_the_saver_the_committed_step_of_its_masters_term_only() -> None:
+    the_link = link.MasterLink(SETTINGS)
+    held: list[int] = []
+    the_link.hold_from = held.append
+    await the_link.receive(codec.encode(_committed(40, epoch=5)))
+    await the_link.receive(codec.encode(_order(Order.RUN, 4, {m.RESUME_STEP_ENV: "40"})))
+    await the_link.receive(codec.encode(_committed(10, epoch=4)))  # a deposed master's word
+    await the_link.receive(codec.encode(_committed(50, epoch=5)))
+    assert held == [40, 50] and the_link.orders.qsize() == 0  # the order was of epoch 0
+    await the_link.receive(codec.encode(msgspec.structs.replace(
+        _order(Order.RUN, 6, {m.RESUME_STEP_ENV: "30"}), epoch=5)))  # fmt: skip
+    assert held == [40, 50] and the_link.orders.qsize() == 1  # a word is no order, nor back
+    await the_link.close()
+
+
 def test_an_order_of_a_deposed_master_or_for_other_pods_is_not_taken() -> None:
     assert order_policy.current(epoch=4, max_epoch=4) and not order_policy.current(3, 4)
     assert order_policy.for_pod(m.OrderData(Order.RUN), "job-1")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aegis.checkpoint import api, daemon, store
+from aegis.checkpoint import api, daemon, outage, store
 from aegis.checkpoint import layout as lay
 
 
@@ -27,6 +27,47 @@ def test_pruning_deletes_an_abandoned_timeline_above_the_commit_and_keeps_the_ne
     steps: list[int], keep: int, committed: int | None, gone: list[int]
 ) -> None:
     assert store.to_prune(steps, keep, committed) == gone
+
+
+@pytest.mark.parametrize(
+    ("steps", "keep", "committed", "hold", "gone"),
+    [
+        ([10, 15, 20, 25, 30], 3, 30, 10, []),  # the job resumes from 10: 10 and newer stay
+        ([5, 10, 15, 20, 25, 30], 3, 30, 10, [5]),  # older than the job's step: pruned
+        ([10, 20, 30, 40], 3, 40, 40, [10]),  # the job caught up: ``keep`` alone
+        ([10, 20, 30, 40], 3, 40, None, [10]),  # nothing said (no master): ``keep`` alone
+        ([10, 20, 30, 40, 50], 3, 30, 10, [40, 50]),  # an abandoned timeline still goes
+    ],
+)
+def test_pruning_keeps_every_step_from_the_one_the_job_may_resume_from(
+    steps: list[int], keep: int, committed: int, hold: int | None, gone: list[int]
+) -> None:
+    assert store.to_prune(steps, keep, committed, hold) == gone
+
+
+def test_a_pod_ahead_of_the_job_keeps_the_jobs_committed_step_on_disk(tmp_path: Path) -> None:
+    """The daemon reads the step the agent was told (``hold-from`` in the pod's shared memory):
+    a pod that committed 20-50 while the job is committed at 20 (another pod's store is down)
+    keeps 20. By ``keep`` alone it pruned 20, and its restart found nothing to resume from."""
+    shm, ckpt = tmp_path / "shm", tmp_path / "ckpt"
+    saver = api.Saver(api.SaverSettings(shm, ckpt))
+    _save_and_commit(saver, 10)
+    lay.hold_from(shm, 20)
+    for step in (20, 30, 40, 50):
+        saver.save(step, {"w": torch.full((4,), float(step))})
+        daemon.attempt(daemon.Where(shm, shm, ckpt), step, _shared(), 0.0, 3, 0.01)
+    assert lay.disk_steps(ckpt) == [20, 30, 40, 50]
+    lay.hold_from(shm, 50)  # the job caught up: back to ``keep``
+    saver.save(60, {"w": torch.full((4,), 60.0)})
+    daemon.attempt(daemon.Where(shm, shm, ckpt), 60, _shared(), 0.0, 3, 0.01)
+    assert lay.disk_steps(ckpt) == [40, 50, 60]
+    restarted = api.Saver(api.SaverSettings(tmp_path / "other-shm", ckpt, resume_step=50))
+    loaded = restarted.load_latest()
+    assert loaded is not None and loaded[0] == 50
+
+
+def _shared() -> daemon.Shared:
+    return daemon.Shared(outage.StoreState())
 
 
 def _save_and_commit(saver: api.Saver, step: int) -> None:

@@ -79,3 +79,14 @@ async def to_thread_to_its_end(fn: Callable[[], T]) -> T:
         if not task.cancelled():
             task.exception()  # retrieved: the cancellation is what the caller hears
         raise cancelled from None
+
+
+async def until_set_or_failed(done: asyncio.Event, task: asyncio.Task[None] | None) -> bool:
+    """Until ``done`` is set or ``task`` (None: none) ended; whether ``done`` was set."""
+    waiting: set[asyncio.Future[object]] = {asyncio.ensure_future(done.wait())}
+    if task is not None:
+        waiting.add(task)  # type: ignore[arg-type]
+    _, pending = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in pending - {task}:  # the event's waiter, never the task
+        waiter.cancel()
+    return done.is_set()

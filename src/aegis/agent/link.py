@@ -26,6 +26,7 @@ import os
 import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from aegis.adapters import aio
 from aegis.adapters.grpc import creds as grpc_creds
@@ -64,6 +65,9 @@ class MasterLink:
         self.dropped: Counter[str] = Counter()  # orders dropped, by reason
         self.dropped_env: Counter[str] = Counter()  # environment keys dropped from orders
         self._drop_log = RateLimitedLog(log)
+        # the saver keeps every checkpoint from this step on (``process.hold``; set by the agent
+        # when it runs a saver)
+        self.hold_from: Callable[[int], None] = lambda step: None
 
     @property
     def creds(self) -> grpc_creds.WorkerCreds | None:
@@ -191,13 +195,17 @@ class MasterLink:
         msg = screened.msg
         if screened.dropped_env:
             self._drop_env(msg, screened.dropped_env)
-        assert isinstance(msg.data, m.OrderData)
+        assert isinstance(msg.data, m.OrderData | m.CommittedData)
         if not order_policy.current(msg.epoch, self.max_epoch):
             log.warning(
                 "ignored an order of a deposed master (epoch %d < %d)", msg.epoch, self.max_epoch
             )
             return
         self.max_epoch = msg.epoch
+        if (held := order_policy.held_step(msg.data)) is not None:
+            self.hold_from(held)
+        if isinstance(msg.data, m.CommittedData):
+            return
         self.pending = encode.unanswered(self.pending, msg.seq)
         if order_policy.for_pod(msg.data, s.pod):
             self.orders.put_nowait(msg)

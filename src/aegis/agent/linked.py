@@ -21,6 +21,7 @@ which decides on the recovery; one that handles it (a checkpoint, a dump) runs o
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
 import hashlib
 import logging
@@ -61,6 +62,9 @@ async def run_linked(
 ) -> int | None:
     """Run under the master; ``None`` means the master is unreachable (run independently)."""
     the_link = link.MasterLink(settings)
+    daemon_settings = _saver_settings(settings)
+    if daemon_settings is not None:  # before any order: the job's committed step is kept
+        the_link.hold_from = functools.partial(process.hold_from, daemon_settings.shm_dir)
     # before the ACK: the master watches the pod's heartbeats from then on
     checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, os.environ))
     failed = await _connect(the_link)
@@ -68,7 +72,6 @@ async def run_linked(
         return failed  # None: run independently; else a configuration error's exit status
     reaper.become_subreaper()
     env = {**os.environ, **the_link.env()}
-    daemon_settings = _saver_settings(settings)
     if daemon_settings is not None:
         env["AEGIS_CKPT_SHM"] = str(daemon_settings.shm_dir)
         env["AEGIS_CKPT_DIR"] = str(daemon_settings.ckpt_dir)

@@ -5,6 +5,7 @@ link and the executor act on them; no I/O, no clock).
   server without auth has none), is of this job; of its environment only the keys the master
   sends (``messages.ORDER_ENV_KEYS``) are kept, any other is dropped and named;
 - :func:`current`: an order of a deposed master (a lower epoch) is ignored;
+- :func:`held_step`: the step from which the pod's saver keeps every checkpoint;
 - :func:`round_key`: each round is executed at most once (an order re-sent after a failover, or
   for a lost message, is ignored);
 - :func:`for_pod`: an order addressed to some pods is taken by those only;
@@ -42,7 +43,8 @@ Verify = Callable[[bytes, str], bool]
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    msg: m.Message  # its data an OrderData, its environment cut to the known keys
+    msg: m.Message  # its data an OrderData (its environment cut to the known keys) or a
+    # CommittedData
     dropped_env: tuple[str, ...] = ()  # the keys cut, sorted
 
 
@@ -53,18 +55,21 @@ class Dropped:
 
 
 def screen(payload: bytes, verify: Verify | None, job: str, namespace: str) -> Accepted | Dropped:
-    """The order, signed by the master, of this job, with only the environment keys the agent
-    knows; or why it is dropped."""
+    """The order (or the word of a committed step), signed by the master, of this job, with
+    only the environment keys the agent knows; or why it is dropped."""
     try:
         msg = codec.decode(payload)
     except codec.WireError as exc:
         return Dropped(exc.reason, str(exc))
-    if not isinstance(msg.data, m.OrderData):
+    if not isinstance(msg.data, m.OrderData | m.CommittedData):
         return Dropped("not_an_order", f"a {msg.type} on the master subject")
+    what = msg.data.order if isinstance(msg.data, m.OrderData) else "committed"
     if verify is not None and not verify(codec.signed_part(msg), msg.sig):
-        return Dropped("unsigned", f"{msg.data.order}#{msg.seq} epoch {msg.epoch}")
+        return Dropped("unsigned", f"{what}#{msg.seq} epoch {msg.epoch}")
     if (msg.job, msg.namespace) != (job, namespace):
         return Dropped("wrong_job", f"an order of {msg.namespace}/{msg.job}")
+    if isinstance(msg.data, m.CommittedData):  # the job's committed step: no environment
+        return Accepted(msg)
     if (bad := _bad_number(msg.data.env)) is not None:
         return Dropped("bad_env", bad)
     unknown = tuple(sorted(k for k in msg.data.env if k not in m.ORDER_ENV_KEYS))
@@ -108,6 +113,14 @@ def counted_as(name: str, counted: Collection[str]) -> str:
 def current(epoch: int, max_epoch: int) -> bool:
     """Whether an order of ``epoch`` is its master's (not a deposed one's)."""
     return epoch >= max_epoch
+
+
+def held_step(data: m.OrderData | m.CommittedData) -> int | None:
+    """The step from which the pod's saver keeps every checkpoint (the job may resume from any):
+    the job's committed step, as the master tells it (with each training round too); None: an
+    order. Not a round's ``AEGIS_RESUME_STEP``: a master that never tells the committed step
+    sends it as well, and the saver would keep every step after it for the whole run."""
+    return data.step if isinstance(data, m.CommittedData) else None
 
 
 def for_pod(order: m.OrderData, pod: str) -> bool:

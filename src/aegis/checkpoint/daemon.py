@@ -51,9 +51,11 @@ def commit_one(
     max_write_mb_s: float,
     keep: int,
     still_handed: Callable[[], bool] | None = None,
+    hold: int | None = None,
 ) -> Path:
     """Persist ``step`` of the slot directory ``shm``, mark it committed there, append it to
-    that directory's ``commits.jsonl`` with the incarnation that saved it; where it went."""
+    that directory's ``commits.jsonl`` with the incarnation that saved it; where it went.
+    ``hold``: the job's committed step (``layout.held_from``), pruned neither with what is newer."""
     started = time.monotonic()
     incarnation = lay.slot_incarnation(shm, step)  # (a slot replaced meanwhile is not committed)
     dcp = dcp_slot.read(shm, step)
@@ -63,7 +65,10 @@ def commit_one(
         final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed)
         if still_handed is not None and not still_handed():  # after .metadata: not in shm
             raise store.SlotReplacedError(step)
-    store.prune(ckpt, keep, step)  # before the commit is announced: a reported commit is final
+    left = store.prune(ckpt, keep, step, hold)  # before the commit is announced: it is final
+    if left > keep:
+        log.info("%s keeps %d steps, not %d: the job may still resume from step %s (a pod "
+                 "behind: its store down?)", ckpt, left, keep, hold)  # fmt: skip
     older = [s for s in lay.slot_steps(shm) if s < step]
     previous = max((s for s in older if lay.committed_marker(shm, s).exists()), default=None)
     for stale in older:
@@ -161,7 +166,8 @@ def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep
         return handed_identity(shm, step) == handed
 
     try:
-        final = commit_one(shm, ckpt, step, max_write_mb_s, keep, still_handed)
+        final = commit_one(shm, ckpt, step, max_write_mb_s, keep, still_handed,
+                           lay.held_from(where.pod))  # fmt: skip
     except store.SlotReplacedError:
         log.info("step %s replaced by a newer save while persisting; not committed", step)
         return 0.0

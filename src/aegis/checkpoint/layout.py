@@ -11,7 +11,9 @@ Shared-memory directory (owned by the agent, survives a restart of the training 
 - ``committed-<step>``: written by the daemon once the step is durable on disk;
 - ``commits.jsonl``: one ``{"step", "path", "ts", "incarnation"}`` line per commit (the agent
   tails it; the incarnation, the slot's, lets it tell a commit of a timeline a restart
-  abandoned from one of the current timeline).
+  abandoned from one of the current timeline);
+- ``hold-from``: the step from which the daemon prunes nothing (the agent writes the job's
+  committed step there, as the master tells it: :func:`held_from`).
 
 A pod whose command starts several ranks (``torchrun --nproc-per-node N``: ``LOCAL_WORLD_SIZE``
 over 1) gives each its own slots: local rank ``k`` saves into ``local-<k>/`` (the same names
@@ -241,6 +243,23 @@ def number_in(name: re.Pattern[str], entry: str) -> int | None:
     ``slot-05.json`` is not step 5's slot (``slot-5.json``, which code opens by the number)."""
     m = name.fullmatch(entry)
     return int(m.group(1)) if m and str(int(m.group(1))) == m.group(1) else None
+
+
+HOLD_FROM = "hold-from"
+
+
+def hold_from(shm: Path, step: int) -> None:
+    """From ``step`` on, the daemon of ``shm`` prunes no step (the job may resume from it)."""
+    write_atomic(shm / HOLD_FROM, str(step).encode(), durable=False)
+
+
+def held_from(shm: Path) -> int | None:
+    """The step :func:`hold_from` wrote; None when none was (or it does not read as one)."""
+    try:
+        text = (shm / HOLD_FROM).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def read_layout(shm: Path, step: int) -> Layout:

@@ -55,6 +55,16 @@ class DaemonSettings:
         ]  # fmt: skip
 
 
+def hold_from(shm_dir: Path, step: int) -> None:
+    """The daemon of ``shm_dir`` prunes no step from ``step`` on (``layout.hold_from``: the job
+    may resume from it); a failure to say so is logged (the daemon prunes by ``keep`` alone)."""
+    try:
+        shm_dir.mkdir(parents=True, exist_ok=True)
+        lay.hold_from(shm_dir, step)
+    except OSError as exc:
+        log.warning("cannot tell the saver to keep the steps from %d: %s", step, exc)
+
+
 class DaemonProcess:
     def __init__(
         self,

@@ -177,18 +177,27 @@ def discard_torn(ckpt: Path, step: int) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def prune(ckpt: Path, keep: int, committed: int | None = None) -> None:
+def prune(ckpt: Path, keep: int, committed: int | None = None, hold: int | None = None) -> int:
     """Keep the newest ``keep`` step directories (at most ``committed``, the step just
-    committed: see :func:`to_prune`)."""
-    for step in to_prune(lay.disk_steps(ckpt), keep, committed):
+    committed), and every one from ``hold`` on (see :func:`to_prune`); how many are left."""
+    steps = lay.disk_steps(ckpt)
+    gone = to_prune(steps, keep, committed, hold)
+    for step in gone:
         shutil.rmtree(lay.step_dir(ckpt, step), ignore_errors=True)
+    return len(steps) - len(gone)
 
 
-def to_prune(steps: list[int], keep: int, committed: int | None) -> list[int]:
+def to_prune(
+    steps: list[int], keep: int, committed: int | None, hold: int | None = None
+) -> list[int]:
     """Which of ``steps`` (ascending) go: those above ``committed``, an abandoned timeline (a
     restart rewound to an earlier step; within one timeline commits only go up), then the
-    oldest beyond the newest ``keep``. Counting the abandoned ones among the kept deleted the
-    steps of the timeline the job resumed on."""
+    oldest beyond the newest ``keep``, but none from ``hold`` on (the job's committed step:
+    the job may resume from it or any newer step it commits, though this pod is ahead: another
+    pod's store may be down). Counting the abandoned ones among the kept deleted the steps of
+    the timeline the job resumed on; pruning by ``keep`` alone deleted the step the job resumed
+    from when this pod was ``keep`` commits ahead of the job."""
     above = [s for s in steps if committed is not None and s > committed]
     rest = [s for s in steps if s not in above]
-    return rest[: max(len(rest) - keep, 0)] + above
+    oldest = rest[: max(len(rest) - keep, 0)]
+    return [s for s in oldest if hold is None or s < hold] + above

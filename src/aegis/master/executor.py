@@ -14,7 +14,7 @@ from aegis.core.model import JobSpec, JobStatus
 from aegis.core.phases import Order, Phase
 from aegis.master.job_settings import Clock
 from aegis.master.ports import Platform
-from aegis.master.round_orders import RoundOrder
+from aegis.master.round_orders import TRAINING_ORDERS, RoundOrder
 from aegis.wire import codec
 from aegis.wire import messages as m
 
@@ -29,20 +29,25 @@ class Executor:
     fence: Callable[[], None]
     signer: Callable[[bytes], str] | None  # None: a server without auth, orders go unsigned
     clock: Clock
+    told_committed: Callable[[], int] = lambda: -1  # the committed step stored and told
 
     async def publish(self, order: RoundOrder) -> None:
+        data = m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env))
+        await self._send(order.phase, order.seq, data)
+        if order.order in TRAINING_ORDERS and (step := self.told_committed()) >= 0:
+            await self._send(order.phase, order.seq, m.CommittedData(step))  # a pod that
+            # joined since the word was said (a replacement, an agent restarted) hears it too
+
+    async def tell_committed(self, status: JobStatus, step: int) -> None:
+        """The job's committed step, once the record holds it (``messages.CommittedData``)."""
+        await self._send(status.phase, status.seq, m.CommittedData(step))
+
+    async def _send(self, phase: Phase, seq: int, data: m.OrderData | m.CommittedData) -> None:
+        """Signed, stamped with the leader's epoch, on the job's master subject (fenced)."""
         self.fence()
-        msg = m.Message(
-            job=self.spec.job,
-            namespace=self.spec.namespace,
-            pod="master",
-            type=m.MessageType.ORDER,
-            phase=order.phase,
-            seq=order.seq,
-            ts=self.clock(),
-            data=m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env)),
-            epoch=self.epoch,
-        )
+        msg = m.Message(job=self.spec.job, namespace=self.spec.namespace, pod="master",
+                        type=m.MessageType.ORDER, phase=phase, seq=seq, ts=self.clock(),
+                        data=data, epoch=self.epoch)  # fmt: skip
         await self.bus.publish(self.subject, codec.encode_signed(msg, self.signer))
 
     async def publish_round(self, orders: Sequence[RoundOrder], seq: int) -> None:

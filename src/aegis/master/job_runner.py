@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from aegis.adapters import aio
 from aegis.adapters.aio import answers, cancellations, raise_if_cancelled, sleep_or_done
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_server import free_port
@@ -33,9 +34,9 @@ from aegis.core import events as ev
 from aegis.core import machine
 from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
-from aegis.core.phases import TERMINAL_PHASES, Order, Phase
+from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import inbox, job_record, safe_point_notes
+from aegis.master import inbox, job_record
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.executor import Executor
@@ -105,6 +106,7 @@ class JobRunner:
         progress = self.progress  # its parts, for observers
         self.safe, self.pace, self.stragglers = progress.safe, progress.pace, progress.stragglers
         self._persist_due = False  # a status write wanted without an event (the straggler named)
+        self._told_committed = -1  # the committed step the pods were told (once stored)
         self.hang_window = HangWindow(settings.hang_gather, status=lambda: self.status,
                                       put=self.queue.put_nowait, clock=clocks.wall,
                                       done=self.done)  # fmt: skip
@@ -114,7 +116,7 @@ class JobRunner:
         self.message_listeners = self.observers.messages
         self.heartbeat_listeners = self.observers.heartbeats
         self.executor = Executor(spec, bus, platform, self.master_subject, epoch, fence, signer,
-                                 clocks.wall)  # fmt: skip
+                                 clocks.wall, lambda: self._told_committed)  # fmt: skip
         self.task: asyncio.Task[None] | None = None  # the running loop, set by the service
         self._subscription: Subscription | None = None
 
@@ -130,7 +132,8 @@ class JobRunner:
         match msg.data:
             case m.CheckpointData(step=step):  # once per new step the whole job committed
                 if (committed := self.progress.committed(self.status, pod, step, now)) is not None:
-                    self.notes.committed_step = committed  # stored with the next status write
+                    self.notes.committed_step = committed  # written at once, then told
+                    self._persist_due = True
                     self.platform_event(ev.CheckpointCommitted(committed))
             case m.CheckpointDeclinedData(reason=reason):
                 if (forced := self.safe.declined(self.status, pod, reason, now)) is not None:
@@ -196,13 +199,7 @@ class JobRunner:
 
     async def wait_done(self) -> None:
         """Until the job is over; raises ``LocalError`` when the job's loop died first."""
-        done = asyncio.ensure_future(self.done.wait())
-        waiting: set[asyncio.Future[object]] = {done}  # type: ignore[arg-type]
-        if self.task is not None:
-            waiting.add(self.task)  # type: ignore[arg-type]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if not self.done.is_set():
-            done.cancel()
+        if not await aio.until_set_or_failed(self.done, self.task):
             error = self.task.exception() if self.task and self.task.done() else None
             raise LocalError(f"job {self.spec.job}: its loop ended early: {error!r}") from error
 
@@ -223,11 +220,8 @@ class JobRunner:
         self._subscription = await self.bus.subscribe(self.worker_subject, self.on_worker_message)
         now, status = self.clocks.mono(), self.status
         self.liveness.taken_over(status, now)
-        requested = any(o.order is Order.CHECKPOINT and o.seq == status.seq
-                        for o in self.round_orders)  # fmt: skip
-        self.safe.taken_over(status, requested, self.settings.drain_deadline_s, now)
-        if self.notes.safe_points is not None:  # the old leader's cadence and waits
-            safe_point_notes.restore(self.safe, self.notes.safe_points, status, now, self.clock())
+        self.progress.taken_over(status, self.round_orders, self.settings.drain_deadline_s,
+                                 self.notes.safe_points, now, self.clock())  # fmt: skip
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
         await self.executor.publish_round(self.round_orders, status.seq)
@@ -365,9 +359,13 @@ class JobRunner:
 
     async def _persist(self) -> None:
         self.fence()
+        committed = self.notes.committed_step
         self.revision = await self.store.put(status_key(self.spec),
                                              job_record.encode(self.record()),
                                              expected_revision=self.revision)  # fmt: skip
+        if committed > self._told_committed:  # stored: the pods' savers keep it from now on
+            await self.executor.tell_committed(self.status, committed)  # (a new leader: again)
+            self._told_committed = committed
 
     # -- timers --------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ Each method returns what the runner is to do: an event for the core, a status wr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aegis.core import actions as act
@@ -50,6 +50,22 @@ class Progress:
         """The safe points' notes for a new leader, as a record write carries them."""
         self._noted = safe_point_notes.key(self.safe)
         return safe_point_notes.note(self.safe, now, wall)
+
+    def taken_over(
+        self,
+        status: JobStatus,
+        orders: Sequence[RoundOrder],
+        deadline_s: float,
+        notes: safe_point_notes.SafePointNotes | None,
+        now: float,
+        wall: float,
+    ) -> None:
+        """A new leader's: the round's checkpoint request still pending, the old leader's
+        cadence and waits (its ``notes``) restored."""
+        requested = any(o.order is Order.CHECKPOINT and o.seq == status.seq for o in orders)
+        self.safe.taken_over(status, requested, deadline_s, now)
+        if notes is not None:
+            safe_point_notes.restore(self.safe, notes, status, now, wall)
 
     def notes_moved(self) -> bool:
         """Whether the safe points' notes changed since the record was last written (a save, a

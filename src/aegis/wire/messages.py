@@ -193,9 +193,21 @@ class CheckpointStoreData(
     down_s: Seconds = 0.0
 
 
+class CommittedData(
+    msgspec.Struct, tag="committed", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    """The master's word, once its record holds it, that every pod committed ``step``: the
+    job may resume from it, so each pod's saver keeps it and every newer step, whatever its
+    ``keep`` (a pod ahead of one whose store is down pruned the step the job resumed from).
+    Signed and fenced as orders are; an agent that does not know it drops it."""
+
+    step: Annotated[int, msgspec.Meta(ge=0, le=INT_BOUND)]
+
+
 Payload = (
     AckData
     | OrderData
+    | CommittedData
     | ExitData
     | ChecksData
     | ErrorData
@@ -210,7 +222,7 @@ Payload = (
 # Which payload kinds each message type may carry.
 PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
     MessageType.ACK: (AckData,),
-    MessageType.ORDER: (OrderData,),
+    MessageType.ORDER: (OrderData, CommittedData),
     MessageType.FINISH: (ExitData, ChecksData),
     MessageType.ERROR: (ErrorData,),
     MessageType.HANG: (HangData,),

@@ -42,7 +42,9 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             return ev.HangReported(pod, msg.phase, msg.seq, f"hang: no progress for {idle_s:.1f} s")
         case m.CheckpointData(step=step):
             return ev.CheckpointCommitted(step)
-        case m.HeartbeatData() | m.OrderData() | m.CheckpointDeclinedData() | m.ScriptSavedData():
+        case m.HeartbeatData() | m.CheckpointDeclinedData() | m.ScriptSavedData():
+            return None
+        case m.OrderData() | m.CommittedData():  # the master's word (``inbox`` drops it)
             return None
         case m.CheckpointStoreData():  # the master's shell logs and counts it
             return None
