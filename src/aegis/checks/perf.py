@@ -40,6 +40,7 @@ import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aegis.checks import cgroup_cpu, links
@@ -202,7 +203,8 @@ ROUND_WINDOWS = 3
 GPU_MATRIX = 4096  # on a GPU a small product measures launch latency, not the GPU
 
 
-def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any = None) -> float:
+def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any = None,
+             limits: Sequence[Path] | None = None) -> float:  # fmt: skip
     """GFLOP/s of the best ``window_s`` window within ``seconds``, on ``device`` (the GPU the
     collectives use, else the CPU).
 
@@ -210,14 +212,15 @@ def _compute(torch: Any, side: int, seconds: float, window_s: float, device: Any
     a busy neighbour does not make a healthy pod look slow; a pod that is really slow (held back
     by its cgroup's CPU limit, stopped, slow hardware) is slow in every window: the run delay
     its limit caused counts (``cgroup_cpu``). On a GPU each product is waited for, so a window
-    counts finished work.
+    counts finished work. ``limits``: the ``cpu.stat`` files of the process's cgroups (None:
+    read them here).
     """
     cuda = getattr(device, "type", "cpu") == "cuda"
     if cuda:
         side = max(side, GPU_MATRIX)
     a = torch.randn(side, side, device=device)
     b = torch.randn(side, side, device=device)
-    limits = cgroup_cpu.own_stat_files()
+    limits = cgroup_cpu.own_stat_files() if limits is None else limits
     best = 0.0
     end = time.monotonic() + seconds
     while best == 0.0 or time.monotonic() < end:  # at least one window, however loaded
@@ -268,15 +271,20 @@ def _pinned(cpu: int | None) -> Iterator[None]:
 
 
 def _round_figure(
-    torch: Any, side: int, round_s: float, device: Any, visits: Sequence[int | None]
+    torch: Any,
+    side: int,
+    round_s: float,
+    device: Any,
+    visits: Sequence[int | None],
+    limits: Sequence[Path] | None = None,
 ) -> float:
     """A compute round's GFLOP/s: the best of one window of ``round_s / len(visits)`` on each
-    CPU of ``visits`` (None: wherever the thread is)."""
+    CPU of ``visits`` (None: wherever the thread is); ``limits``: see :func:`_compute`."""
     window_s = round_s / len(visits)
     figure = 0.0
     for cpu in visits:
         with _pinned(cpu):
-            figure = max(figure, _compute(torch, side, window_s, window_s, device))
+            figure = max(figure, _compute(torch, side, window_s, window_s, device, limits))
     return figure
 
 
@@ -290,13 +298,14 @@ def _measure(torch: Any, dist: Any, args: Any, device: Any, count: int, round_s:
     probed (``links.Links``; else every buffer ``pair_mb``)."""
     pairs = pairs or links.Links(torch, dist, args, device, adapt=False)
     cpus = [] if getattr(device, "type", "cpu") == "cuda" else sorted(os.sched_getaffinity(0))
+    limits = cgroup_cpu.own_stat_files()  # once: the cgroup does not change within a check
     figures: list[float] = []
     best = 0.0
     for i in range(max(count, args.pair_repeats)):
         if i < count:
             dist.barrier()
             figures.append(_round_figure(torch, args.matrix, round_s, device,
-                                         round_cpus(cpus, args.rank, i)))  # fmt: skip
+                                         round_cpus(cpus, args.rank, i), limits))  # fmt: skip
         if i < args.pair_repeats:
             best = max(best, pairs.repeat())
     dist.barrier()
