@@ -11,6 +11,8 @@ import torch
 
 from aegis.checkpoint import api, daemon, outage, store
 from aegis.checkpoint import layout as lay
+from aegis.checkpoint.dcp import slot as dcp_slot
+from aegis.master import safe_points
 
 
 @pytest.mark.parametrize(
@@ -37,12 +39,31 @@ def test_pruning_deletes_an_abandoned_timeline_above_the_commit_and_keeps_the_ne
         ([10, 20, 30, 40], 3, 40, 40, [10]),  # the job caught up: ``keep`` alone
         ([10, 20, 30, 40], 3, 40, None, [10]),  # nothing said (no master): ``keep`` alone
         ([10, 20, 30, 40, 50], 3, 30, 10, [40, 50]),  # an abandoned timeline still goes
+        # the store stays down: the held step, then only the newest 16 (the master remembers
+        # no older commit of a pod, so the job cannot move to one)
+        ([10, *range(12, 52, 2)], 3, 50, 10, list(range(12, 20, 2))),
     ],
 )
 def test_pruning_keeps_every_step_from_the_one_the_job_may_resume_from(
     steps: list[int], keep: int, committed: int, hold: int | None, gone: list[int]
 ) -> None:
     assert store.to_prune(steps, keep, committed, hold) == gone
+
+
+@pytest.mark.parametrize(("hold", "left"), [(None, [30, 40, 50]), (20, [20, 30, 40, 50]),
+                                            (10, [10, 20, 30, 40, 50])])  # fmt: skip
+def test_dcp_steps_the_job_may_resume_from_are_kept(
+    tmp_path: Path, hold: int | None, left: list[int]
+) -> None:
+    for step in (10, 20, 30, 40, 50):
+        lay.step_dir(tmp_path, step).mkdir()
+        (lay.step_dir(tmp_path, step) / dcp_slot.METADATA).write_bytes(b"")
+    dcp_slot.prune(tmp_path, 3, hold)
+    assert lay.disk_steps(tmp_path) == left
+
+
+def test_the_saver_holds_as_many_newest_steps_as_the_master_remembers_commits() -> None:
+    assert lay.HELD_NEWEST == safe_points.KEPT_STEPS
 
 
 def test_a_pod_ahead_of_the_job_keeps_the_jobs_committed_step_on_disk(tmp_path: Path) -> None:

@@ -4,31 +4,53 @@ whose store is down keeps the step the job resumes from."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from aegis.adapters import memory
 from aegis.master import job_record
 from aegis.master.job_settings import status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, _to_running, harness, healthy  # noqa: F401 (the fixture)
+from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running, healthy
 from tests.waits import async_wait_until
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    """The runner on the in-memory bus; no pod is found silent in a test (they send no
+    heartbeats), however loaded the machine. Each word's publish records the committed step
+    the stored record held at that moment (``said_after``)."""
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
+    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=600)
+    harness = Harness(runner, bus, store, platform)
+    publish, stored = bus.publish, []
+
+    async def publish_seeing_the_store(subject: str, payload: bytes) -> None:
+        if isinstance(codec.decode(payload).data, m.CommittedData):
+            got = await store.get(status_key(runner.spec))
+            assert got is not None
+            stored.append(job_record.decode(got[0]).committed_step)
+        await publish(subject, payload)
+
+    bus.publish = publish_seeing_the_store  # type: ignore[method-assign]
+    harness.said_after = stored  # type: ignore[attr-defined]
+    await bus.subscribe(runner.master_subject, harness.on_order)
+    await runner.start(["node-0", "node-1"])
+    task = harness.task = asyncio.create_task(runner.run())
+    yield harness
+    runner.close()
+    await asyncio.wait_for(task, 5)
 
 
 def words(h: Harness) -> list[int]:
     return [o.data.step for o in h.orders if isinstance(o.data, m.CommittedData)]
 
 
-async def test_each_new_committed_step_is_told_once_after_the_record_holds_it(
-    harness: Harness,  # noqa: F811 (the fixture)
-) -> None:
-    h = harness
-    stored_when_told: list[int] = []
-
-    async def on_word(subject: str, payload: bytes) -> None:
-        if isinstance(codec.decode(payload).data, m.CommittedData):
-            got = await h.store.get(status_key(h.runner.spec))
-            assert got is not None
-            stored_when_told.append(job_record.decode(got[0]).committed_step)
-
-    await h.bus.subscribe(h.runner.master_subject, on_word)
+async def test_each_new_committed_step_is_told_once_after_the_record_holds_it(h: Harness) -> None:
     await _to_running(h)
     await h.send("job-0", m.MessageType.CHECKPOINT, m.CheckpointData(5))
     await h.settle()
@@ -41,15 +63,17 @@ async def test_each_new_committed_step_is_told_once_after_the_record_holds_it(
     await h.send("job-1", m.MessageType.CHECKPOINT, m.CheckpointData(10))
     await async_wait_until(lambda: words(h) == [5, 10], what="step 10 told")
     await h.settle()
-    assert words(h) == [5, 10] and stored_when_told == [5, 10]
+    assert words(h) == [5, 10]
+    assert h.said_after == [5, 10]  # type: ignore[attr-defined]  # the record held each first
     told = [o for o in h.orders if isinstance(o.data, m.CommittedData)]
     assert all(o.pod == "master" and o.type is m.MessageType.ORDER for o in told)
 
 
-async def test_a_training_round_says_the_committed_step_again(harness: Harness) -> None:  # noqa: F811 (the fixture)
+async def test_a_training_round_says_the_committed_step_again_before_its_order(
+    h: Harness,
+) -> None:
     """A pod that joined since the word was said (a replacement, a restarted agent) hears it
-    with the round that starts its training."""
-    h = harness
+    before the order that starts its training."""
     await _to_running(h)  # the first round: nothing committed, nothing said
     for pod in ("job-0", "job-1"):
         await h.send(pod, m.MessageType.CHECKPOINT, m.CheckpointData(8))
@@ -59,7 +83,7 @@ async def test_a_training_round_says_the_committed_step_again(harness: Harness) 
     for pod in ("job-0", "job-1"):  # the troubleshooting round finds both healthy
         await h.send(pod, m.MessageType.FINISH, healthy())
     await async_wait_until(lambda: words(h) == [8, 8], what="the restart's word")
-    kinds = [(o.seq, type(o.data).__name__) for o in h.orders][-2:]
-    assert kinds[0][1] == "OrderData" and kinds[1] == (kinds[0][0], "CommittedData")
-    restart = h.orders[-2].data
-    assert isinstance(restart, m.OrderData) and restart.env[m.RESUME_STEP_ENV] == "8"
+    await h.settle()
+    word, restart = h.orders[-2:]
+    assert isinstance(word.data, m.CommittedData) and isinstance(restart.data, m.OrderData)
+    assert word.seq == restart.seq and restart.data.env[m.RESUME_STEP_ENV] == "8"

@@ -72,8 +72,8 @@ async def test_a_job_written_by_the_earlier_master_is_adopted_mid_job() -> None:
     await bus.flush()
     assert [(o.epoch, o.seq, o.data) for o in sent] == [
         (4, 2, m.CommittedData(20)),  # the savers keep step 20 on: the old word may be lost
+        (4, 2, m.CommittedData(20)),  # said before every training round's order
         (4, 2, m.OrderData(Order.RUN, ["up-0", "up-1"], 0, RUN.env)),
-        (4, 2, m.CommittedData(20)),  # said with every training round's order
     ]
     assert runner.safe.committed_step == 20
     got = await store.get(status_key(runner.spec))

@@ -55,14 +55,15 @@ def commit_one(
 ) -> Path:
     """Persist ``step`` of the slot directory ``shm``, mark it committed there, append it to
     that directory's ``commits.jsonl`` with the incarnation that saved it; where it went.
-    ``hold``: the job's committed step (``layout.held_from``), pruned neither with what is newer."""
+    ``hold``: the job's committed step (``layout.held_from``): it is not pruned, nor the newer
+    steps the job may still resume from (``layout.held``)."""
     started = time.monotonic()
     incarnation = lay.slot_incarnation(shm, step)  # (a slot replaced meanwhile is not committed)
     dcp = dcp_slot.read(shm, step)
     if dcp is None:
         final = store.persist(shm, ckpt, step, max_write_mb_s, still_handed)
     else:  # a torch distributed checkpoint: DCP's own format, in its directory
-        final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed)
+        final = dcp_slot.persist(shm, dcp, keep, still_handed=still_handed, hold=hold)
         if still_handed is not None and not still_handed():  # after .metadata: not in shm
             raise store.SlotReplacedError(step)
     left = store.prune(ckpt, keep, step, hold)  # before the commit is announced: it is final

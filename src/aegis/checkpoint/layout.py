@@ -246,6 +246,19 @@ def number_in(name: re.Pattern[str], entry: str) -> int | None:
 
 
 HOLD_FROM = "hold-from"
+# How many of a pod's newest commits the master remembers (``master.safe_points.KEPT_STEPS``,
+# a test keeps them equal): the job's committed step can only move to one of those, so from the
+# held step on a saver keeps the held step and, of the newer ones, these newest (not every one:
+# a store down for the rest of the run would fill the others' disks).
+HELD_NEWEST = 16
+
+
+def held(steps: list[int], hold: int | None) -> set[int]:
+    """Of ``steps`` (ascending), those the job may still resume from: ``hold`` and, of the newest
+    :data:`HELD_NEWEST`, those above it (none when nothing is held)."""
+    if hold is None:
+        return set()
+    return {s for s in steps if s == hold} | {s for s in steps[-HELD_NEWEST:] if s > hold}
 
 
 def hold_from(shm: Path, step: int) -> None:

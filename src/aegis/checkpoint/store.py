@@ -192,12 +192,12 @@ def to_prune(
 ) -> list[int]:
     """Which of ``steps`` (ascending) go: those above ``committed``, an abandoned timeline (a
     restart rewound to an earlier step; within one timeline commits only go up), then the
-    oldest beyond the newest ``keep``, but none from ``hold`` on (the job's committed step:
-    the job may resume from it or any newer step it commits, though this pod is ahead: another
+    oldest beyond the newest ``keep``, but not those the job may resume from (``hold``, the
+    job's committed step, and newer ones: ``layout.held``), though this pod is ahead (another
     pod's store may be down). Counting the abandoned ones among the kept deleted the steps of
     the timeline the job resumed on; pruning by ``keep`` alone deleted the step the job resumed
     from when this pod was ``keep`` commits ahead of the job."""
     above = [s for s in steps if committed is not None and s > committed]
     rest = [s for s in steps if s not in above]
-    oldest = rest[: max(len(rest) - keep, 0)]
-    return [s for s in oldest if hold is None or s < hold] + above
+    kept = lay.held(rest, hold)
+    return [s for s in rest[: max(len(rest) - keep, 0)] if s not in kept] + above

@@ -32,11 +32,11 @@ class Executor:
     told_committed: Callable[[], int] = lambda: -1  # the committed step stored and told
 
     async def publish(self, order: RoundOrder) -> None:
-        data = m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env))
-        await self._send(order.phase, order.seq, data)
         if order.order in TRAINING_ORDERS and (step := self.told_committed()) >= 0:
             await self._send(order.phase, order.seq, m.CommittedData(step))  # a pod that
-            # joined since the word was said (a replacement, an agent restarted) hears it too
+            # joined since it was said (a replacement, an agent restarted) hears it first too
+        data = m.OrderData(order.order, list(order.pods), order.exit_code, dict(order.env))
+        await self._send(order.phase, order.seq, data)
 
     async def tell_committed(self, status: JobStatus, step: int) -> None:
         """The job's committed step, once the record holds it (``messages.CommittedData``)."""

@@ -33,7 +33,7 @@ from torch.futures import Future
 import aegis.checkpoint.dcp.slot as sl  # (by path: the dcp package imports this module lazily)
 from aegis.checkpoint import api
 from aegis.checkpoint import layout as lay
-from aegis.checkpoint.dcp.writer import parse_step
+from aegis.checkpoint.dcp.writer import checked_id, parse_step
 from aegis.core.errors import AegisError
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Reader(filesystem.FileSystemReader):
         self.source: str | None = None  # "shm" or "disk"
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        self._explicit = checkpoint_id
+        self._explicit = checked_id(checkpoint_id)
         self._local = None
         super().reset(None if parse_step(checkpoint_id) is not None else checkpoint_id)
 

@@ -121,6 +121,7 @@ def persist(
     *,
     wait_s: float = 600.0,
     still_handed: Callable[[], bool] | None = None,
+    hold: int | None = None,
 ) -> Path:
     """Write this rank's files of ``slot`` into its directory (each fsync'd, renamed into place),
     then, on the coordinator, wait for the other ranks' files and write ``.metadata`` last
@@ -128,7 +129,7 @@ def persist(
     place, and ``.metadata`` is written, only while ``still_handed()`` says the slot was not
     replaced since it was read (:class:`SlotReplacedError`, nothing of it left): a save that
     went on meanwhile may have overwritten the buffer, and the coordinator takes any file
-    there as this save's."""
+    there as this save's. ``hold``: see :func:`prune`."""
     blob = lay.slot_pkl(shm, slot.step).read_bytes()
     where = slot.directory
     where.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ def persist(
     _put(where, METADATA, [("lit", at, n)], (blob, memoryview(b"")), slot.step, still_handed,
          True)  # fmt: skip
     lay.fsync_dir(where)
-    prune(where.parent, keep)
+    prune(where.parent, keep, hold)
     return where
 
 
@@ -227,14 +228,15 @@ def steps(root: Path) -> list[int]:
     return [s for s in lay.disk_steps(root) if (lay.step_dir(root, s) / METADATA).exists()]
 
 
-def prune(root: Path, keep: int) -> None:
-    """Keep the newest ``keep`` complete checkpoints under ``root`` (and what is newer)."""
+def prune(root: Path, keep: int, hold: int | None = None) -> None:
+    """Keep the newest ``keep`` complete checkpoints under ``root`` (and what is newer), and
+    those the job may resume from (``hold``: ``layout.held``)."""
     complete = steps(root)
     if len(complete) <= keep:
         return
-    oldest_kept = complete[-keep]
+    oldest_kept, kept = complete[-keep], lay.held(complete, hold)
     for step in lay.disk_steps(root):
-        if step < oldest_kept:
+        if step < oldest_kept and step not in kept:
             shutil.rmtree(lay.step_dir(root, step), ignore_errors=True)
 
 

@@ -84,6 +84,15 @@ def parse_step(checkpoint_id: Any) -> int | None:
     return None
 
 
+def checked_id(checkpoint_id: Any) -> Any:
+    """``checkpoint_id`` as given (a step, a directory or None); ``ValueError`` for an int that
+    names no step (a negative one, a bool), which DCP would take for a directory's name."""
+    if isinstance(checkpoint_id, int) and parse_step(checkpoint_id) is None:
+        raise ValueError(f"checkpoint_id {checkpoint_id!r}: a step is an int of 0 or more "
+                         "(or its digits), anything else a directory")  # fmt: skip
+    return checkpoint_id
+
+
 class Writer(storage.StorageWriter, staging.AsyncStager):
     """Saves through Aegis. ``checkpoint_id``: None (the next step), a step number, or a
     directory (written in DCP's format by the daemon, numbered as the next step)."""
@@ -107,7 +116,7 @@ class Writer(storage.StorageWriter, staging.AsyncStager):
     # -- DCP's StorageWriter -------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        self._explicit = checkpoint_id
+        self._explicit = checked_id(checkpoint_id)
         self._save_id = uuid.uuid4().hex
 
     @classmethod
