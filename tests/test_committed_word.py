@@ -4,7 +4,6 @@ whose store is down keeps the step the job resumes from."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +14,14 @@ from aegis.master import job_record
 from aegis.master.job_settings import status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running, healthy
+from tests.test_job_runner import (
+    Harness,
+    RecordingPlatform,
+    _runner,
+    _to_running,
+    healthy,
+    running,
+)
 from tests.waits import async_wait_until
 
 
@@ -38,12 +44,8 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
 
     bus.publish = publish_seeing_the_store  # type: ignore[method-assign]
     harness.said_after = stored  # type: ignore[attr-defined]
-    await bus.subscribe(runner.master_subject, harness.on_order)
-    await runner.start(["node-0", "node-1"])
-    task = harness.task = asyncio.create_task(runner.run())
-    yield harness
-    runner.close()
-    await asyncio.wait_for(task, 5)
+    async with running(harness):
+        yield harness
 
 
 def words(h: Harness) -> list[int]:

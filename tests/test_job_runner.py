@@ -131,16 +131,24 @@ async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
         bus = memory.MemoryBus()
     store, platform = memory.MemoryStore(), RecordingPlatform()
     runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5)
-    h = Harness(runner, bus, store, platform)
-    await bus.subscribe(runner.master_subject, h.on_order)
-    await runner.start(["node-0", "node-1"])
-    task = h.task = asyncio.create_task(runner.run())
-    yield h
-    runner.close()
-    await asyncio.wait_for(task, 5)
+    async with running(Harness(runner, bus, store, platform)) as h:
+        yield h
     if server is not None:
         await bus.close()
         await asyncio.to_thread(server.stop)
+
+
+@contextlib.asynccontextmanager
+async def running(h: Harness) -> AsyncIterator[Harness]:
+    """``h``'s runner started on node-0 and node-1, its orders recorded; closed at the end."""
+    await h.bus.subscribe(h.runner.master_subject, h.on_order)
+    await h.runner.start(["node-0", "node-1"])
+    h.task = asyncio.create_task(h.runner.run())
+    try:
+        yield h
+    finally:
+        h.runner.close()
+        await asyncio.wait_for(h.task, 5)
 
 
 def _noop(runner: JobRunner) -> inbox.PlatformInput:
