@@ -4,9 +4,12 @@ test moves: who leads, when a leader stops believing it leads, and who follows."
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
 
 from aegis.adapters.memory import MemoryLeaseStore
-from aegis.master.lease import Lease, LeaseSettings
+from aegis.master.lease import Lease, LeaseSettings, lease_clock
 
 
 class Clock:
@@ -162,3 +165,20 @@ async def test_a_deposed_leader_that_releases_later_leaves_its_successor_alone()
     assert store.held_by == second.token and first.epoch is None
     assert not await third.try_acquire()
     assert await second.renew() and second.held
+
+
+def test_a_lease_is_judged_by_a_clock_that_counts_a_suspended_machines_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``time.monotonic`` stops while a machine is suspended: a leader resumed past its lease
+    believed it until its next renewal was refused. ``CLOCK_BOOTTIME`` goes on."""
+    lease = Lease(MemoryLeaseStore(), "m1", SETTINGS)
+    assert lease.clock is lease_clock
+    asked: list[int] = []
+
+    def clock_gettime(clock_id: int) -> float:
+        asked.append(clock_id)
+        return 7.0
+
+    monkeypatch.setattr(time, "clock_gettime", clock_gettime)
+    assert lease.clock() == 7.0 and asked == [time.CLOCK_BOOTTIME]

@@ -7,8 +7,9 @@ as a standby, wait for a vacancy and try again (also on a timer, in case a watch
 missed).
 
 The revision at acquisition is the leader's *epoch*. The lease is held while a renewal
-succeeded within ``lease_s - margin_s`` by this process's monotonic clock: a leader that was
-stopped (SIGSTOP) past its lease finds it expired on its own clock before doing anything.
+succeeded within ``lease_s - margin_s`` by this process's clock (``lease_clock``: it counts a
+suspended machine's time too): a leader that was stopped (SIGSTOP) or suspended past its lease
+finds it expired on its own clock before doing anything.
 
 Lease length: 2 s on a single server. On a JetStream cluster (R3 buckets) a server's death makes
 the lease bucket elect a new stream leader, during which no renewal can succeed: 4.4-6.7 s
@@ -40,6 +41,18 @@ log = logging.getLogger(__name__)
 SINGLE_SERVER_LEASE_S = 2.0
 CLUSTER_LEASE_S = 12.0
 RETRY_AFTER_FAILURE_S = 0.2
+
+
+def lease_clock() -> float:
+    """The clock a lease is judged by: one that goes on while the machine is suspended
+    (``CLOCK_BOOTTIME``; ``time.monotonic`` stops then, and a leader resumed after its lease ran
+    out believed it until its next renewal was refused); ``time.monotonic`` where there is none."""
+    if _BOOTTIME is None:
+        return time.monotonic()
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)  # Linux
 
 
 def default_lease_s(replicas: int) -> float:
@@ -84,9 +97,10 @@ class Lease:
         store: LeaseStore,
         holder: str,
         settings: LeaseSettings,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self.store, self.holder, self.settings, self.clock = store, holder, settings, clock
+        self.store, self.holder, self.settings = store, holder, settings
+        self.clock = clock or lease_clock
         # What this Lease writes on the key: the holder's name and a token of this instance, so a
         # second replica given the same name (a restarted container is often the same host and
         # PID) never takes this one's write for its own (``_own_revision``).
