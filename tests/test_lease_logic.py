@@ -9,7 +9,7 @@ import time
 import pytest
 
 from aegis.adapters.memory import MemoryLeaseStore
-from aegis.master.lease import Lease, LeaseSettings, lease_clock
+from aegis.master.lease import Lease, LeaseSettings, holder_name, lease_clock
 
 
 class Clock:
@@ -182,3 +182,13 @@ def test_a_lease_is_judged_by_a_clock_that_counts_a_suspended_machines_time(
 
     monkeypatch.setattr(time, "clock_gettime", clock_gettime)
     assert lease.clock() == 7.0 and asked == [time.CLOCK_BOOTTIME]
+
+
+def test_the_leases_value_names_its_holder_with_a_token_of_its_lease() -> None:
+    """What readers of the key (``ReplicatedRun.leader``) take the name from: an older
+    replica's value is the name alone."""
+    _, store, first, _ = pair()
+    assert holder_name(first.token) == "m1" and first.token != "m1"
+    assert holder_name("master-1") == "master-1"
+    assert holder_name("master-1#0a1b") == "master-1"
+    assert store.held_by is None

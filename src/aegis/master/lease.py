@@ -55,6 +55,14 @@ def lease_clock() -> float:
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)  # Linux
 
 
+TOKEN_MARK = "#"  # the lease's value: the holder's name, this mark, a token of its Lease
+
+
+def holder_name(value: str) -> str:
+    """The replica's name in a lease's value (what an older replica wrote is the name alone)."""
+    return value.split(TOKEN_MARK, 1)[0]
+
+
 def default_lease_s(replicas: int) -> float:
     """The default lease for buckets of ``replicas`` copies: longer than a cluster failover."""
     return CLUSTER_LEASE_S if replicas > 1 else SINGLE_SERVER_LEASE_S
@@ -104,7 +112,7 @@ class Lease:
         # What this Lease writes on the key: the holder's name and a token of this instance, so a
         # second replica given the same name (a restarted container is often the same host and
         # PID) never takes this one's write for its own (``_own_revision``).
-        self.token = f"{holder}#{secrets.token_hex(6)}"
+        self.token = f"{holder}{TOKEN_MARK}{secrets.token_hex(6)}"
         self.epoch: int | None = None
         self._revision = 0
         self._valid_until = 0.0

@@ -34,7 +34,7 @@ from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName, pod_names
 from aegis.core.rendezvous import RendezvousRule
 from aegis.master import eventlog_writer
-from aegis.master.lease import LeaseSettings, default_lease_s
+from aegis.master.lease import LeaseSettings, default_lease_s, holder_name
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms import job_files, run_settings
 from aegis.platforms.follow import FollowedJob
@@ -236,7 +236,7 @@ class ReplicatedRun:
         with contextlib.suppress(Exception):  # no bucket or no lease yet
             store = await KvStore.existing(self.bus, LeaseSettings().bucket, retry_s=0.0)
             got = await store.get(LeaseSettings().key) if store is not None else None
-            holder = got[0].decode() if got is not None else ""
+            holder = holder_name(got[0].decode()) if got is not None else ""
             if holder.startswith("master-"):
                 return int(holder.split("-", 1)[1])
         return None
