@@ -1,5 +1,5 @@
 """The master tells the pods each new step the whole job committed (``CommittedData``), once
-its record holds it: their savers keep that step and every newer one, so a pod ahead of one
+its record holds it: their savers keep that step and the newest after it, so a pod ahead of one
 whose store is down keeps the step the job resumes from."""
 
 from __future__ import annotations

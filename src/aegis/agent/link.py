@@ -65,8 +65,8 @@ class MasterLink:
         self.dropped: Counter[str] = Counter()  # orders dropped, by reason
         self.dropped_env: Counter[str] = Counter()  # environment keys dropped from orders
         self._drop_log = RateLimitedLog(log)
-        # the saver keeps every checkpoint from this step on (``process.hold``; set by the agent
-        # when it runs a saver)
+        # the job's committed step, as the master tells it, for the saver: it keeps that step
+        # and the newest after it (``process.hold_from``; set by the agent when it runs one)
         self.hold_from: Callable[[int], None] = lambda step: None
 
     @property

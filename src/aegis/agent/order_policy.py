@@ -5,7 +5,7 @@ link and the executor act on them; no I/O, no clock).
   server without auth has none), is of this job; of its environment only the keys the master
   sends (``messages.ORDER_ENV_KEYS``) are kept, any other is dropped and named;
 - :func:`current`: an order of a deposed master (a lower epoch) is ignored;
-- :func:`held_step`: the step from which the pod's saver keeps every checkpoint;
+- :func:`held_step`: the job's committed step, which the pod's saver keeps;
 - :func:`round_key`: each round is executed at most once (an order re-sent after a failover, or
   for a lost message, is ignored);
 - :func:`for_pod`: an order addressed to some pods is taken by those only;
@@ -116,10 +116,10 @@ def current(epoch: int, max_epoch: int) -> bool:
 
 
 def held_step(data: m.OrderData | m.CommittedData) -> int | None:
-    """The step from which the pod's saver keeps every checkpoint (the job may resume from any):
-    the job's committed step, as the master tells it (with each training round too); None: an
-    order. Not a round's ``AEGIS_RESUME_STEP``: a master that never tells the committed step
-    sends it as well, and the saver would keep every step after it for the whole run."""
+    """The job's committed step, as the master tells it (and again with each training round):
+    the pod's saver keeps it and the newest steps after it; None: an order. Not a round's
+    ``AEGIS_RESUME_STEP``: a master that never tells the committed step sends that too, and the
+    saver would hold it for the whole run."""
     return data.step if isinstance(data, m.CommittedData) else None
 
 

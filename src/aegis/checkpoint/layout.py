@@ -12,8 +12,8 @@ Shared-memory directory (owned by the agent, survives a restart of the training 
 - ``commits.jsonl``: one ``{"step", "path", "ts", "incarnation"}`` line per commit (the agent
   tails it; the incarnation, the slot's, lets it tell a commit of a timeline a restart
   abandoned from one of the current timeline);
-- ``hold-from``: the step from which the daemon prunes nothing (the agent writes the job's
-  committed step there, as the master tells it: :func:`held_from`).
+- ``hold-from``: the job's committed step, as the master tells it (the agent writes it): the
+  daemon prunes neither it nor the newest steps after it (:func:`held`).
 
 A pod whose command starts several ranks (``torchrun --nproc-per-node N``: ``LOCAL_WORLD_SIZE``
 over 1) gives each its own slots: local rank ``k`` saves into ``local-<k>/`` (the same names
@@ -262,7 +262,8 @@ def held(steps: list[int], hold: int | None) -> set[int]:
 
 
 def hold_from(shm: Path, step: int) -> None:
-    """From ``step`` on, the daemon of ``shm`` prunes no step (the job may resume from it)."""
+    """The job's committed step is ``step``: the daemon of ``shm`` prunes neither it nor the
+    newest steps after it (:func:`held`: the job may resume from them)."""
     write_atomic(shm / HOLD_FROM, str(step).encode(), durable=False)
 
 

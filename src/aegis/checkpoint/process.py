@@ -56,8 +56,9 @@ class DaemonSettings:
 
 
 def hold_from(shm_dir: Path, step: int) -> None:
-    """The daemon of ``shm_dir`` prunes no step from ``step`` on (``layout.hold_from``: the job
-    may resume from it); a failure to say so is logged (the daemon prunes by ``keep`` alone)."""
+    """The job's committed step is ``step``: the daemon of ``shm_dir`` keeps it and the newest
+    steps after it (``layout.hold_from``); a failure to say so is logged (the daemon then
+    prunes by ``keep`` alone)."""
     try:
         shm_dir.mkdir(parents=True, exist_ok=True)
         lay.hold_from(shm_dir, step)

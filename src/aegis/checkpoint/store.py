@@ -179,7 +179,8 @@ def discard_torn(ckpt: Path, step: int) -> None:
 
 def prune(ckpt: Path, keep: int, committed: int | None = None, hold: int | None = None) -> int:
     """Keep the newest ``keep`` step directories (at most ``committed``, the step just
-    committed), and every one from ``hold`` on (see :func:`to_prune`); how many are left."""
+    committed), and those the job may resume from (``hold``: see :func:`to_prune`); how many
+    are left."""
     steps = lay.disk_steps(ckpt)
     gone = to_prune(steps, keep, committed, hold)
     for step in gone:

@@ -197,9 +197,9 @@ class CommittedData(
     msgspec.Struct, tag="committed", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
     """The master's word, once its record holds it, that every pod committed ``step``: the
-    job may resume from it, so each pod's saver keeps it and every newer step, whatever its
-    ``keep`` (a pod ahead of one whose store is down pruned the step the job resumed from).
-    Signed and fenced as orders are; an agent that does not know it drops it."""
+    job may resume from it, so each pod's saver keeps it and the newest steps after it,
+    whatever its ``keep`` (a pod ahead of one whose store is down pruned the step the job
+    resumed from). Signed and fenced as orders are; an agent that does not know it drops it."""
 
     step: Annotated[int, msgspec.Meta(ge=0, le=INT_BOUND)]
 
