@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -90,15 +91,19 @@ LEASE_S = 10.0
 
 @contextlib.asynccontextmanager
 async def standalone_master(
-    monkeypatch: pytest.MonkeyPatch, poll_s: float, keep_ended_s: float = KEEP_ENDED_S
+    monkeypatch: pytest.MonkeyPatch,
+    poll_s: float,
+    keep_ended_s: float = KEEP_ENDED_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[Master]:
-    """A nats-server and one master replica on it, leading (it holds the lease)."""
+    """A nats-server and one master replica on it, leading (it holds the lease); ``clock``:
+    the replica's for ended jobs' retention."""
     polls = count_polls(monkeypatch)
     server = EmbeddedNats(None)
     await asyncio.to_thread(server.start)
     replica = Replica(None, server.url, ReplicaSettings(
         replica_id="m1", lease=LeaseSettings(lease_s=LEASE_S), poll_s=poll_s,
-        keep_ended_s=keep_ended_s))  # fmt: skip
+        keep_ended_s=keep_ended_s, clock=clock))  # fmt: skip
     replica.adopted.append(lambda key: polls.adopted_at.setdefault(key, polls.started["jobs"]))
     task = asyncio.create_task(replica.run(), name="replica")
     bus = await NatsBus.connect(server.url)

@@ -71,6 +71,7 @@ class ReplicaSettings:
     creds_ttl_s: float | None = 3600.0
     tls_dir: TlsDir | None = None  # the credentials server's certificate; NATS's CA (ca.crt)
     keep_ended_s: float = retention.KEEP_ENDED_S  # an ended job's record, then removed (0: kept)
+    clock: Callable[[], float] = time.monotonic  # when a job was seen ended, and is now
 
     @property
     def nats_ca(self) -> Path | None:
@@ -183,14 +184,14 @@ class Replica:
 
     def _ended(self, key: str, revision: int) -> None:
         """The job has ended: keep its key (and when it was seen ended), not its record."""
-        self.finished.setdefault(key, retention.Ended(time.monotonic(), revision))
+        self.finished.setdefault(key, retention.Ended(self.settings.clock(), revision))
         self.records.pop(key, None)
 
     async def _remove_expired(self, listed: list[str]) -> None:
         """The leader removes the records of jobs ended ``keep_ended_s`` ago (at the revision
         seen ended: a job submitted again under the name stays and is adopted next poll)."""
         self.finished = retention.still_listed(self.finished, listed)
-        now = time.monotonic()
+        now = self.settings.clock()
         for key in retention.expired(self.finished, now, self.settings.keep_ended_s):
             seen = self.finished.get(key)  # the refresh may have forgotten it meanwhile
             if seen is None:
