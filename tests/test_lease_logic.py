@@ -142,6 +142,22 @@ async def test_a_standby_takes_over_at_once_when_the_leader_releases() -> None:
     assert epoch == second.epoch and second.held and first.epoch is None
 
 
+async def test_a_release_after_a_renewal_whose_answer_was_lost_frees_the_key_at_once() -> None:
+    """The leader's last write took effect unanswered, so the key is at a revision it never
+    heard of: a clean shutdown still removes it (the key carries its own token), and a standby
+    leads without waiting out the TTL."""
+    clock, store, first, second = pair()
+    assert await first.try_acquire()
+    epoch = store.revision
+    lose_the_next_answer(store)
+    clock.now += 0.5
+    await first.renew()
+    assert store.held_by == first.token and store.revision == epoch + 1
+    await first.release()
+    assert store.held_by is None and first.epoch is None
+    assert await second.try_acquire()  # the fake clock has not passed the TTL
+
+
 async def test_a_renewal_refused_because_another_holder_wrote_loses_the_lead_at_once() -> None:
     """Someone else wrote the key (it was freed under this leader): no waiting out the clock."""
     _, store, first, second = pair()

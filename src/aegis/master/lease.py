@@ -231,9 +231,16 @@ class Lease:
 
     async def release(self) -> None:
         """Give the lease up now (a clean shutdown): standbys take over at once. Only the key
-        as this holder last wrote it is removed: never a successor's lease."""
+        as this holder last wrote it is removed: never a successor's lease. After a renewal
+        whose answer was lost, that is the later write of this holder's own (``_own_revision``);
+        otherwise the removal was refused and the standbys waited out the TTL."""
         if self.epoch is None:
             return
         with contextlib.suppress(Exception):
-            await self.store.remove(expected=self._revision)
+            try:
+                await self.store.remove(expected=self._revision)
+            except LeaseTakenError:
+                own = await self._own_revision()
+                if own is not None and own > self._revision:
+                    await self.store.remove(expected=own)
         self.epoch = None
