@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from aegis.agent import commit_rule, executor, link, link_settings, ports, reaper, supervisor
+from aegis.agent import (
+    commit_rule,
+    executor,
+    link,
+    link_settings,
+    linked,
+    ports,
+    reaper,
+    supervisor,
+)
 from aegis.checkpoint import api, daemon, process
 from aegis.checkpoint import layout as lay
 from aegis.core.phases import Order, Phase
@@ -94,9 +103,12 @@ class Pod:
     """The agent's side of one pod: its link (what it sends is kept), a supervisor and the
     order executor, the tail of the saver's ``commits.jsonl``."""
 
-    def __init__(self, tmp: Path, the_reaper: reaper.Reaper, devnull: int) -> None:
+    def __init__(
+        self, tmp: Path, the_reaper: reaper.Reaper, devnull: int, *, linked_start: bool = False
+    ) -> None:
         self.shm, self.ckpt, self.go = tmp / "shm", tmp / "ckpt", tmp / "go"
-        os.mkfifo(self.go)
+        if not self.go.exists():
+            os.mkfifo(self.go)
         self.link = link.MasterLink(SETTINGS)
         self.sent: list[m.Payload] = []
         self.link.send = self._send  # type: ignore[method-assign]
@@ -104,6 +116,8 @@ class Pod:
                "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
         settings = supervisor.SupervisorSettings(grace_s=5.0, hang_timeout_s=0.0,
                                                  stdout_fd=devnull, stderr_fd=devnull)  # fmt: skip
+        if linked_start:  # as an agent starts under its master (the pod's shared memory known)
+            settings = linked.go_on_counting(settings, self.link, self.shm)
         argv = [sys.executable, "-c", TRAINING, str(self.go)]
         self.sup = supervisor.Supervisor(argv, settings, the_reaper, ports.RecordingReports(),
                                          env=env)  # fmt: skip
@@ -167,6 +181,51 @@ async def test_a_commit_of_the_abandoned_timeline_is_not_reported_after_a_restar
     assert await pod.commit(30) == [30]
     assert pod.reported() == [20, 30]  # the new timeline's 30
     assert pod.lines() == [(20, 0), (30, 0), (30, 1)]
+
+
+async def test_after_a_container_restart_the_count_goes_on_and_the_old_timeline_is_not_reported(
+    tmp_path: Path, the_reaper: reaper.Reaper, devnull: int
+) -> None:
+    """The agent died with its container (SIGKILL: nothing cleaned up), leaving the pod's shared
+    memory: step 20 committed and reported, step 30 handed off and not yet persisted. The next
+    agent's training is incarnation 1, not 0 again, so the old 30, persisted late, is the
+    abandoned timeline's and is not reported, and neither is the old commit line it reads anew
+    before its first order; the new 30 is. (Counted from 0, the old 30 was reported.)"""
+    first = Pod(tmp_path, the_reaper, devnull, linked_start=True)
+    async with first.sup:
+        await first.order(3, {})
+        await first.handed(20, 0)
+        assert await first.commit(20) == [20] and first.reported() == [20]
+        await first.save_30()
+        await first.handed(30, 0)
+    second = Pod(tmp_path, the_reaper, devnull, linked_start=True)
+    assert second.link.current == commit_rule.Current(1, -1)
+    assert await second.tail.poll_commits() == [20] and second.reported() == []
+    async with second.sup:
+        await second.order(2, {m.RESUME_STEP_ENV: "20"})  # the new master round: from 20
+        assert second.sup.restart_count == 1
+        assert second.link.current == commit_rule.Current(1, 20)
+        assert await second.commit(30) == [30] and second.reported() == []  # the old 30
+        await second.save_30()
+        await second.handed(30, 1)
+        assert await second.commit(30) == [30] and second.reported() == [30]
+    assert second.lines() == [(20, 0), (30, 0), (30, 1)]
+
+
+def test_the_newest_incarnation_of_a_pods_shared_memory_is_its_slots_and_commit_lines(
+    tmp_path: Path,
+) -> None:
+    shm = tmp_path / "shm"
+    assert lay.newest_incarnation(shm) == lay.UNKNOWN  # nothing there
+    api.Saver(api.SaverSettings(shm, tmp_path / "ckpt", incarnation=2)).save(
+        4, {"w": torch.ones(4)}
+    )
+    assert lay.newest_incarnation(shm) == 2
+    local = lay.local_dir(shm, 1)
+    local.mkdir()
+    (local / lay.COMMITS_LOG).write_text('{"step": 2, "incarnation": 5}\nnot json\n[1]\n'
+                                         '{"step": 3, "incarnation": true}\n')  # fmt: skip
+    assert lay.newest_incarnation(shm) == 5
 
 
 async def test_a_commit_of_a_slot_that_does_not_say_its_incarnation_is_reported(

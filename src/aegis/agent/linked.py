@@ -21,6 +21,7 @@ which decides on the recovery; one that handles it (a checkpoint, a dump) runs o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import glob
 import hashlib
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
 from aegis.agent import (
+    commit_rule,
     executor,
     link,
     link_settings,
@@ -44,6 +46,7 @@ from aegis.agent import (
     supervisor,
     transport,
 )
+from aegis.checkpoint import layout as lay
 from aegis.checkpoint import process
 from aegis.checks import host as check_host
 from aegis.wire.logsafe import one_line
@@ -65,6 +68,7 @@ async def run_linked(
     daemon_settings = _saver_settings(settings)
     if daemon_settings is not None:  # before any order: the job's committed step is kept
         the_link.hold_from = functools.partial(process.hold_from, daemon_settings.shm_dir)
+        sup_settings = go_on_counting(sup_settings, the_link, daemon_settings.shm_dir)
     # before the ACK: the master watches the pod's heartbeats from then on
     checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, os.environ))
     failed = await _connect(the_link)
@@ -181,6 +185,24 @@ def _saver_settings(
             log.warning("removing an earlier submission's checkpoint memory %s", stale)
             shutil.rmtree(stale, ignore_errors=True)
     return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
+
+
+def go_on_counting(
+    sup_settings: supervisor.SupervisorSettings, the_link: link.MasterLink, shm: Path
+) -> supervisor.SupervisorSettings:
+    """An agent that died with its container (killed, out of memory) left its saves in the pod's
+    shared memory, stamped with its incarnations: this one's training goes on counting after
+    them, and no commit of theirs is reported before the master orders a round (the predecessor
+    reported what it could); after it, one past the step the round resumes from is not (the
+    abandoned timeline's, :mod:`aegis.agent.commit_rule`). Counted from 0 again, such a commit
+    was reported as the new timeline's."""
+    newest = lay.newest_incarnation(shm)
+    if newest < 0:
+        return sup_settings
+    log.warning("%s holds saves of incarnation %d, from this pod's previous agent: the "
+                "training's restart count goes on from %d", shm, newest, newest + 1)  # fmt: skip
+    the_link.begin_incarnation(commit_rule.Current(newest + 1, resume_step=-1))
+    return dataclasses.replace(sup_settings, first_count=newest + 1)
 
 
 def _digest(text: str) -> str:

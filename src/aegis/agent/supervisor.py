@@ -12,7 +12,7 @@ through the ``ports.AgentReports`` port it is given, and knows nothing of who li
             report = await sup.wait()           # the next exit that was not a restart
             await sup.stop()                    # SIGTERM the group, grace, SIGKILL
 
-Each incarnation's environment is the supervisor's plus ``AEGIS_RESTART_COUNT`` (0, 1, ...),
+Each incarnation's environment is the supervisor's plus ``AEGIS_RESTART_COUNT`` (first_count, ...),
 ``AEGIS_PROGRESS_FILE``, the override given to :meth:`start`/:meth:`restart`, and a
 ``PYTHONPATH`` with :data:`aegis.autoprogress.SITE_DIR` first (unless ``AEGIS_AUTO_PROGRESS=0``):
 each of its Python processes reports optimizer steps and an uncaught exception at once, whether
@@ -69,6 +69,7 @@ class SupervisorSettings:
     stderr_fd: int = 2
     foreground: bool = False  # hand our terminal (if stdin is one) to the command's group
     prewarm: warm.PrewarmSettings | None = None  # warm (re)starts from a zygote; None: cold
+    first_count: int = 0  # the first incarnation's AEGIS_RESTART_COUNT (linked.first_count)
 
 
 class Supervisor:
@@ -91,7 +92,7 @@ class Supervisor:
         self._env = dict(os.environ if env is None else env)
         self._observe = observe
         self._current: incarnation.Incarnation | None = None
-        self._restart_count = 0
+        self._restart_count = settings.first_count
         self._lock = asyncio.Lock()
         self._tasks = asyncio.TaskGroup()
         self._progress: watchdog.ProgressFile | None = None

@@ -123,6 +123,26 @@ def pod_incarnation(stamps: Iterable[int]) -> int:
     return min(stamps, default=UNKNOWN)
 
 
+def newest_incarnation(shm: Path) -> int:
+    """The newest incarnation any slot or commit line of the pod's shared memory says
+    (:data:`UNKNOWN`: none says one). Left by an agent that died with its container, it is where
+    the next agent's count goes on from: counted from 0 again, that agent would take the
+    predecessor's timeline for its own (:mod:`aegis.agent.commit_rule`)."""
+    stamps = [UNKNOWN]
+    for where in slot_dirs(shm):
+        stamps += (slot_incarnation(where, step) for step in slot_steps(where))
+        try:
+            lines = (where / COMMITS_LOG).read_bytes().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    stamps.append(incarnation_of(record.get("incarnation")))
+    return max(stamps)
+
+
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
