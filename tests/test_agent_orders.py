@@ -134,7 +134,7 @@ async def test_the_link_tells_the_saver_the_committed_step_of_its_masters_term_o
 
 
 def test_an_order_of_a_deposed_master_or_for_other_pods_is_not_taken() -> None:
-    assert order_policy.current(epoch=4, max_epoch=4) and not order_policy.current(3, 4)
+    assert m.current_epoch(epoch=4, newest=4) and not m.current_epoch(3, 4)
     assert order_policy.for_pod(m.OrderData(Order.RUN), "job-1")
     assert order_policy.for_pod(m.OrderData(Order.RUN, pods=["job-1"]), "job-1")
     assert not order_policy.for_pod(m.OrderData(Order.RUN, pods=["job-0"]), "job-1")

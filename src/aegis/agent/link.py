@@ -196,7 +196,7 @@ class MasterLink:
         if screened.dropped_env:
             self._drop_env(msg, screened.dropped_env)
         assert isinstance(msg.data, m.OrderData | m.CommittedData)
-        if not order_policy.current(msg.epoch, self.max_epoch):
+        if not m.current_epoch(msg.epoch, self.max_epoch):
             log.warning(
                 "ignored an order of a deposed master (epoch %d < %d)", msg.epoch, self.max_epoch
             )

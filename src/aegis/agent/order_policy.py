@@ -4,7 +4,7 @@ link and the executor act on them; no I/O, no clock).
 - :func:`screen`: an order is taken only when it decodes, is signed with the master's key (a
   server without auth has none), is of this job; of its environment only the keys the master
   sends (``messages.ORDER_ENV_KEYS``) are kept, any other is dropped and named;
-- :func:`current`: an order of a deposed master (a lower epoch) is ignored;
+- an order of a deposed master (a lower epoch) is ignored (``messages.current_epoch``);
 - :func:`held_step`: the job's committed step, which the pod's saver keeps;
 - :func:`round_key`: each round is executed at most once (an order re-sent after a failover, or
   for a lost message, is ignored);
@@ -108,11 +108,6 @@ def counted_as(name: str, counted: Collection[str]) -> str:
     "(others)", so that however many names are tried the counters stay bounded."""
     kept = name[:NAME_CHARS]
     return kept if kept and (kept in counted or len(counted) < NAMES_KEPT) else "(others)"
-
-
-def current(epoch: int, max_epoch: int) -> bool:
-    """Whether an order of ``epoch`` is its master's (not a deposed one's)."""
-    return epoch >= max_epoch
 
 
 def held_step(data: m.OrderData | m.CommittedData) -> int | None:

@@ -29,6 +29,7 @@ from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master import control
 from aegis.master.ports import Platform
+from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class PlatformServer:
         except msgspec.DecodeError as exc:
             log.warning("platform: dropped a request: %s", exc)
             return
-        if request.epoch < self.max_epoch:
+        if not m.current_epoch(request.epoch, self.max_epoch):
             self.stale += 1
             log.warning("platform: dropped a deposed leader's request %s (epoch %d < %d)",
                         request.key, request.epoch, self.max_epoch)  # fmt: skip

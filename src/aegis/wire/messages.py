@@ -236,6 +236,13 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
 }
 
 
+def current_epoch(epoch: int, newest: int) -> bool:
+    """Whether a message of a master leader's ``epoch`` is the current leader's, once one of
+    ``newest`` came: not a deposed leader's that woke from a stall and sent what it had
+    decided. The one fence of the agents' orders and of the platform's requests."""
+    return epoch >= newest
+
+
 class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Fields at their default are left out (a master of an earlier version, which refuses
     unknown fields, still reads an unsigned report)."""
