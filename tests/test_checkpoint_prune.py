@@ -3,6 +3,7 @@ of the timeline the job goes on with, whatever an abandoned one left above them.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -149,3 +150,22 @@ def test_a_rank_missing_the_jobs_step_warns_as_it_loads_an_older_one(
         loaded = api.Saver(api.SaverSettings(shm, ckpt, resume_step=20)).load_latest()
     assert loaded is not None and loaded[0] == 10
     assert "the job resumes from step 20, which this rank does not have" in caplog.text
+
+
+@pytest.mark.parametrize(("metadata", "left"), [((0, 0), [30, 40]),  # the coordinator prunes
+                                                (None, [10, 20, 30, 40])])  # fmt: skip
+def test_a_failed_attempt_at_a_dcp_step_prunes_what_the_job_no_longer_holds(
+    tmp_path: Path, metadata: tuple[int, int] | None, left: list[int]
+) -> None:
+    """``daemon.make_room`` after a failed attempt at step 50 of a DCP checkpoint: its
+    coordinator prunes the DCP directory as after a commit (the job moved on to 30, keep 2);
+    another rank leaves it alone, as it does after its commits."""
+    shm, root = tmp_path / "shm", tmp_path / "dcp"
+    shm.mkdir()
+    for step in (10, 20, 30, 40):
+        lay.step_dir(root, step).mkdir(parents=True)
+        (lay.step_dir(root, step) / dcp_slot.METADATA).write_bytes(b"")
+    slot = dcp_slot.DcpSlot(50, 0, 0, lay.step_dir(root, 50), (), (0, 0), metadata)
+    lay.slot_json(shm, 50).write_text(json.dumps(slot.to_json()))
+    daemon.make_room(shm, tmp_path / "aegis-store", 50, 2, 30)
+    assert lay.disk_steps(root) == left

@@ -141,6 +141,32 @@ async def test_full_store_is_reported_once_saves_go_on_and_the_newest_persists_w
     assert result is not None and result[0] == 60
 
 
+async def test_a_store_full_of_held_steps_prunes_once_the_job_moves_on_and_persists_again(
+    shm: Path, disk: Path, watched: Watched
+) -> None:
+    """The job is committed at 10 (another pod's store was down), so this pod holds 10, 20, 30
+    and 40 though it keeps two, and then its disk is full. Once the job moves on to 30, the
+    failed attempt prunes what is no longer held (10, 20) and the next one commits 50. It
+    pruned only after a commit, so the store stayed full and nothing was persisted again."""
+    ckpt = disk / "pod-0"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt, policy=api.BusyPolicy.WAIT))
+
+    async def committed(step: int) -> None:
+        await async_wait_until(lambda: step in watched.commits, 30, f"step {step} committed")
+
+    lay.hold_from(shm, 10)
+    for step in (10, 20, 30, 40):
+        await save(saver, step)
+        await committed(step)
+    assert lay.disk_steps(ckpt) == [10, 20, 30, 40]
+    fill(disk)
+    lay.hold_from(shm, 30)  # what the agent writes when the master says the job's new step
+    await save(saver, 50)
+    await committed(50)
+    assert [r.opened for r in watched.reports if not r.ok] == [True]  # it was full
+    assert every_committed_step_loads(ckpt) == [30, 40, 50]  # 30: held; 40, 50: the newest two
+
+
 async def test_read_only_store_is_reported_with_erofs_and_persisting_resumes_after_remount(
     shm: Path, disk: Path, watched: Watched
 ) -> None:

@@ -178,6 +178,8 @@ def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep
             return 0.0
         with contextlib.suppress(OSError):
             store.discard_torn(ckpt, step)
+        with contextlib.suppress(OSError):
+            make_room(shm, ckpt, step, keep, lay.held_from(where.pod))
         with shared.lock:
             shared.state, wait_s = store_failed(where.pod, ckpt, step, shared.state, exc)
         return wait_s
@@ -185,6 +187,18 @@ def attempt(where: Where, step: int, shared: Shared, max_write_mb_s: float, keep
         shared.state = store_worked(where.pod, ckpt, step, shared.state)
         announce(where, step, final, shared)
     return 0.0
+
+
+def make_room(shm: Path, ckpt: Path, step: int, keep: int, hold: int | None) -> None:
+    """After a failed attempt, prune as after a commit: a disk filled with steps the job might
+    have resumed from (held while another pod's store was down) has room again once the job's
+    committed step moved on, though this pod commits nothing until then (it pruned only after
+    a commit, so it stayed full for good)."""
+    dcp = dcp_slot.read(shm, step)
+    if dcp is None:
+        store.prune(ckpt, keep, None, hold)
+    elif dcp.metadata is not None:  # the coordinator's: it prunes DCP's steps
+        dcp_slot.prune(dcp.directory.parent, keep, hold)
 
 
 def store_failed(
