@@ -63,6 +63,20 @@ def test_dcp_steps_the_job_may_resume_from_are_kept(
     assert lay.disk_steps(tmp_path) == left
 
 
+def test_a_dcp_save_in_progress_above_the_jobs_step_is_not_pruned(tmp_path: Path) -> None:
+    """A restart rewound to 20 (the job's step), below the abandoned timeline's complete 30-50;
+    step 21's files are coming in, with no ``.metadata`` yet: it stays (it was deleted under
+    the peers' files, and the coordinator then waited for them in vain). An incomplete step
+    below the job's step is debris, and goes."""
+    for step in (10, 20, 30, 40, 50):
+        lay.step_dir(tmp_path, step).mkdir()
+        (lay.step_dir(tmp_path, step) / dcp_slot.METADATA).write_bytes(b"")
+    for step in (15, 21):
+        lay.step_dir(tmp_path, step).mkdir()
+    dcp_slot.prune(tmp_path, 3, 20)
+    assert lay.disk_steps(tmp_path) == [20, 21, 30, 40, 50]
+
+
 def test_the_saver_holds_as_many_newest_steps_as_the_master_remembers_commits() -> None:
     assert lay.HELD_NEWEST == safe_points.KEPT_STEPS
 

@@ -8,10 +8,10 @@ saves ``{"w": full(16384, step)}`` with ``aegis.checkpoint.save`` every 5th step
 steps and exits 0.
 
 Lockstep matters: ranks that count on their own drift apart by however much later one of them
-started (1.1 s, 55 steps, on a loaded CI machine), and the job is committed only at a step
-every pod committed within its newest few; pods that far apart share none for long, and a pod
-ahead holds every step the job may still resume from (``layout.held``), which filled the test's
-small disk a second time.
+started (1.1 s, 55 steps, 11 saves, on a loaded CI machine). The job is committed only at a
+step every pod committed, so the pod behind commits a step the pod ahead has only 11 saves
+later, and until then the pod ahead holds every step the job may still resume from
+(``layout.held``): that filled the test's small disk a second time.
 """
 
 from __future__ import annotations

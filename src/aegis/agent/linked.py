@@ -192,16 +192,21 @@ def go_on_counting(
 ) -> supervisor.SupervisorSettings:
     """An agent that died with its container (killed, out of memory) left its saves in the pod's
     shared memory, stamped with its incarnations: this one's training goes on counting after
-    them, and no commit of theirs is reported before the master orders a round (the predecessor
-    reported what it could); after it, one past the step the round resumes from is not (the
-    abandoned timeline's, :mod:`aegis.agent.commit_rule`). Counted from 0 again, such a commit
-    was reported as the new timeline's."""
-    newest = lay.newest_incarnation(shm)
+    them, and no commit stamped by them is reported before the master orders a round (the
+    predecessor reported what it could); after it, one past the step the round resumes from is
+    not (the abandoned timeline's, :mod:`aegis.agent.commit_rule`). Counted from 0 again, such
+    a commit was reported as the new timeline's. (A commit an older Aegis left unstamped is
+    reported, as ever.) Shared memory it cannot read counts as none."""
+    try:
+        newest = lay.newest_incarnation(shm)
+    except OSError as exc:
+        log.warning("cannot read %s for a previous agent's saves: %s", shm, exc)
+        return sup_settings
     if newest < 0:
         return sup_settings
     log.warning("%s holds saves of incarnation %d, from this pod's previous agent: the "
                 "training's restart count goes on from %d", shm, newest, newest + 1)  # fmt: skip
-    the_link.begin_incarnation(commit_rule.Current(newest + 1, resume_step=-1))
+    the_link.begin_incarnation(commit_rule.Current(newest + 1, commit_rule.NO_ROUND_YET))
     return dataclasses.replace(sup_settings, first_count=newest + 1)
 
 

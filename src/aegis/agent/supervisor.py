@@ -69,7 +69,7 @@ class SupervisorSettings:
     stderr_fd: int = 2
     foreground: bool = False  # hand our terminal (if stdin is one) to the command's group
     prewarm: warm.PrewarmSettings | None = None  # warm (re)starts from a zygote; None: cold
-    first_count: int = 0  # the first incarnation's AEGIS_RESTART_COUNT (linked.first_count)
+    first_count: int = 0  # the first incarnation's AEGIS_RESTART_COUNT (linked.go_on_counting)
 
 
 class Supervisor:

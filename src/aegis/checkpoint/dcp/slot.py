@@ -229,14 +229,17 @@ def steps(root: Path) -> list[int]:
 
 
 def prune(root: Path, keep: int, hold: int | None = None) -> None:
-    """Keep the newest ``keep`` complete checkpoints under ``root`` (and what is newer), and
-    those the job may resume from (``hold``: ``layout.held``)."""
+    """Keep the newest ``keep`` complete checkpoints under ``root`` (and what is newer), those
+    the job may resume from (``hold``: ``layout.held``), and an incomplete one above ``hold``:
+    a save in progress, its peers' files still coming in (after a restart rewound to the job's
+    step, below the abandoned timeline's complete steps)."""
     complete = steps(root)
     if len(complete) <= keep:
         return
     oldest_kept, kept = complete[-keep], lay.held(complete, hold)
     for step in lay.disk_steps(root):
-        if step < oldest_kept and step not in kept:
+        in_progress = hold is not None and step > hold and step not in complete
+        if step < oldest_kept and step not in kept and not in_progress:
             shutil.rmtree(lay.step_dir(root, step), ignore_errors=True)
 
 
