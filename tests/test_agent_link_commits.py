@@ -117,7 +117,7 @@ class Pod:
         settings = supervisor.SupervisorSettings(grace_s=5.0, hang_timeout_s=0.0,
                                                  stdout_fd=devnull, stderr_fd=devnull)  # fmt: skip
         if linked_start:  # as an agent starts under its master (the pod's shared memory known)
-            settings = linked.go_on_counting(settings, self.link, self.shm)
+            settings = linked.go_on_counting(settings, self.shm)
         argv = [sys.executable, "-c", TRAINING, str(self.go)]
         self.sup = supervisor.Supervisor(argv, settings, the_reaper, ports.RecordingReports(),
                                          env=env)  # fmt: skip
@@ -188,9 +188,10 @@ async def test_after_a_container_restart_the_count_goes_on_and_the_old_timeline_
 ) -> None:
     """The agent died with its container (SIGKILL: nothing cleaned up), leaving the pod's shared
     memory: step 20 committed and reported, step 30 handed off and not yet persisted. The next
-    agent's training is incarnation 1, not 0 again, so the old 30, persisted late, is the
-    abandoned timeline's and is not reported, and neither is the old commit line it reads anew
-    before its first order; the new 30 is. (Counted from 0, the old 30 was reported.)"""
+    agent's training is incarnation 1, not 0 again, so the old 30, persisted late after the job
+    rewound to 20, is the abandoned timeline's and is not reported; the new 30 is. (Counted
+    from 0, the old 30 was reported as the new one's.) The old commit line it reads anew before
+    its first order is reported, as its predecessor did: the master has not rewound yet."""
     first = Pod(tmp_path, the_reaper, devnull, linked_start=True)
     async with first.sup:
         await first.order(3, {})
@@ -199,16 +200,15 @@ async def test_after_a_container_restart_the_count_goes_on_and_the_old_timeline_
         await first.save_30()
         await first.handed(30, 0)
     second = Pod(tmp_path, the_reaper, devnull, linked_start=True)
-    assert second.link.current == commit_rule.Current(1, -1)
-    assert await second.tail.poll_commits() == [20] and second.reported() == []
+    assert await second.tail.poll_commits() == [20] and second.reported() == [20]
     async with second.sup:
         await second.order(2, {m.RESUME_STEP_ENV: "20"})  # the new master round: from 20
         assert second.sup.restart_count == 1
         assert second.link.current == commit_rule.Current(1, 20)
-        assert await second.commit(30) == [30] and second.reported() == []  # the old 30
+        assert await second.commit(30) == [30] and second.reported() == [20]  # the old 30
         await second.save_30()
         await second.handed(30, 1)
-        assert await second.commit(30) == [30] and second.reported() == [30]
+        assert await second.commit(30) == [30] and second.reported() == [20, 30]
     assert second.lines() == [(20, 0), (30, 0), (30, 1)]
 
 

@@ -19,15 +19,11 @@ from dataclasses import dataclass
 
 from aegis.autoprogress import RESUME_STEP_VAR
 
-NO_ROUND_YET = -1  # a resume step below every step: see Current
-
 
 @dataclass(frozen=True, slots=True)
 class Current:
     """The current incarnation of the training: its restart count (``AEGIS_RESTART_COUNT``) and
-    the step it was told to resume from (``AEGIS_RESUME_STEP``; None: it was told none; -1, the
-    :data:`NO_ROUND_YET` of an agent started on a predecessor's shared memory: before its first
-    order every commit an older incarnation stamped is of an abandoned timeline)."""
+    the step it was told to resume from (``AEGIS_RESUME_STEP``; None: it was told none)."""
 
     restart_count: int = 0
     resume_step: int | None = None

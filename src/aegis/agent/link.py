@@ -135,9 +135,9 @@ class MasterLink:
         """The saver daemon committed ``step``, saved by ``incarnation`` (-1: not known): the
         master's safe point for evictions, unless a restart abandoned its timeline."""
         if commit_rule.abandoned(step, incarnation, self.current):
-            log.info("commit of step %d not reported: saved by incarnation %d, of a timeline "
-                     "abandoned (incarnation %d resumes from step %s; -1: no round yet)", step,
-                     incarnation, self.current.restart_count, self.current.resume_step)  # fmt: skip
+            log.info("commit of step %d not reported: saved by incarnation %d, of the timeline "
+                     "abandoned when incarnation %d resumed from step %s", step, incarnation,
+                     self.current.restart_count, self.current.resume_step)  # fmt: skip
             return
         await self.send(m.MessageType.CHECKPOINT, m.CheckpointData(step))
 

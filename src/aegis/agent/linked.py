@@ -36,7 +36,6 @@ from pathlib import Path
 
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
 from aegis.agent import (
-    commit_rule,
     executor,
     link,
     link_settings,
@@ -68,7 +67,7 @@ async def run_linked(
     daemon_settings = _saver_settings(settings)
     if daemon_settings is not None:  # before any order: the job's committed step is kept
         the_link.hold_from = functools.partial(process.hold_from, daemon_settings.shm_dir)
-        sup_settings = go_on_counting(sup_settings, the_link, daemon_settings.shm_dir)
+        sup_settings = go_on_counting(sup_settings, daemon_settings.shm_dir)
     # before the ACK: the master watches the pod's heartbeats from then on
     checks = check_host.HostSettings(interpreter=await _check_interpreter(argv, os.environ))
     failed = await _connect(the_link)
@@ -188,15 +187,17 @@ def _saver_settings(
 
 
 def go_on_counting(
-    sup_settings: supervisor.SupervisorSettings, the_link: link.MasterLink, shm: Path
+    sup_settings: supervisor.SupervisorSettings, shm: Path
 ) -> supervisor.SupervisorSettings:
     """An agent that died with its container (killed, out of memory) left its saves in the pod's
     shared memory, stamped with its incarnations: this one's training goes on counting after
-    them, and no commit stamped by them is reported before the master orders a round (the
-    predecessor reported what it could); after it, one past the step the round resumes from is
-    not (the abandoned timeline's, :mod:`aegis.agent.commit_rule`). Counted from 0 again, such
-    a commit was reported as the new timeline's. (A commit an older Aegis left unstamped is
-    reported, as ever.) Shared memory it cannot read counts as none."""
+    them, so that a commit of the old timeline past the step the job resumes from, persisted
+    after the round that rewound to it, is dropped as the abandoned timeline's
+    (:mod:`aegis.agent.commit_rule`). Counted from 0 again, after a predecessor that had
+    restarted in place, such a commit was reported as the new timeline's. (Before the first
+    order every commit is reported, as the predecessor would have: the master has not rewound
+    yet, and after a pod moved it runs its checks first.) Shared memory it cannot read counts
+    as none."""
     try:
         newest = lay.newest_incarnation(shm)
     except OSError as exc:
@@ -206,7 +207,6 @@ def go_on_counting(
         return sup_settings
     log.warning("%s holds saves of incarnation %d, from this pod's previous agent: the "
                 "training's restart count goes on from %d", shm, newest, newest + 1)  # fmt: skip
-    the_link.begin_incarnation(commit_rule.Current(newest + 1, commit_rule.NO_ROUND_YET))
     return dataclasses.replace(sup_settings, first_count=newest + 1)
 
 
