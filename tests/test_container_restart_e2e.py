@@ -1,11 +1,10 @@
-"""On the emulated cluster: a pod's agent is SIGKILLed (nothing of it cleans up; its training
-lives on until the platform stops what is left of the pod), and the master puts the pod on the
-same node again. The node's private ``/dev/shm`` still holds the old training's saves, stamped
-with its incarnation. The new agent's training goes
-on counting after them (counted from 0 again, a commit of the old timeline persisted after the
-round that rewound the job was reported as the new one's, where the old agent had restarted its
-training in place: ``tests/test_agent_link_commits.py``), and resumes from the job's committed
-step with its peer."""
+"""On the emulated cluster: a pod's agent is SIGKILLed (nothing of it cleans up), the platform
+kills what it left at once (as a container's processes end with its PID 1), and the master puts
+the pod on the same node again. The node's private ``/dev/shm`` still holds the old training's
+saves, stamped with its incarnation. The new agent's training goes on counting after them
+(counted from 0 again, a commit of the old timeline persisted after the round that rewound the
+job was reported as the new one's, where the old agent had restarted its training in place:
+``tests/test_agent_link_commits.py``), and resumes from the job's committed step with its peer."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import psutil
 import pytest
 
 from aegis.checkpoint import layout as lay
+from aegis.platforms.local import session_members
 from tests.cluster import leftovers, run_cluster
 from tests.waits import async_wait_until
 
@@ -37,6 +37,13 @@ def agent_of(log_dir: Path, pod: str) -> int | None:
             if "aegis agent" in joined and f"--pod {pod} " in joined and str(log_dir) in joined:
                 return int(proc.pid)
     return None
+
+
+def heartbeats_lost(log_dir: Path) -> list[str]:
+    """The lost heartbeats the master has seen so far (its event log, flushed per line)."""
+    path = log_dir / "events.jsonl"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [line for line in text.splitlines() if '"HeartbeatLost"' in line]
 
 
 def records(out: Path, rank: int) -> list[str]:
@@ -58,6 +65,10 @@ async def test_a_pod_whose_agent_died_counts_on_from_its_predecessors_saves(
         assert isinstance(pid, int)
         seen["killed"] = pid
         os.kill(pid, signal.SIGKILL)
+        # the pod ends with its agent, before the master has missed its heartbeats (5 s) and
+        # replaced it (before the fix its training went on committing until then)
+        await async_wait_until(lambda: not session_members(pid), 30, "c-1's leftovers gone")
+        seen["heartbeats lost before its leftovers were gone"] = len(heartbeats_lost(log_dir))
         await async_wait_until(lambda: len(records(out, 1)) == 2, 120, "rank 1 started again")
         (control / "finish").write_text("")
 
@@ -67,6 +78,8 @@ async def test_a_pod_whose_agent_died_counts_on_from_its_predecessors_saves(
     run = await run_cluster(tmp_path, flags, command, during=kill_the_agent)
     assert run.rc == 0, run.output
     assert "killed" in seen
+    assert seen["heartbeats lost before its leftovers were gone"] == 0
+    assert "c-1's agent exited -9: the " in run.output, run.output
     # rank 0 restarted in place (1); rank 1's new agent counts on after the saves its
     # predecessor left (0), and the restart order makes it 2 (counted from 0 again: 1)
     assert [r["incarnation"] for r in run.records(0)] == [0, 1]

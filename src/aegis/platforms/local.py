@@ -4,6 +4,8 @@ Nodes come from a pool (``node-0``.. plus spares ``spare-0``..). A pod evicted f
 (level 3, slow eviction) is placed on a healthy spare; a container restart (level 2) and a lost
 pod come back on the same node. Blacklisted nodes (ErrorNodes) are never used again. Agents run in
 their own sessions and die with ``aegis run`` (parent-death signal), so nothing is left behind.
+A pod ends with its agent, as a container ends with its PID 1: what the agent leaves in its
+session when it exits (a SIGKILLed agent's training, its saver daemon) is SIGKILLed at once.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class LocalPlatform(ProcessPods):
         super().__init__(settings)
         self.settings: LocalSettings = settings
         self.hosts: Hosts = hosts or SharedHost()
+        self._watches: set[asyncio.Task[None]] = set()  # one per agent: its pod ends with it
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -165,8 +168,23 @@ class LocalPlatform(ProcessPods):
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
+        watch = asyncio.create_task(self._end_with_agent(state.name, state.process))
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
         if state.node in self.slowed:
             self._background(self._slow_down(state.process))
+
+    async def _end_with_agent(self, pod: str, proc: asyncio.subprocess.Process) -> None:
+        """When ``pod``'s agent exits, SIGKILL what is left in its session, as the kernel does
+        with a PID namespace whose init ended: a SIGKILLed agent's training went on committing
+        its old timeline (to its node's ``/dev/shm`` too) until the master had missed its
+        heartbeats and the pod was replaced. (Not a platform task: ``stop_all`` waits for those.)"""
+        code = await proc.wait()
+        left = session_members(proc.pid)
+        _signal_all(left, signal.SIGKILL)
+        if left:
+            log.warning("%s's agent exited %s: the %d process(es) it left killed, as a "
+                        "container's are", pod, code, len(left))  # fmt: skip
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
