@@ -94,6 +94,7 @@ class LocalPlatform(ProcessPods):
         self.settings: LocalSettings = settings
         self.hosts: Hosts = hosts or SharedHost()
         self._watches: set[asyncio.Task[None]] = set()  # one per agent: its pod ends with it
+        self.killed = False  # ``kill_now``: no pod starts any more
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -135,6 +136,8 @@ class LocalPlatform(ProcessPods):
         await _kill_group(proc, self.settings.grace_s)
 
     async def _start(self, state: Pod, token_file: Path) -> None:
+        if self.killed:
+            raise RuntimeError("the run killed its pods")
         s = self.settings
         await self.hosts.prepare(state.node)
         argv: Sequence[str] = [
@@ -185,6 +188,14 @@ class LocalPlatform(ProcessPods):
         if left:
             log.warning("%s's agent exited %s: the %d process(es) it left killed, as a "
                         "container's are", pod, code, len(left))  # fmt: skip
+
+    def kill_now(self) -> None:
+        """SIGKILL every pod's agent and all it started, and start no other (the run's second
+        stop signal: the user will not wait for the pods' grace period or their last save)."""
+        self.killed = True
+        for state in self.pods.values():
+            if state.process is not None:
+                _signal_all(session_members(state.process.pid), signal.SIGKILL)
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped

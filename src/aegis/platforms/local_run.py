@@ -83,6 +83,7 @@ async def _run_job(
     )
     runner.listeners.append(lambda r, event, actions: platform.turn_slow_at_commit(event))
     stop.attach(lambda reason: runner.platform_event(ev.QuitRequested(reason)))
+    stop.on_second(platform.kill_now)
     pids_seen = await _until_done(runner, platform, observe, stop)
     if settings.status_file is not None:
         job_files.write_status_file(settings.status_file, spec, runner.status)

@@ -79,7 +79,13 @@ async def _run(
             else:  # no job yet: nothing to end but the run itself
                 stop.cancel_run()
 
+        def kill_pods() -> None:
+            platform = getattr(replicated, "platform", None)
+            if platform is not None:  # (none before the run has started its pods' platform)
+                platform.kill_now()
+
         stop.attach(quit_job)
+        stop.on_second(kill_pods)
         try:
             await replicated.start()
             await replicated.served.wait()

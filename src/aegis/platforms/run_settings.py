@@ -46,7 +46,9 @@ class RunStop:
     left a NATS server's directory (its keys) in /tmp, or its control file. Before the run has
     a job, a signal cancels the run (its context managers stop what was started; the caller
     turns the cancellation into ``RunStoppedError`` with :meth:`stopped_error`); once a job is
-    attached, each signal asks for the job's end; once it ended, signals are only logged."""
+    attached, each signal asks for the job's end; once it ended, signals are only logged. A
+    second signal also kills the run's pods at once (:meth:`on_second`): the user will not wait
+    for the training's grace period or its last save; the run's own clean-up still runs."""
 
     def __init__(self, main: asyncio.Task[object] | None) -> None:
         self.got: list[int] = []  # every signal heard, in order
@@ -55,9 +57,14 @@ class RunStop:
         self._quit: Callable[[str], None] | None = None
         self._ended = False
         self._cancelled = False  # the run was cancelled here
+        self._hurry: Callable[[], None] | None = None  # kills the pods, on a second signal
 
     def heard(self, sig: signal.Signals) -> None:
         self.got.append(int(sig))
+        if len(self.got) == 2 and self._hurry is not None:
+            log.warning("%s again: the pods are killed now (what they had not saved is lost)",
+                        sig.name)  # fmt: skip
+            self._hurry()
         if self._ended or self._cancelled:  # a second Ctrl-C: the clean-up is not cut short
             log.warning("%s: the run is stopping already", sig.name)
             return
@@ -79,6 +86,10 @@ class RunStop:
     def attach(self, quit_job: Callable[[str], None]) -> None:
         """The run has a job now: a signal from now on asks ``quit_job`` to end it."""
         self._quit = quit_job
+
+    def on_second(self, hurry: Callable[[], None]) -> None:
+        """The run has pods: a second signal calls ``hurry`` (once) to kill them now."""
+        self._hurry = hurry
 
     def ended(self) -> None:
         """The job ended, or the run takes down what it started: a signal from now on changes

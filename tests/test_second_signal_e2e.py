@@ -1,0 +1,76 @@
+"""On the emulated cluster: a training that ignores SIGTERM, with a grace period of 900 s. The
+first Ctrl-C asks the job to end, and the run would wait out the grace period before it killed
+the training; the second kills the pods at once, and the run still takes down all it started
+and exits as Ctrl-C says (130). Before, a second Ctrl-C was only logged."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.cluster import run_cluster
+from tests.waits import async_wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+# A plain script (it never imports aegis) that will not stop on SIGTERM.
+STUBBORN = (
+    "import os, signal, sys, time; from pathlib import Path\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "Path(sys.argv[1], os.environ['RANK']).write_text('up')\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def naming(tmp_path: Path) -> list[int]:
+    """The live processes whose command line names ``tmp_path`` (the run's, its pods')."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            alive = proc.info["status"] != psutil.STATUS_ZOMBIE
+            if alive and str(tmp_path) in " ".join(proc.info["cmdline"] or []):
+                found.append(int(proc.pid))
+    return found
+
+
+def said(log_dir: Path, what: str) -> bool:
+    """Whether the run's event log holds ``what`` (a replicated run's is in a job folder)."""
+    return any(what in path.read_text(errors="replace") for path in log_dir.rglob("events.jsonl"))
+
+
+@pytest.mark.parametrize("masters", ["1", "2"])
+async def test_a_second_ctrl_c_kills_the_pods_without_their_grace_period(
+    tmp_path: Path, masters: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+
+    async def ctrl_c_twice(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
+        await async_wait_until(lambda: len(list(out.iterdir())) == 2, 120, "both ranks up")
+        proc.send_signal(signal.SIGINT)
+        await async_wait_until(lambda: said(log_dir, '"QuitRequested"'), 60, "the job quit")
+        proc.send_signal(signal.SIGINT)
+
+    command = [sys.executable, "-c", STUBBORN, str(out)]
+    flags = ["--nodes", "2", "--spare-nodes", "0", "--job", "ss", "--grace-s", "900",
+             "--masters", masters]  # fmt: skip
+    # (without the second Ctrl-C's kill the run waits out the 900 s: past this timeout)
+    try:
+        run = await run_cluster(tmp_path, flags, command, during=ctrl_c_twice, timeout_s=240)
+    finally:  # a run killed by the timeout leaves agents waiting out the grace period
+        left = naming(tmp_path)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert run.rc == 128 + signal.SIGINT, run.output
+    assert "SIGINT again: the pods are killed now" in run.output, run.output
+    assert "Failed (aegis run got SIGINT)" in run.output.splitlines()[-1], run.output[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
+    assert left == []  # agents, trainings, node holders
