@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -75,9 +76,11 @@ async def run_cluster(
     timeout_s: float = 240.0,
     cwd: Path | None = None,
     aegis: Sequence[str] = AEGIS,
+    own_group: bool = False,
 ) -> ClusterRun:
     """``aegis run --isolate-nodes RUN_ARGS -- COMMAND`` started in ``cwd``, to its end
-    (``during`` meanwhile); ``aegis``: how to run it (another environment's python)."""
+    (``during`` meanwhile); ``aegis``: how to run it (another environment's python);
+    ``own_group``: in a session of its own, its process group the one a terminal signals."""
     require_namespaces()
     log_dir, status_file, out = tmp_path / "logs", tmp_path / "status.json", tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -85,7 +88,7 @@ async def run_cluster(
             "--status-file", str(status_file), *run_args, "--", *command]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL, cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL, cwd=cwd, start_new_session=own_group,
     )  # fmt: skip
     assert proc.stdout is not None
     reading = asyncio.ensure_future(proc.stdout.read())
@@ -116,6 +119,17 @@ def leftovers(log_dir: Path) -> list[str]:
             if str(log_dir) in cmdline:
                 found.append(f"{proc.pid}: {cmdline[:200]}")
     return found
+
+
+def agent_of(log_dir: Path, pod: str) -> int | None:
+    """The pid of ``pod``'s agent (``python -m aegis agent ... --pod POD``) in this run."""
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.info["cmdline"] or []
+            joined = " ".join(cmdline)
+            if "aegis agent" in joined and f"--pod {pod} " in joined and str(log_dir) in joined:
+                return int(proc.pid)
+    return None
 
 
 async def ctl(*args: str) -> str:
@@ -151,6 +165,18 @@ def holder_of(log_dir: Path, node: str) -> int:
         if cmdline.startswith(f"aegis-node {node} ") and str(log_dir) in cmdline:
             return int(proc.pid)
     raise AssertionError(f"no holder of {node}")
+
+
+def in_net_namespace_of(pid: int) -> list[int]:
+    """Every process in the network namespace of ``pid`` (itself included)."""
+    ns = os.readlink(f"/proc/{pid}/ns/net")
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/net") == ns:
+                    found.append(int(entry.name))
+    return found
 
 
 async def throttle(log_dir: Path, node: str, rate: str) -> None:

@@ -9,34 +9,21 @@ job was reported as the new one's, where the old agent had restarted its trainin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from aegis.checkpoint import layout as lay
 from aegis.platforms.local import session_members
-from tests.cluster import leftovers, run_cluster
+from tests.cluster import agent_of, leftovers, run_cluster
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PROBE = Path(__file__).parent / "bin" / "hold_probe.py"
-
-
-def agent_of(log_dir: Path, pod: str) -> int | None:
-    """The pid of ``pod``'s agent (``python -m aegis agent ... --pod POD``) in this run."""
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            cmdline = proc.info["cmdline"] or []
-            joined = " ".join(cmdline)
-            if "aegis agent" in joined and f"--pod {pod} " in joined and str(log_dir) in joined:
-                return int(proc.pid)
-    return None
 
 
 def heartbeats_lost(log_dir: Path) -> list[str]:

@@ -18,22 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import holder_of, last_step, leftovers, plain_ddp, run_cluster
+from tests.cluster import (
+    holder_of,
+    in_net_namespace_of,
+    last_step,
+    leftovers,
+    plain_ddp,
+    run_cluster,
+)
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def _in_net_namespace_of(pid: int) -> list[int]:
-    """Every process in the network namespace of ``pid`` (itself included)."""
-    ns = os.readlink(f"/proc/{pid}/ns/net")
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry.name}/ns/net") == ns:
-                    found.append(int(entry.name))
-    return found
 
 
 async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path) -> None:
@@ -43,7 +38,7 @@ async def test_a_node_that_dies_loses_its_pod_to_a_spare_at_once(tmp_path: Path)
     async def power_off(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         pod_log = log_dir / "pods" / "d-1.log"
         await async_wait_until(lambda: last_step(pod_log, 1) >= 20, 120, "training on node-1")
-        for pid in _in_net_namespace_of(holder_of(log_dir, "node-1")):
+        for pid in in_net_namespace_of(holder_of(log_dir, "node-1")):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests import agent_waits
+from tests import agent_waits, waits
 from tests.cluster import run_cluster
 from tests.waits import async_wait_until
 
@@ -45,29 +46,72 @@ def said(log_dir: Path, what: str) -> bool:
     return any(what in path.read_text(errors="replace") for path in log_dir.rglob("events.jsonl"))
 
 
-@pytest.mark.parametrize("masters", ["1", "2"])
+@pytest.mark.parametrize(("masters", "terminal"), [("1", False), ("2", False), ("1", True)])
 async def test_a_second_ctrl_c_kills_the_pods_without_their_grace_period(
-    tmp_path: Path, masters: str
+    tmp_path: Path, masters: str, terminal: bool
 ) -> None:
+    """``terminal``: each Ctrl-C goes to the run's whole process group, as a terminal sends it.
+    The run inside the cluster's namespace heard it directly and again from the run outside,
+    which passes it on: the first Ctrl-C already killed the pods."""
+
     async def ctrl_c_twice(proc: asyncio.subprocess.Process, log_dir: Path) -> None:
         await async_wait_until(lambda: all(ready(log_dir, f"ss-{r}") for r in (0, 1)), 120,
                                "both ranks up")  # fmt: skip
-        proc.send_signal(signal.SIGINT)
+
+        def ctrl_c() -> None:
+            if terminal:
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                proc.send_signal(signal.SIGINT)
+
+        ctrl_c()
         await async_wait_until(lambda: said(log_dir, '"QuitRequested"'), 60, "the job quit")
-        proc.send_signal(signal.SIGINT)
+        ctrl_c()
 
     command = [sys.executable, str(IGNORE_TERM), str(tmp_path)]  # (its argv names tmp_path)
     flags = ["--nodes", "2", "--spare-nodes", "0", "--job", "ss", "--grace-s", "900",
              "--masters", masters]  # fmt: skip
     # (without the second Ctrl-C's kill the run waits out the 900 s: past this timeout)
     try:
-        run = await run_cluster(tmp_path, flags, command, during=ctrl_c_twice, timeout_s=240)
+        run = await run_cluster(tmp_path, flags, command, during=ctrl_c_twice, timeout_s=240,
+                                own_group=terminal)  # fmt: skip
     finally:  # a run killed by the timeout leaves agents waiting out the grace period
         left = naming(tmp_path)
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert run.rc == 128 + signal.SIGINT, run.output
-    assert "SIGINT again: the pods are killed now" in run.output, run.output
+    assert run.output.count("SIGINT again: the pods are killed now") == 1, run.output
     assert "Failed (aegis run got SIGINT)" in run.output.splitlines()[-1], run.output[-2000:]
     assert left == []  # agents, trainings, node holders
+
+
+def test_on_a_shared_host_the_killed_pods_leave_no_checkpoint_memory(tmp_path: Path) -> None:
+    """Without ``--isolate-nodes`` every pod's checkpoint memory is in this host's ``/dev/shm``,
+    which outlives the run: a killed agent cannot remove its own, and the run removes it."""
+    job = f"sh{os.getpid()}"  # (its memory is named after the job: another run's is not it)
+    log_dir = tmp_path / "logs"
+    argv = [sys.executable, "-m", "aegis.cli.main", "run", "--nodes", "2", "--spare-nodes", "0",
+            "--job", job, "--grace-s", "900", "--view", "plain", "--log-dir", str(log_dir),
+            "--", sys.executable, str(IGNORE_TERM), str(tmp_path)]  # fmt: skip
+    memory = lambda: sorted(Path("/dev/shm").glob(f"aegis-{job}-*"))  # noqa: E731
+    with (tmp_path / "out.log").open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        waits.wait_until(lambda: all(ready(log_dir, f"{job}-{r}") for r in (0, 1)), 120,
+                         "both ranks up")  # fmt: skip
+        assert len(memory()) == 2, memory()
+        proc.send_signal(signal.SIGINT)
+        waits.wait_until(lambda: said(log_dir, '"QuitRequested"'), 60, "the job quit")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 128 + signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = naming(tmp_path)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "SIGINT again: the pods are killed now" in (tmp_path / "out.log").read_text()
+    assert memory() == [] and left == []

@@ -1,9 +1,9 @@
 """A DDP stand-in for the checkpoint-hold test: ``hold_probe.py OUT CONTROL``.
 
 Each incarnation of each rank appends one JSON line to OUT/rank-R.jsonl: its restart count, the
-step it resumed from (``aegis.checkpoint.load_latest``), the value it found there and the step
-the master had it resume from (``AEGIS_RESUME_STEP``). Then it trains (gloo all_reduce every
-step, ``aegis.checkpoint.save`` every 2 steps, 0.1 s a step) until CONTROL/finish exists on
+step it resumed from (``aegis.checkpoint.load_latest``), the value it found there, the step the
+master had it resume from (``AEGIS_RESUME_STEP``) and its pid. Then it trains (gloo all_reduce
+every step, ``aegis.checkpoint.save`` every 2 steps, 0.1 s a step) until CONTROL/finish exists on
 some rank (all ranks stop at the same step: the flag travels in the all_reduce). While
 CONTROL/crash exists, rank 0 of the first incarnation raises.
 """
@@ -27,7 +27,7 @@ rank, incarnation = dist.get_rank(), int(os.environ.get("AEGIS_RESTART_COUNT", "
 restored = aegis.checkpoint.load_latest()
 start, found = (restored[0], float(restored[1]["w"][0])) if restored else (0, None)
 record = {"rank": rank, "incarnation": incarnation, "resumed_from": start, "found": found,
-          "resume_step": os.environ.get("AEGIS_RESUME_STEP")}  # fmt: skip
+          "resume_step": os.environ.get("AEGIS_RESUME_STEP"), "pid": os.getpid()}  # fmt: skip
 with (out / f"rank-{rank}.jsonl").open("a") as f:
     f.write(json.dumps(record) + "\n")
 step = start

@@ -3,7 +3,9 @@ training command learns of its place in the job (:func:`training_env`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,3 +54,15 @@ def inject_from_env(env: Mapping[str, str] = os.environ) -> frozenset[str]:
     """The chaos switch set by ``aegis run --inject-fault NODE:CHECK`` for this node."""
     raw = env.get("AEGIS_INJECT_FAULT", "")
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
+def memory_prefix(namespace: str, job: str, pod: str, node: str) -> str:
+    """The start of the name of a pod's checkpoint memory under ``/dev/shm`` (keyed by node, so
+    a replacement elsewhere reads the disk copy; a submission's digest follows)."""
+    return re.sub(
+        r"[^A-Za-z0-9_.-]", "_", f"aegis-{job}-{pod}-{digest(f'{namespace}/{job}/{pod}/{node}')}-"
+    )
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -24,10 +24,8 @@ import asyncio
 import dataclasses
 import functools
 import glob
-import hashlib
 import logging
 import os
-import re
 import shutil
 import signal
 import sys
@@ -176,9 +174,8 @@ def _saver_settings(
     if settings.ckpt_dir is None:
         return None
     s = settings
-    pod = _digest(f"{s.namespace}/{s.job}/{s.pod}/{s.node}")
-    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", f"aegis-{s.job}-{s.pod}-{pod}-")
-    shm_dir = shm_root / (prefix + _digest(s.token))
+    prefix = link_settings.memory_prefix(s.namespace, s.job, s.pod, s.node)
+    shm_dir = shm_root / (prefix + link_settings.digest(s.token))
     for stale in shm_root.glob(glob.escape(prefix) + "*"):
         if stale != shm_dir:
             log.warning("removing an earlier submission's checkpoint memory %s", stale)
@@ -208,10 +205,6 @@ def go_on_counting(
     log.warning("%s holds saves of incarnation %d, from this pod's previous agent: the "
                 "training's restart count goes on from %d", shm, newest, newest + 1)  # fmt: skip
     return dataclasses.replace(sup_settings, first_count=newest + 1)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 async def _shut_down(

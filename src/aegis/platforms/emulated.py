@@ -108,6 +108,9 @@ class EmulatedCluster:
     def address(self, node: str) -> str:
         return self.table[node]
 
+    def shm_root(self, node: str) -> Path | None:
+        return None  # a node's /dev/shm is its own tmpfs, gone with its namespaces
+
     def down(self, node: str) -> str | None:
         """A node whose holder exited is down: its namespaces go with its last process, and
         nothing can enter them again (a dead host)."""
@@ -194,8 +197,11 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
     ``forwarded``: (host address, port) pairs served here and forwarded to the same port on
     the cluster namespace's loopback (``/metrics``)."""
     env = {**lifecycle.child_env(), CLUSTER_ENV: INSIDE}
+    # In a session of its own: a Ctrl-C at the terminal (sent to the whole foreground process
+    # group) would reach it directly and again through ``_pass_on``, and the second signal
+    # kills the pods at once (``RunStop``).
     proc = await asyncio.create_subprocess_exec(
-        *lifecycle.pdeath_argv(["unshare", "--net", "--", *argv]), env=env
+        *lifecycle.pdeath_argv(["unshare", "--net", "--", *argv]), env=env, start_new_session=True
     )
     loop = asyncio.get_running_loop()
     for sig in PASSED_ON:

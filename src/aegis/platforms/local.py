@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aegis.adapters import lifecycle
-from aegis.agent import hang_policy
+from aegis.agent import hang_policy, link_settings
 from aegis.core import events as ev
 from aegis.platforms.process_pods import Pod, PodSettings, ProcessPods
 
@@ -69,6 +71,10 @@ class Hosts(Protocol):
         """Why ``node`` is down (None: it is up, or not made yet)."""
         ...
 
+    def shm_root(self, node: str) -> Path | None:
+        """``node``'s ``/dev/shm`` as seen from here (None: its own, gone with the node)."""
+        ...
+
 
 class SharedHost:
     """Every node is this host (one loopback, one ``/dev/shm``): NCCL on a multi-GPU box."""
@@ -85,6 +91,9 @@ class SharedHost:
     def down(self, node: str) -> str | None:
         return None  # this host runs us: it is up
 
+    def shm_root(self, node: str) -> Path | None:
+        return Path("/dev/shm")
+
 
 class LocalPlatform(ProcessPods):
     task_name = "local-platform"
@@ -94,7 +103,6 @@ class LocalPlatform(ProcessPods):
         self.settings: LocalSettings = settings
         self.hosts: Hosts = hosts or SharedHost()
         self._watches: set[asyncio.Task[None]] = set()  # one per agent: its pod ends with it
-        self.killed = False  # ``kill_now``: no pod starts any more
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -133,13 +141,13 @@ class LocalPlatform(ProcessPods):
         return self.hosts.down(node)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
-        await _kill_group(proc, self.settings.grace_s)
+        await _kill_group(proc, 0.0 if self.killed else self.settings.grace_s)
 
     async def _start(self, state: Pod, token_file: Path) -> None:
-        if self.killed:
-            raise RuntimeError("the run killed its pods")
         s = self.settings
         await self.hosts.prepare(state.node)
+        if self.killed:  # (while the node was made)
+            return
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
             "--master", self.master,
@@ -171,6 +179,8 @@ class LocalPlatform(ProcessPods):
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
+        if self.killed:  # (while it started)
+            _signal_all(session_members(state.process.pid), signal.SIGKILL)
         watch = asyncio.create_task(self._end_with_agent(state.name, state.process))
         self._watches.add(watch)
         watch.add_done_callback(self._watches.discard)
@@ -183,19 +193,33 @@ class LocalPlatform(ProcessPods):
         its old timeline (to its node's ``/dev/shm`` too) until the master had missed its
         heartbeats and the pod was replaced. (Not a platform task: ``stop_all`` waits for those.)"""
         code = await proc.wait()
-        left = session_members(proc.pid)
-        _signal_all(left, signal.SIGKILL)
+        left = session_members(proc.pid, live=True)
+        for _ in range(50):  # again while any is left: one may have forked before its kill
+            if not (alive := session_members(proc.pid, live=True)):
+                break
+            _signal_all(alive, signal.SIGKILL)
+            await asyncio.sleep(0.02)
         if left:
             log.warning("%s's agent exited %s: the %d process(es) it left killed, as a "
                         "container's are", pod, code, len(left))  # fmt: skip
 
     def kill_now(self) -> None:
         """SIGKILL every pod's agent and all it started, and start no other (the run's second
-        stop signal: the user will not wait for the pods' grace period or their last save)."""
+        stop signal: the user will not wait for the pods' grace period or their last save).
+        Their checkpoint memory on this host goes when they are gone (``stop_all``)."""
         self.killed = True
         for state in self.pods.values():
-            if state.process is not None:
+            if state.process is not None and state.process.returncode is None:
                 _signal_all(session_members(state.process.pid), signal.SIGKILL)
+
+    async def stop_all(self) -> None:
+        await super().stop_all()
+        if self.killed:  # (an agent removes its own memory, unless it was killed)
+            for state in self.pods.values():
+                forget_memory(self.hosts.shm_root(state.node), self._memory_prefix(state))
+
+    def _memory_prefix(self, state: Pod) -> str:
+        return link_settings.memory_prefix(self.namespace, self.job, state.name, state.node)
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
@@ -210,14 +234,24 @@ class LocalPlatform(ProcessPods):
         _signal_all(session_members(proc.pid), signal.SIGCONT)
 
 
+def forget_memory(shm_root: Path | None, prefix: str) -> None:
+    """Remove a killed pod's checkpoint memory, ``<shm_root>/<prefix>*``."""
+    if shm_root is None:
+        return
+    for path in shm_root.glob(glob.escape(prefix) + "*"):
+        log.info("removing the checkpoint memory of a killed pod: %s", path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
 
-def session_members(sid: int) -> list[int]:
-    """Every process in session ``sid`` (an agent and the training groups it started)."""
+def session_members(sid: int, *, live: bool = False) -> list[int]:
+    """Every process in session ``sid`` (an agent and the training groups it started); with
+    ``live``, not those already dead (zombies)."""
     members = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -227,7 +261,7 @@ def session_members(sid: int) -> list[int]:
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:  # state ppid pgrp session
+        if int(fields[3]) == sid and not (live and fields[0] == b"Z"):  # state ppid pgrp sid
             members.append(int(entry.name))
     return members
 

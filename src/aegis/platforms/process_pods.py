@@ -106,6 +106,7 @@ class ProcessPods:
         self.job_token: str | None = None
         self.master = ""  # the credentials server, as the agents reach it
         self.stopping = False
+        self.killed = False  # the run killed its pods: none starts any more
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- what a platform says --------------------------------------------------------------------
@@ -207,10 +208,13 @@ class ProcessPods:
             state.containers_on_node = 0
         state.node = node
         try:
-            await self._spawn(state)
+            started = await self._spawn(state)
         except (OSError, RuntimeError) as exc:  # the node could not be made, the agent started
             log.error("%s could not be placed on %s: %s", pod, node, exc)
             self.sink(ev.QuitRequested(f"{pod} could not be placed on {node}: {exc}"))
+            return
+        if not started:
+            log.info("%s not placed on %s: the run killed its pods", pod, node)
             return
         self.sink(ev.PodRestarted(pod, NodeName(node), self._address(node)))
         log.info("%s placed on %s (%s)", pod, node, reason)
@@ -231,7 +235,10 @@ class ProcessPods:
                 await asyncio.wait_for(proc.wait(), self.exit_wait_s)
         await self._stop(proc)
 
-    async def _spawn(self, state: Pod) -> None:
+    async def _spawn(self, state: Pod) -> bool:
+        """Start ``state``'s agent (False: the run killed its pods, none starts any more)."""
+        if self.killed:
+            return False
         assert self.job_token is not None
         token_file = nats_auth.write_pod_token(
             self.log_dir, self.job_token, self.namespace, self.job, state.name
@@ -241,6 +248,7 @@ class ProcessPods:
         self.used_nodes.add(state.node)
         self.placements.append((state.name, state.node))
         await self._start(state, token_file)
+        return True
 
     def pod_log(self, state: Pod, what: str) -> Path:
         """The pod's log file, with a header line for this start (``what``: its incarnation)."""

@@ -47,8 +47,9 @@ class RunStop:
     a job, a signal cancels the run (its context managers stop what was started; the caller
     turns the cancellation into ``RunStoppedError`` with :meth:`stopped_error`); once a job is
     attached, each signal asks for the job's end; once it ended, signals are only logged. A
-    second signal also kills the run's pods at once (:meth:`on_second`): the user will not wait
-    for the training's grace period or its last save; the run's own clean-up still runs."""
+    second signal (and each one after it) also kills the run's pods at once (:meth:`on_second`):
+    the user will not wait for the training's grace period or its last save; the run's own
+    clean-up still runs."""
 
     def __init__(self, main: asyncio.Task[object] | None) -> None:
         self.got: list[int] = []  # every signal heard, in order
@@ -61,11 +62,11 @@ class RunStop:
 
     def heard(self, sig: signal.Signals) -> None:
         self.got.append(int(sig))
-        if len(self.got) == 2 and self._hurry is not None:
+        if len(self.got) >= 2 and self._hurry is not None:  # (a pod that started since, too)
             log.warning("%s again: the pods are killed now (what they had not saved is lost)",
                         sig.name)  # fmt: skip
             self._hurry()
-        if self._ended or self._cancelled:  # a second Ctrl-C: the clean-up is not cut short
+        if self._ended or self._cancelled:  # the run's own clean-up is never cut short
             log.warning("%s: the run is stopping already", sig.name)
             return
         if self.stopped_by is None:
@@ -88,7 +89,8 @@ class RunStop:
         self._quit = quit_job
 
     def on_second(self, hurry: Callable[[], None]) -> None:
-        """The run has pods: a second signal calls ``hurry`` (once) to kill them now."""
+        """The run has pods: the second signal, and each one after it, calls ``hurry`` to kill
+        them now (it must be idempotent)."""
         self._hurry = hurry
 
     def ended(self) -> None:
