@@ -11,8 +11,9 @@ random fault is injected once the job trains again and has committed twice since
 - ``node``: every process in a node's namespaces SIGKILLed (a host losing power: the pod moves
   to a spare), while a spare is left.
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
-fault was counted once (``recover_count``); each recovery restarted every rank once, all from
-the step the master named, with that step's values; nothing of the run is left.
+fault was counted once (``recover_count``) and none was taken for a hang; each recovery
+restarted every rank once, all from the step the master named, with that step's values;
+nothing of the run is left.
 Prints one line per fault (its kind, the seconds until the job trained again) and a verdict.
 """
 
@@ -111,6 +112,8 @@ def check(out: Path, log_dir: Path, ranks: int, faults: int, status: dict[str, A
             if rec["found"] != (float(rec["resumed_from"]) if rec["resumed_from"] else None):
                 wrong.append(f"recovery {k}: rank {rec['rank']} found {rec['found']} at "
                              f"step {rec['resumed_from']}")  # fmt: skip
+    if hangs := events(log_dir, "HangJudged"):  # no fault injected here is a hang
+        wrong.append(f"{len(hangs)} hang(s) judged: {[h['reason'] for h in hangs]}")
     if left := leftovers(log_dir):
         wrong.append(f"left running: {left}")
     return wrong

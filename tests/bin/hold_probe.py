@@ -3,9 +3,9 @@
 Each incarnation of each rank appends one JSON line to OUT/rank-R.jsonl: its restart count, the
 step it resumed from (``aegis.checkpoint.load_latest``), the value it found there, the step the
 master had it resume from (``AEGIS_RESUME_STEP``) and its pid. Then it trains (gloo all_reduce
-every step, ``aegis.checkpoint.save`` every 2 steps, 0.1 s a step) until CONTROL/finish exists on
-some rank (all ranks stop at the same step: the flag travels in the all_reduce). While
-CONTROL/crash exists, rank 0 of the first incarnation raises.
+and ``aegis.progress`` every step, ``aegis.checkpoint.save`` every 2 steps, 0.1 s a step) until
+CONTROL/finish exists on some rank (all ranks stop at the same step: the flag travels in the
+all_reduce). While CONTROL/crash exists, rank 0 of the first incarnation raises.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ while True:
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item() > 0:
         break
+    aegis.progress(step)  # (it prints nothing and hardly uses a CPU: no step signal otherwise)
     if step % 2 == 0:
         aegis.checkpoint.save(step, {"w": torch.full((1024,), float(step))})
     if rank == 0 and incarnation == 0 and (control / "crash").exists():
