@@ -1,6 +1,7 @@
 """A chaos soak on the emulated cluster: faults of every kind, one after another, in one job.
 
-Usage: python benchmarks/chaos_soak.py [--faults 8] [--seed 1] [--nodes 3] [--spares 2]
+Usage: python benchmarks/chaos_soak.py [--faults 8] [--seed 1] [--nodes 3] [--spares 2] [--work DIR]
+[--keep]
 
 ``aegis run --isolate-nodes`` runs ``tests/bin/hold_probe.py`` (gloo all_reduce every step, an
 Aegis checkpoint every 2 steps; each incarnation of each rank records the step it resumed from,
@@ -24,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,9 +168,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--spares", type=int, default=2)
+    parser.add_argument("--work", type=Path, help="an empty directory to work in")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="aegis-soak-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="aegis-soak-"))
     print(f"chaos soak: seed {args.seed}, {args.faults} faults, {args.nodes} nodes + "
           f"{args.spares} spares, in {work}", flush=True)  # fmt: skip
     started = time.monotonic()
@@ -177,6 +180,8 @@ def main() -> None:
     for line in wrong:
         print(f"WRONG: {line}")
     print(f"chaos soak: {'FAILED' if wrong else 'passed'} in {took:.0f} s ({work})")
+    if not wrong and not args.keep and args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if wrong else 0)
 
 
