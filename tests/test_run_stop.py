@@ -94,18 +94,37 @@ def test_a_second_signal_kills_the_pods_once_whenever_it_comes(ended_first: bool
     """The first signal asks the job to end; the second also kills the pods at once (the user
     will not wait out their grace period), and so does a third (a pod that started since). After
     the job ended (its pods flush their last save) the first is only logged, the second kills."""
-    stop, asked, killed = run_settings.RunStop(None), [], []
+    now = [0.0]
+    stop, asked, killed = run_settings.RunStop(None, clock=lambda: now[0]), [], []
     stop.attach(asked.append)
     stop.on_second(lambda: killed.append(len(stop.got)))
     if ended_first:
         stop.ended()
-    stop.heard(signal.SIGINT)
-    assert killed == []
-    stop.heard(signal.SIGINT)
-    stop.heard(signal.SIGTERM)
-    assert killed == [2, 3]
+    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+        stop.heard(sig)
+        assert killed == list(range(2, len(stop.got) + 1))
+        now[0] += 1.0
     wanted = ["aegis run got SIGINT"] * 2 + ["aegis run got SIGTERM"]
     assert asked == ([] if ended_first else wanted)
+
+
+def test_the_same_signal_again_at_once_is_the_same_stop() -> None:
+    """GNU ``timeout`` signals its command, then its process group: the run hears SIGTERM twice
+    in a row. That is one stop (the pods keep their grace period); the same signal a second
+    later, or another signal at once, is a second."""
+    now = [0.0]
+    stop, asked, killed = run_settings.RunStop(None, clock=lambda: now[0]), [], []
+    stop.attach(asked.append)
+    stop.on_second(lambda: killed.append(len(stop.got)))
+    stop.heard(signal.SIGTERM)
+    now[0] += run_settings.ECHO_S / 10
+    stop.heard(signal.SIGTERM)  # the echo
+    assert killed == [] and asked == ["aegis run got SIGTERM"]
+    now[0] += run_settings.ECHO_S
+    stop.heard(signal.SIGTERM)
+    assert killed == [3]
+    stop.heard(signal.SIGINT)  # another signal, at once: not an echo
+    assert killed == [3, 4] and stop.got == [15, 15, 15, 2]
 
 
 async def test_the_handlers_hear_a_real_signal_and_give_the_default_back() -> None:
@@ -188,3 +207,36 @@ async def test_a_run_in_the_cluster_namespace_killed_by_a_signal_exits_143() -> 
     argv = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]
     assert await emulated.run_outside(argv) == 128 + signal.SIGTERM
     assert await emulated.run_outside([sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs unshare --net (root)")
+def test_ctrl_z_stops_the_run_in_the_cluster_namespace_too_and_fg_goes_on() -> None:
+    """The run inside the cluster's namespace is in a session of its own (a terminal's Ctrl-C
+    reached it twice): Ctrl-Z (SIGTSTP to the run outside) stops it too, and SIGCONT (``fg``)
+    lets both go on; then SIGTERM ends both."""
+    inner = "import time\nwhile True: time.sleep(0.05)"
+    code = (
+        "import asyncio, sys; from aegis.platforms import emulated; "
+        f"sys.exit(asyncio.run(emulated.run_outside([sys.executable, '-c', {inner!r}])))"
+    )
+    outer = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        outside = psutil.Process(outer.pid)
+        wait_until(lambda: [c for c in outside.children(recursive=True)
+                            if c.cmdline()[-1:] == [inner]], 30, "the run inside")  # fmt: skip
+        run = next(c for c in outside.children(recursive=True) if c.cmdline()[-1:] == [inner])
+
+        def states() -> tuple[str, str]:
+            return outside.status(), run.status()
+
+        outer.send_signal(signal.SIGTSTP)
+        stopped = (psutil.STATUS_STOPPED, psutil.STATUS_STOPPED)
+        wait_until(lambda: states() == stopped, 30, "both stopped")
+        outer.send_signal(signal.SIGCONT)
+        wait_until(lambda: psutil.STATUS_STOPPED not in states(), 30, "both going on")
+        outer.send_signal(signal.SIGTERM)
+        assert outer.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait()

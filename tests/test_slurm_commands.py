@@ -239,8 +239,9 @@ async def test_a_granted_node_gets_the_pods_step_in_the_holding_job(tmp_path: Pa
     platform, events = _no_spare(tmp_path, slurm)
     spawned: list[str] = []
 
-    async def spawn(state: Pod) -> None:
+    async def spawn(state: Pod) -> bool:
         spawned.append(f"{state.name}@{state.node}:{platform.requested.get(state.node)}")
+        return True  # started
 
     platform._spawn = spawn  # type: ignore[method-assign]
     await platform._replace(PodName("t-1"), same_node=False, reason="gpu")

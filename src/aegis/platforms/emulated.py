@@ -206,6 +206,9 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
     loop = asyncio.get_running_loop()
     for sig in PASSED_ON:
         loop.add_signal_handler(sig, _pass_on, proc, sig)
+    # (no longer in the terminal's process group, it stops and goes on with this one: Ctrl-Z)
+    loop.add_signal_handler(signal.SIGTSTP, _stop_both, proc)
+    loop.add_signal_handler(signal.SIGCONT, _pass_on, proc, signal.SIGCONT)
     connector = netns.Connector(netns.netns_path(proc.pid))
     servers = []
     try:
@@ -216,7 +219,7 @@ async def run_outside(argv: Sequence[str], forwarded: Sequence[tuple[str, int]] 
         for server in servers:
             server.close()
         connector.close()
-        for sig in PASSED_ON:
+        for sig in (*PASSED_ON, signal.SIGTSTP, signal.SIGCONT):
             loop.remove_signal_handler(sig)
     if code < 0:  # killed by a signal before it could handle one (its first second)
         log.warning("the run in the cluster's namespace was killed by signal %d", -code)
@@ -232,6 +235,12 @@ def shell_status(returncode: int) -> int:
 def _pass_on(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(sig)
+
+
+def _stop_both(proc: asyncio.subprocess.Process) -> None:
+    """Ctrl-Z: the run inside stops, then this one, as the shell expects."""
+    _pass_on(proc, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def run_again_inside(forwarded: Sequence[tuple[str, int]]) -> int:

@@ -4,8 +4,10 @@ Nodes come from a pool (``node-0``.. plus spares ``spare-0``..). A pod evicted f
 (level 3, slow eviction) is placed on a healthy spare; a container restart (level 2) and a lost
 pod come back on the same node. Blacklisted nodes (ErrorNodes) are never used again. Agents run in
 their own sessions and die with ``aegis run`` (parent-death signal), so nothing is left behind.
-A pod ends with its agent, as a container ends with its PID 1: what the agent leaves in its
-session when it exits (a SIGKILLed agent's training, its saver daemon) is SIGKILLed at once.
+A pod ends with its agent, as a container ends with its PID 1: what the agent leaves when it
+exits (a SIGKILLed agent's training, its saver daemon) is SIGKILLed at once. A pod's processes
+are those in its agent's session and those that carry its mark (``AEGIS_POD_MARK``, in the
+environment every process of the pod inherits: torchrun's workers lead sessions of their own).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import contextlib
 import glob
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +39,7 @@ SLOW = "slow"  # --inject-fault NODE:slow: the local platform slows that node's 
 # and gone from the next one (a container restart, level 2, heals it; a gpu or io fault stays
 # with the node until the pod moves off it).
 CONTAINER_FAULTS = frozenset({"runtime"})
+MARK_ENV = "AEGIS_POD_MARK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,8 @@ class LocalPlatform(ProcessPods):
         self.settings: LocalSettings = settings
         self.hosts: Hosts = hosts or SharedHost()
         self._watches: set[asyncio.Task[None]] = set()  # one per agent: its pod ends with it
+        self._run_mark = secrets.token_hex(6)
+        self._marks: dict[int, str] = {}  # an agent's pid -> its pod's mark
         self.slowed: set[str] = {
             node
             for node, faults in settings.inject.items()
@@ -141,13 +147,18 @@ class LocalPlatform(ProcessPods):
         return self.hosts.down(node)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
-        await _kill_group(proc, 0.0 if self.killed else self.settings.grace_s)
+        grace_s = 0.0 if self.killed else self.settings.grace_s
+        await _kill_group(proc, grace_s, lambda: self._members(proc))
 
-    async def _start(self, state: Pod, token_file: Path) -> None:
+    def _members(self, proc: asyncio.subprocess.Process, *, live: bool = False) -> list[int]:
+        """The processes of the pod whose agent is ``proc`` (see the module)."""
+        return pod_members(proc.pid, self._marks.get(proc.pid), live=live)
+
+    async def _start(self, state: Pod, token_file: Path) -> bool:
         s = self.settings
         await self.hosts.prepare(state.node)
         if self.killed:  # (while the node was made)
-            return
+            return False
         argv: Sequence[str] = [
             sys.executable, "-m", "aegis", "agent",
             "--master", self.master,
@@ -159,6 +170,29 @@ class LocalPlatform(ProcessPods):
             *(["--rejoin"] if state.incarnation > 1 else []),
             "--", *s.command,
         ]  # fmt: skip
+        env = self._agent_env(state)
+        with self.pod_log(state, "incarnation").open("ab") as out:
+            state.process = await asyncio.create_subprocess_exec(
+                *self.hosts.wrap(state.node, argv),
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._marks[state.process.pid] = env[MARK_ENV]
+        watch = asyncio.create_task(self._end_with_agent(state.name, state.process))
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
+        if self.killed:  # (while it started)
+            _signal_all(self._members(state.process), signal.SIGKILL)
+            return False
+        if state.node in self.slowed:
+            self._background(self._slow_down(state.process))
+        return True
+
+    def _agent_env(self, state: Pod) -> dict[str, str]:
+        s = self.settings
         env = lifecycle.child_env()
         env.pop("AEGIS_INJECT_FAULT", None)
         injected = s.inject.get(state.node, frozenset()) - {SLOW}
@@ -170,32 +204,18 @@ class LocalPlatform(ProcessPods):
             env["AEGIS_CKPT_DIR"] = str(s.ckpt_dir)
         env.setdefault("AEGIS_PREWARM", s.prewarm)
         env["AEGIS_POD_IP"] = self.hosts.address(state.node)  # what its ACK says
-        with self.pod_log(state, "incarnation").open("ab") as out:
-            state.process = await asyncio.create_subprocess_exec(
-                *self.hosts.wrap(state.node, argv),
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        if self.killed:  # (while it started)
-            _signal_all(session_members(state.process.pid), signal.SIGKILL)
-        watch = asyncio.create_task(self._end_with_agent(state.name, state.process))
-        self._watches.add(watch)
-        watch.add_done_callback(self._watches.discard)
-        if state.node in self.slowed:
-            self._background(self._slow_down(state.process))
+        env[MARK_ENV] = f"{self._run_mark}.{state.name}.{state.incarnation}"
+        return env
 
     async def _end_with_agent(self, pod: str, proc: asyncio.subprocess.Process) -> None:
-        """When ``pod``'s agent exits, SIGKILL what is left in its session, as the kernel does
-        with a PID namespace whose init ended: a SIGKILLed agent's training went on committing
-        its old timeline (to its node's ``/dev/shm`` too) until the master had missed its
-        heartbeats and the pod was replaced. (Not a platform task: ``stop_all`` waits for those.)"""
+        """When ``pod``'s agent exits, SIGKILL what is left of the pod, as the kernel does with
+        a PID namespace whose init ended: a SIGKILLed agent's training went on committing its
+        old timeline (to its node's ``/dev/shm`` too) until the master had missed its heartbeats
+        and the pod was replaced. (Not a platform task: ``stop_all`` waits for those.)"""
         code = await proc.wait()
-        left = session_members(proc.pid, live=True)
+        left = self._members(proc, live=True)
         for _ in range(50):  # again while any is left: one may have forked before its kill
-            if not (alive := session_members(proc.pid, live=True)):
+            if not (alive := self._members(proc, live=True)):
                 break
             _signal_all(alive, signal.SIGKILL)
             await asyncio.sleep(0.02)
@@ -210,36 +230,35 @@ class LocalPlatform(ProcessPods):
         self.killed = True
         for state in self.pods.values():
             if state.process is not None and state.process.returncode is None:
-                _signal_all(session_members(state.process.pid), signal.SIGKILL)
+                _signal_all(self._members(state.process), signal.SIGKILL)
 
     async def stop_all(self) -> None:
+        """Stop every pod (``ProcessPods.stop_all``), then remove the checkpoint memory that a
+        killed agent left on this host (one that exits removes its own)."""
         await super().stop_all()
-        if self.killed:  # (an agent removes its own memory, unless it was killed)
-            for state in self.pods.values():
-                forget_memory(self.hosts.shm_root(state.node), self._memory_prefix(state))
-
-    def _memory_prefix(self, state: Pod) -> str:
-        return link_settings.memory_prefix(self.namespace, self.job, state.name, state.node)
+        for pod, node in set(self.placements):
+            prefix = link_settings.memory_prefix(self.namespace, self.job, pod, node)
+            forget_memory(self.hosts.shm_root(node), prefix)
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
         for ``slow_stop_s`` of every ``slow_period_s`` until the pod ends."""
         s = self.settings
         while proc.returncode is None:
-            members = session_members(proc.pid)
+            members = self._members(proc)
             _signal_all(members, signal.SIGSTOP)
             await asyncio.sleep(s.slow_stop_s)
             _signal_all(members, signal.SIGCONT)
             await asyncio.sleep(s.slow_period_s - s.slow_stop_s)
-        _signal_all(session_members(proc.pid), signal.SIGCONT)
+        _signal_all(self._members(proc), signal.SIGCONT)
 
 
 def forget_memory(shm_root: Path | None, prefix: str) -> None:
-    """Remove a killed pod's checkpoint memory, ``<shm_root>/<prefix>*``."""
+    """Remove a pod's checkpoint memory, ``<shm_root>/<prefix>*``, once its agent is gone."""
     if shm_root is None:
         return
     for path in shm_root.glob(glob.escape(prefix) + "*"):
-        log.info("removing the checkpoint memory of a killed pod: %s", path)
+        log.info("removing the checkpoint memory a killed agent left: %s", path)
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -266,19 +285,36 @@ def session_members(sid: int, *, live: bool = False) -> list[int]:
     return members
 
 
-async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """Stop an agent and everything in its session (training processes and its saver daemon
-    included, also when the agent itself was SIGKILLed and left them behind): SIGTERM, grace,
-    SIGKILL."""
-    sid = proc.pid
-    for pid in session_members(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+def pod_members(sid: int, mark: str | None, *, live: bool = False) -> list[int]:
+    """The processes of a pod: those in session ``sid`` (its agent's) and those whose
+    environment carries ``mark`` (``AEGIS_POD_MARK``; None: none is looked for); with ``live``,
+    not those already dead."""
+    members = session_members(sid, live=live)
+    if mark is None:
+        return members
+    needle = f"\0{MARK_ENV}={mark}\0".encode()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) not in members:
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                    found = needle in b"\0" + environ.read()  # (a zombie's is empty)
+            except OSError:
+                continue
+            if found:
+                members.append(int(entry.name))
+    return members
+
+
+async def _kill_group(
+    proc: asyncio.subprocess.Process, grace_s: float, members: Callable[[], list[int]]
+) -> None:
+    """Stop an agent and every process of its pod (``members``: training processes and its
+    saver daemon included, also when the agent itself was SIGKILLed and left them behind):
+    SIGTERM, grace, SIGKILL."""
+    _signal_all(members(), signal.SIGTERM)
     deadline = asyncio.get_running_loop().time() + grace_s
-    while session_members(sid) and asyncio.get_running_loop().time() < deadline:
+    while members() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
-    for pid in session_members(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _signal_all(members(), signal.SIGKILL)
     if proc.returncode is None:
         await proc.wait()

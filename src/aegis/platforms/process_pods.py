@@ -115,8 +115,9 @@ class ProcessPods:
         """Every node a pod may be placed on, in the order spares are taken."""
         return (*self.settings.nodes, *self.settings.spares)
 
-    async def _start(self, state: Pod, token_file: Path) -> None:
-        """Start ``state``'s agent on ``state.node`` (sets ``state.process``)."""
+    async def _start(self, state: Pod, token_file: Path) -> bool:
+        """Start ``state``'s agent on ``state.node`` (sets ``state.process``); False when the
+        run killed its pods meanwhile (``killed``)."""
         raise NotImplementedError
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
@@ -246,8 +247,9 @@ class ProcessPods:
         state.incarnation += 1
         state.containers_on_node += 1
         self.used_nodes.add(state.node)
+        if not await self._start(state, token_file):
+            return False
         self.placements.append((state.name, state.node))
-        await self._start(state, token_file)
         return True
 
     def pod_log(self, state: Pod, what: str) -> Path:

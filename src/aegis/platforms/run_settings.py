@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import shlex
 import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # What stops a run: Ctrl-C, a kill, and the terminal that closes (an ssh session that ends).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The same signal again this soon is the same stop, sent twice: GNU ``timeout`` signals its
+# command and then its process group; no one presses Ctrl-C twice in a quarter of a second.
+ECHO_S = 0.25
 
 
 class RunStoppedError(AegisError):
@@ -51,8 +56,12 @@ class RunStop:
     the user will not wait for the training's grace period or its last save; the run's own
     clean-up still runs."""
 
-    def __init__(self, main: asyncio.Task[object] | None) -> None:
+    def __init__(
+        self, main: asyncio.Task[object] | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.got: list[int] = []  # every signal heard, in order
+        self._clock, self._last = clock, (0, -math.inf)  # the last signal heard, and when
+        self._stops = 0  # the signals heard that were not an echo of the one before
         self.stopped_by: int | None = None  # the first one heard before the job ended
         self._main = main  # the run's task, cancelled by a signal before the job
         self._quit: Callable[[str], None] | None = None
@@ -62,7 +71,13 @@ class RunStop:
 
     def heard(self, sig: signal.Signals) -> None:
         self.got.append(int(sig))
-        if len(self.got) >= 2 and self._hurry is not None:  # (a pod that started since, too)
+        now, (last, at) = self._clock(), self._last
+        self._last = (int(sig), now)
+        if int(sig) == last and now - at < ECHO_S:
+            log.info("%s again within %g s: the same stop, sent twice", sig.name, ECHO_S)
+            return
+        self._stops += 1
+        if self._stops >= 2 and self._hurry is not None:  # (a pod that started since, too)
             log.warning("%s again: the pods are killed now (what they had not saved is lost)",
                         sig.name)  # fmt: skip
             self._hurry()

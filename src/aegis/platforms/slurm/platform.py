@@ -128,7 +128,7 @@ class SlurmPlatform(ProcessPods):
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         await _stop_step(proc, self.settings.grace_s)
 
-    async def _start(self, state: Pod, token_file: Path) -> None:
+    async def _start(self, state: Pod, token_file: Path) -> bool:
         s = self.settings
         inject = s.inject.get(state.node, frozenset())
         step = commands.AgentStep(
@@ -143,6 +143,7 @@ class SlurmPlatform(ProcessPods):
                 stdin=asyncio.subprocess.DEVNULL, env=commands.step_env(os.environ, inject),
                 start_new_session=True,
             )  # fmt: skip
+        return True
 
     async def stop_all(self) -> None:
         """Wait (bounded) for the steps to end with their agents, then stop what is left; a
