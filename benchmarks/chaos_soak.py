@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from aegis.adapters import lifecycle  # noqa: E402
 from tests.cluster import agent_of, holder_of, in_net_namespace_of, leftovers  # noqa: E402
+from tests.waits import wait_until  # noqa: E402
 
 PROBE = ROOT / "tests" / "bin" / "hold_probe.py"
-
-
-def wait(what: str, ready: Callable[[], Any], limit_s: float = 300.0) -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if value := ready():
-            return value
-        time.sleep(0.2)
-    raise SystemExit(f"chaos soak: timed out after {limit_s:.0f} s waiting for {what}")
 
 
 def records(out: Path, rank: int) -> list[dict[str, Any]]:
@@ -68,11 +59,12 @@ def until_trained(out: Path, log_dir: Path, ranks: int, incarnations: int) -> fl
     """Wait until every rank started its ``incarnations``-th incarnation and the job then
     committed twice; returns the seconds until the first."""
     started = time.monotonic()
-    wait(f"every rank's incarnation {incarnations}",
-         lambda: all(len(records(out, r)) >= incarnations for r in range(ranks)))  # fmt: skip
+    wait_until(lambda: all(len(records(out, r)) >= incarnations for r in range(ranks)),
+               300, f"every rank's incarnation {incarnations}")  # fmt: skip
     back_s = time.monotonic() - started
     commits = len(events(log_dir, "CheckpointCommitted"))
-    wait("two commits", lambda: len(events(log_dir, "CheckpointCommitted")) >= commits + 2)
+    wait_until(lambda: len(events(log_dir, "CheckpointCommitted")) >= commits + 2, 300,
+               "two commits")  # fmt: skip
     return back_s
 
 

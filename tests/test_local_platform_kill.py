@@ -66,8 +66,6 @@ def test_a_killed_pods_memory_is_found_by_the_agents_own_name_and_only_its_own(
         return daemon.shm_dir
 
     killed, other_pod, elsewhere = made("k-0"), made("k-1"), made("k-0", node="node-1")
-    local.forget_memory(tmp_path, link_settings.memory_prefix("ns", "k", "k-0", "node-0"))
+    link_settings.forget_memory(tmp_path, link_settings.memory_prefix("ns", "k", "k-0", "node-0"))
     assert not killed.exists()
     assert other_pod.exists() and elsewhere.exists()
-    local.forget_memory(None, link_settings.memory_prefix("ns", "k", "k-1", "node-0"))
-    assert other_pod.exists()  # (None: the node's memory went with it)

@@ -14,12 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from aegis.platforms import run_settings
 from tests import agent_waits, waits
-from tests.cluster import run_cluster
+from tests.cluster import leftovers, run_cluster
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -40,13 +39,7 @@ def kill_all(pids: list[int]) -> None:
 
 def naming(tmp_path: Path) -> list[int]:
     """The live processes whose command line names ``tmp_path`` (the run's, its pods')."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        with contextlib.suppress(psutil.Error):
-            alive = proc.info["status"] != psutil.STATUS_ZOMBIE
-            if alive and str(tmp_path) in " ".join(proc.info["cmdline"] or []):
-                found.append(int(proc.pid))
-    return found
+    return [int(line.split(":", 1)[0]) for line in leftovers(tmp_path)]
 
 
 def said(log_dir: Path, what: str) -> bool:

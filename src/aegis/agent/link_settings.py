@@ -3,14 +3,19 @@ training command learns of its place in the job (:func:`training_env`)."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import logging
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.checks import config as checks_config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +71,12 @@ def memory_prefix(namespace: str, job: str, pod: str, node: str) -> str:
 
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def forget_memory(shm_root: Path, prefix: str, keep: Path | None = None) -> None:
+    """Remove the checkpoint memory named ``<shm_root>/<prefix>*`` but ``keep``: what a killed
+    agent left (one that exits removes its own)."""
+    for path in shm_root.glob(glob.escape(prefix) + "*"):
+        if path != keep:
+            log.warning("removing the checkpoint memory a killed agent left: %s", path)
+            shutil.rmtree(path, ignore_errors=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import glob
 import logging
 import os
 import shutil
@@ -176,10 +175,7 @@ def _saver_settings(
     s = settings
     prefix = link_settings.memory_prefix(s.namespace, s.job, s.pod, s.node)
     shm_dir = shm_root / (prefix + link_settings.digest(s.token))
-    for stale in shm_root.glob(glob.escape(prefix) + "*"):
-        if stale != shm_dir:
-            log.warning("removing an earlier submission's checkpoint memory %s", stale)
-            shutil.rmtree(stale, ignore_errors=True)
+    link_settings.forget_memory(shm_root, prefix, keep=shm_dir)  # an earlier submission's
     return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
 
 

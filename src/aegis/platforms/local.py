@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import logging
 import os
 import secrets
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -238,7 +236,8 @@ class LocalPlatform(ProcessPods):
         await super().stop_all()
         for pod, node in set(self.placements):
             prefix = link_settings.memory_prefix(self.namespace, self.job, pod, node)
-            forget_memory(self.hosts.shm_root(node), prefix)
+            if (shm_root := self.hosts.shm_root(node)) is not None:
+                link_settings.forget_memory(shm_root, prefix)
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
@@ -251,15 +250,6 @@ class LocalPlatform(ProcessPods):
             _signal_all(members, signal.SIGCONT)
             await asyncio.sleep(s.slow_period_s - s.slow_stop_s)
         _signal_all(self._members(proc), signal.SIGCONT)
-
-
-def forget_memory(shm_root: Path | None, prefix: str) -> None:
-    """Remove a pod's checkpoint memory, ``<shm_root>/<prefix>*``, once its agent is gone."""
-    if shm_root is None:
-        return
-    for path in shm_root.glob(glob.escape(prefix) + "*"):
-        log.info("removing the checkpoint memory a killed agent left: %s", path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
