@@ -1,21 +1,32 @@
 """A chaos soak on the emulated cluster: faults of every kind, one after another, in one job.
 
-Usage: python benchmarks/chaos_soak.py [--faults 8] [--seed 1] [--nodes 3] [--spares 2] [--work DIR]
-[--keep]
+Usage: python benchmarks/chaos_soak.py [--faults 8] [--seed 1] [--nodes 3] [--spares 2]
+[--kinds crash,agent,node] [--masters 1] [--work DIR] [--keep]
 
 ``aegis run --isolate-nodes`` runs ``tests/bin/hold_probe.py`` (gloo all_reduce every step, an
 Aegis checkpoint every 2 steps; each incarnation of each rank records the step it resumed from,
 the value it found there and the step the master told it, ``AEGIS_RESUME_STEP``). A seeded
-random fault is injected once the job trains again and has committed twice since the last one:
+random fault of the ``--kinds`` is injected once the job trains again and has committed twice
+since the last one:
 - ``crash``: a rank's training process SIGKILLed (restart in place);
 - ``agent``: a pod's agent SIGKILLed (the pod ends with it, and comes back on its node);
 - ``node``: every process in a node's namespaces SIGKILLed (a host losing power: the pod moves
-  to a spare), while a spare is left.
+  to a spare), while a spare is left;
+- ``hang``: a rank's training process SIGSTOPped, while a spare is left (its peers wait in the
+  all_reduce; the agents judge a hang by the calibrated timeout, at least 30 s; the master names
+  the stopped rank's pod, restarts in place, and moves that pod to a spare at the next commit,
+  planned and not counted);
+- ``master``: the leading master SIGKILLed (``--masters`` N > 1), while another is alive: a
+  standby takes the job over, nothing restarts and nothing is counted;
+- ``nats``: the run's NATS server SIGKILLed: the run starts it again on its port, the master and
+  the agents reconnect, nothing restarts and nothing is counted.
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
-fault was counted once (``recover_count``) and none was taken for a hang; each recovery
-restarted every rank once, all from the step the master named, with that step's values;
+fault of the job was counted once (``recover_count``), a hang judged for each ``hang`` and for
+nothing else, and each hung pod moved off its node; each recovery (and each planned move after
+a hang) restarted every rank once, all from the step the master named, with that step's values;
 nothing of the run is left.
-Prints one line per fault (its kind, the seconds until the job trained again) and a verdict.
+Prints one line per fault (its kind, the seconds until the job trained again, or was led or
+served again, and until it committed) and a verdict.
 """
 
 from __future__ import annotations
@@ -25,22 +36,36 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from aegis.adapters import lifecycle  # noqa: E402
-from tests.cluster import agent_of, holder_of, in_net_namespace_of, leftovers  # noqa: E402
+from aegis.adapters.nats_server import RESTART_WINDOW_S, RESTARTS  # noqa: E402
+from tests.cluster import (  # noqa: E402
+    agent_of,
+    holder_of,
+    in_net_namespace_of,
+    leftovers,
+    master_pid,
+)
 from tests.waits import wait_until  # noqa: E402
 
 PROBE = ROOT / "tests" / "bin" / "hold_probe.py"
+KINDS = ("crash", "agent", "node", "hang", "master", "nats")
+COUNTED = ("crash", "agent", "node", "hang")  # faults of the job: each counted once
+LEADS = re.compile(r"leads job default\.soak \(epoch (\d+)\)")  # a master taking the job
 
 
 def records(out: Path, rank: int) -> list[dict[str, Any]]:
@@ -50,111 +75,214 @@ def records(out: Path, rank: int) -> list[dict[str, Any]]:
 
 
 def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
-    path = log_dir / "events.jsonl"
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    paths = [log_dir / "events.jsonl", log_dir / "default" / "soak" / "events.jsonl"]
+    path = next((p for p in paths if p.exists()), None)  # (the second with --masters)
+    lines = path.read_text(errors="replace").splitlines() if path else []
     return [e for e in map(json.loads, lines) if e.get("type") == kind]
 
 
-def until_trained(out: Path, log_dir: Path, ranks: int, incarnations: int) -> float:
-    """Wait until every rank started its ``incarnations``-th incarnation and the job then
-    committed twice; returns the seconds until the first."""
-    started = time.monotonic()
-    wait_until(lambda: all(len(records(out, r)) >= incarnations for r in range(ranks)),
-               300, f"every rank's incarnation {incarnations}")  # fmt: skip
-    back_s = time.monotonic() - started
-    commits = len(events(log_dir, "CheckpointCommitted"))
-    wait_until(lambda: len(events(log_dir, "CheckpointCommitted")) >= commits + 2, 300,
-               "two commits")  # fmt: skip
-    return back_s
+@dataclass
+class Soak:
+    """One soak's run: where it writes, where its pods are, what was injected."""
+
+    work: Path
+    nodes: int
+    masters: int
+    placed: dict[str, str] = field(default_factory=dict)
+    injected: list[str] = field(default_factory=list)
+    hung: list[tuple[str, str]] = field(default_factory=list)  # (pod, node) of each hang
+    run_pid: int = 0  # the ``aegis run`` (its NATS server is a descendant)
+    nats_pids: set[int] = field(default_factory=set)  # the NATS servers killed
+    nats_kills: list[float] = field(default_factory=list)  # when (monotonic seconds)
+    killed_masters: set[int] = field(default_factory=set)
+
+    @property
+    def out(self) -> Path:
+        return self.work / "out"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.work / "logs"
+
+    def incarnations(self) -> int:
+        return min(len(records(self.out, r)) for r in range(self.nodes))
+
+    def leader(self) -> int | None:
+        """The master that took the job last (the highest lease epoch), while it is alive
+        (None: none has yet, or the last one is killed and none took over yet)."""
+        epochs = {}
+        for i in range(self.masters):
+            path = self.log_dir / f"master-{i}.log"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            found = [int(m) for m in LEADS.findall(text)]
+            epochs[i] = max(found, default=-1)
+        last = max(epochs, key=lambda i: epochs[i])
+        return last if epochs[last] >= 0 and last not in self.killed_masters else None
+
+    def until_trained(self, incarnations: int) -> tuple[float, float]:
+        """Wait until every rank started its ``incarnations``-th incarnation (a master leads,
+        a NATS server runs) and the job then committed twice; returns the seconds until the
+        first and until the first commit."""
+        started = time.monotonic()
+        wait_until(lambda: self.incarnations() >= incarnations, 300,
+                   f"every rank's incarnation {incarnations}")  # fmt: skip
+        if self.masters > 1:
+            wait_until(lambda: self.leader() is not None, 300, "a master leading the job")
+        wait_until(self.nats_server, 300, "the run's NATS server")
+        back_s = time.monotonic() - started
+        commits = len(events(self.log_dir, "CheckpointCommitted"))
+        wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) > commits, 300,
+                   "a commit")  # fmt: skip
+        commit_s = time.monotonic() - started
+        wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) >= commits + 2, 300,
+                   "two commits")  # fmt: skip
+        for e in events(self.log_dir, "PodRestarted"):
+            self.placed[e["pod"]] = e["node"]
+        return back_s, commit_s
+
+    def inject(self, kind: str, rank: int) -> str:
+        pod = f"soak-{rank}"
+        sig, where = signal.SIGKILL, f"{pod} on {self.placed[pod]}"
+        if kind in ("crash", "hang"):
+            pids = [records(self.out, rank)[-1]["pid"]]
+            if kind == "hang":
+                sig = signal.SIGSTOP
+                self.hung.append((pod, self.placed[pod]))
+        elif kind == "agent":
+            pids = [agent_of(self.log_dir, pod)]
+        elif kind == "node":  # every process in the node's namespaces: a host losing power
+            pids = in_net_namespace_of(holder_of(self.log_dir, self.placed[pod]))
+        elif kind == "nats":
+            pids, where = [self.nats_server()], "the NATS server"
+            self.nats_pids.update(pid for pid in pids if pid is not None)
+            self.nats_kills.append(time.monotonic())
+        else:
+            leader = self.leader()
+            assert leader is not None
+            pids, where = [master_pid(self.log_dir, leader)], f"master-{leader}"
+            self.killed_masters.add(leader)
+        for pid in pids:
+            if pid is None:
+                raise SystemExit(f"chaos soak: no process to kill for {kind} of {where}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        self.injected.append(kind)
+        return f"{kind} {where} ({len(pids)} process(es))"
+
+    def nats_server(self) -> int | None:
+        """The run's NATS server now (one not killed: a new one once the run restarted it)."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.run_pid).children(recursive=True):
+                if child.name() == "nats-server" and child.pid not in self.nats_pids:
+                    return int(child.pid)
+        return None
+
+    def check(self, status: dict[str, Any]) -> list[str]:
+        """What went wrong, as lines (none: the soak passed)."""
+        wrong = []
+        counted = sum(kind in COUNTED for kind in self.injected)
+        if status.get("phase") != "Succeed":
+            wrong.append(f"phase {status.get('phase')}")
+        if status.get("recover_count") != counted:
+            wrong.append(f"recover_count {status.get('recover_count')} for {counted} faults")
+        moves = self.injected.count("hang")  # the suspect leaves at the next commit
+        rounds = [records(self.out, r) for r in range(self.nodes)]
+        if any(len(r) != counted + moves + 1 for r in rounds):
+            wrong.append(f"incarnations per rank {[len(r) for r in rounds]}, not "
+                         f"{counted + moves + 1} each")  # fmt: skip
+        for k in range(1, min(len(r) for r in rounds)):
+            wrong += resumed_wrong(k, [r[k] for r in rounds])
+        hangs = events(self.log_dir, "HangJudged")
+        if len(hangs) != self.injected.count("hang"):
+            wrong.append(f"{len(hangs)} hang(s) judged for {self.injected.count('hang')} "
+                         f"injected: {[h['reason'] for h in hangs]}")  # fmt: skip
+        if stayed := [f"{pod} on {node}" for pod, node in self.hung if self.placed[pod] == node]:
+            wrong.append(f"hung pod(s) not moved: {stayed}")
+        if left := leftovers(self.log_dir):
+            wrong.append(f"left running: {left}")
+        return wrong
 
 
-def inject(kind: str, rank: int, ctx: dict[str, Any]) -> str:
-    out, log_dir, placed = ctx["out"], ctx["log_dir"], ctx["placed"]
-    pod = f"soak-{rank}"
-    if kind == "crash":
-        pids = [records(out, rank)[-1]["pid"]]
-    elif kind == "agent":
-        pids = [agent_of(log_dir, pod)]
-    else:  # every process in the node's namespaces: a host that loses power
-        pids = in_net_namespace_of(holder_of(log_dir, placed[pod]))
-    for pid in pids:
-        if pid is None:
-            raise SystemExit(f"chaos soak: no process to kill for {kind} of {pod}")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return f"{kind} {pod} on {placed[pod]} ({len(pids)} process(es))"
-
-
-def check(out: Path, log_dir: Path, ranks: int, faults: int, status: dict[str, Any]) -> list[str]:
-    """What went wrong, as lines (none: the soak passed)."""
+def resumed_wrong(k: int, recs: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with the ``k``-th incarnation of every rank (``recs``)."""
     wrong = []
-    if status.get("phase") != "Succeed":
-        wrong.append(f"phase {status.get('phase')}")
-    if status.get("recover_count") != faults:
-        wrong.append(f"recover_count {status.get('recover_count')} for {faults} faults")
-    rounds = [records(out, r) for r in range(ranks)]
-    if any(len(r) != faults + 1 for r in rounds):
-        wrong.append(f"incarnations per rank {[len(r) for r in rounds]}, not {faults + 1} each")
-    for k in range(1, min(len(r) for r in rounds)):
-        told = {r[k]["resume_step"] for r in rounds}
-        if len(told) != 1 or None in told:
-            wrong.append(f"recovery {k}: resume steps {sorted(map(str, told))}")
-        for r in rounds:
-            rec = r[k]
-            if rec["resume_step"] is not None and rec["resumed_from"] != int(rec["resume_step"]):
-                wrong.append(f"recovery {k}: rank {rec['rank']} resumed from "
-                             f"{rec['resumed_from']}, told {rec['resume_step']}")  # fmt: skip
-            if rec["found"] != (float(rec["resumed_from"]) if rec["resumed_from"] else None):
-                wrong.append(f"recovery {k}: rank {rec['rank']} found {rec['found']} at "
-                             f"step {rec['resumed_from']}")  # fmt: skip
-    if hangs := events(log_dir, "HangJudged"):  # no fault injected here is a hang
-        wrong.append(f"{len(hangs)} hang(s) judged: {[h['reason'] for h in hangs]}")
-    if left := leftovers(log_dir):
-        wrong.append(f"left running: {left}")
+    told = {rec["resume_step"] for rec in recs}
+    if len(told) != 1 or None in told:
+        wrong.append(f"recovery {k}: resume steps {sorted(map(str, told))}")
+    for rec in recs:
+        if rec["resume_step"] is not None and rec["resumed_from"] != int(rec["resume_step"]):
+            wrong.append(f"recovery {k}: rank {rec['rank']} resumed from "
+                         f"{rec['resumed_from']}, told {rec['resume_step']}")  # fmt: skip
+        if rec["found"] != (float(rec["resumed_from"]) if rec["resumed_from"] else None):
+            wrong.append(f"recovery {k}: rank {rec['rank']} found {rec['found']} at "
+                         f"step {rec['resumed_from']}")  # fmt: skip
     return wrong
 
 
-def soak(args: argparse.Namespace, work: Path) -> list[str]:
-    out, control, log_dir = work / "out", work / "control", work / "logs"
-    out.mkdir()
+def eligible(args: argparse.Namespace, soak: Soak, spares_left: int) -> list[str]:
+    """The kinds a next fault may be: a node or a hang only while a spare is left (the hung pod
+    moves to one), a master only while two are alive, NATS only while the run would start it
+    again (it leaves a server that keeps dying down)."""
+    kinds = [k for k in args.kinds if k not in ("node", "hang", "master", "nats")]
+    kinds += [k for k in ("node", "hang") if k in args.kinds and spares_left > 0]
+    alive = args.masters - len(soak.killed_masters)
+    kinds += ["master"] if "master" in args.kinds and alive >= 2 else []
+    restarts = [ts for ts in soak.nats_kills if time.monotonic() - ts < RESTART_WINDOW_S]
+    return kinds + (["nats"] if "nats" in args.kinds and len(restarts) < RESTARTS - 1 else [])
+
+
+def run(args: argparse.Namespace, work: Path) -> list[str]:
+    soak = Soak(work, args.nodes, args.masters)
+    soak.placed = {f"soak-{r}": f"node-{r}" for r in range(args.nodes)}
+    control, status_file = work / "control", work / "status.json"
+    soak.out.mkdir()
     control.mkdir()
-    status_file = work / "status.json"
     argv = [sys.executable, "-m", "aegis.cli.main", "run", "--isolate-nodes", "--job", "soak",
             "--nodes", str(args.nodes), "--spare-nodes", str(args.spares),
             "--max-retry", str(args.faults + 1), "--heartbeat-timeout-s", "5",
-            "--view", "plain", "--log-dir", str(log_dir), "--status-file", str(status_file),
-            "--", sys.executable, str(PROBE), str(out), str(control)]  # fmt: skip
+            "--masters", str(args.masters), "--view", "plain", "--log-dir", str(soak.log_dir),
+            "--status-file", str(status_file),
+            "--", sys.executable, str(PROBE), str(soak.out), str(control)]  # fmt: skip
     rng = random.Random(args.seed)
-    placed = {f"soak-{r}": f"node-{r}" for r in range(args.nodes)}
-    ctx = {"out": out, "log_dir": log_dir, "placed": placed}
-    spares_left = args.spares
     with (work / "run.log").open("wb") as log:
         # (dies with this script: a soak killed by a timeout leaves no job training for good)
-        run = subprocess.Popen(lifecycle.pdeath_argv(argv), stdout=log, stderr=subprocess.STDOUT,
-                               cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(lifecycle.pdeath_argv(argv), stdout=log, stderr=subprocess.STDOUT,
+                                cwd=ROOT)  # fmt: skip
+    soak.run_pid = proc.pid
     try:
-        for fault in range(args.faults + 1):
-            back_s = until_trained(out, log_dir, args.nodes, fault + 1)
-            for e in events(log_dir, "PodRestarted"):
-                placed[e["pod"]] = e["node"]
-            if fault > 0:
-                print(f"  trained again {back_s:5.1f} s after the fault", flush=True)
-            if fault == args.faults:
-                break
-            kinds = ["crash", "agent"] + (["node"] if spares_left > 0 else [])
-            kind = rng.choice(kinds)
-            spares_left -= kind == "node"
-            print(f"fault {fault + 1}: {inject(kind, rng.randrange(args.nodes), ctx)}", end="",
-                  flush=True)  # fmt: skip
+        inject_all(args, soak, rng)
         (control / "finish").write_text("")
-        rc = run.wait(timeout=300)
+        rc = proc.wait(timeout=300)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     status = json.loads(status_file.read_text())["status"] if status_file.exists() else {}
-    wrong = [] if rc == 0 else [f"aegis run exited {rc}"]
-    return wrong + check(out, log_dir, args.nodes, args.faults, status)
+    return ([] if rc == 0 else [f"aegis run exited {rc}"]) + soak.check(status)
+
+
+def inject_all(args: argparse.Namespace, soak: Soak, rng: random.Random) -> None:
+    spares_left, expected = args.spares, 1
+    for fault in range(args.faults + 1):
+        back_s, commit_s = soak.until_trained(expected)
+        if fault > 0:  # (a master's or NATS's loss: training went on)
+            again = {"master": "led", "nats": "served"}.get(soak.injected[-1], "trained")
+            print(f"  {again} again {back_s:5.1f} s, committed {commit_s:5.1f} s after the fault",
+                  flush=True)  # fmt: skip
+        if fault == args.faults:
+            return
+        kind = rng.choice(eligible(args, soak, spares_left))
+        spares_left -= kind in ("node", "hang")
+        expected += (kind in COUNTED) + (kind == "hang")  # (a hang: a restart, then the move)
+        print(f"fault {fault + 1}: {soak.inject(kind, rng.randrange(args.nodes))}", end="",
+              flush=True)  # fmt: skip
+
+
+def kinds_arg(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if not kinds or not set(kinds) <= set(KINDS):
+        raise argparse.ArgumentTypeError(f"kinds are some of {','.join(KINDS)}, not {text!r}")
+    return kinds
 
 
 def main() -> None:
@@ -163,14 +291,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--spares", type=int, default=2)
+    parser.add_argument("--kinds", type=kinds_arg, default=kinds_arg("crash,agent,node"))
+    parser.add_argument("--masters", type=int, default=1)
     parser.add_argument("--work", type=Path, help="an empty directory to work in")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
+    if "master" in args.kinds and args.masters < 2:
+        parser.error("--kinds master wants --masters 2 or more (one takes over)")
     work = args.work or Path(tempfile.mkdtemp(prefix="aegis-soak-"))
-    print(f"chaos soak: seed {args.seed}, {args.faults} faults, {args.nodes} nodes + "
-          f"{args.spares} spares, in {work}", flush=True)  # fmt: skip
+    print(f"chaos soak: seed {args.seed}, {args.faults} faults of {','.join(args.kinds)}, "
+          f"{args.nodes} nodes + {args.spares} spares, {args.masters} master(s), in {work}",
+          flush=True)  # fmt: skip
     started = time.monotonic()
-    wrong = soak(args, work)
+    wrong = run(args, work)
     took = time.monotonic() - started
     for line in wrong:
         print(f"WRONG: {line}")

@@ -1,7 +1,13 @@
-"""A short chaos soak on the emulated cluster (``benchmarks/chaos_soak.py``, seed 3: a training
-SIGKILLed, a node that loses every process, two agents SIGKILLed, another node lost): the run
-exits 0, every fault is counted once and none is taken for a hang, each recovery restarts every
-rank from the step the master named with that step's values, and nothing is left."""
+"""Short chaos soaks on the emulated cluster (``benchmarks/chaos_soak.py``).
+
+Seed 17, one master in the run's process: the NATS server SIGKILLed, a node that loses every
+process, an agent SIGKILLed, another node lost, a training SIGKILLed. Seed 58, three master
+processes: the leading master SIGKILLed, an agent SIGKILLed, the NATS server SIGKILLed, a
+training SIGKILLed, a training stopped (a hang), a node lost. Each time: the run exits 0, every
+fault of the job is counted once and a hang is judged for the stopped training only (its pod
+moved off its node at the next commit), the loss of a master or of NATS restarts nothing and
+counts nothing, each recovery restarts every rank from the step the master named with that
+step's values, and nothing is left."""
 
 from __future__ import annotations
 
@@ -18,12 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SOAK = Path(__file__).parent.parent / "benchmarks" / "chaos_soak.py"
 
 
-def test_five_faults_of_three_kinds_in_one_job_leave_it_whole(tmp_path: Path) -> None:
+def soaked(tmp_path: Path, *flags: str) -> list[str]:
+    """The kinds of the faults the soak injected, in order, once it passed."""
     require_namespaces()
-    argv = [sys.executable, str(SOAK), "--faults", "5", "--seed", "3", "--work", str(tmp_path)]
+    argv = [sys.executable, str(SOAK), *flags, "--work", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=840, check=False)
     said = done.stdout + done.stderr
     assert done.returncode == 0, said
-    kinds = [line.split()[2] for line in said.splitlines() if line.startswith("fault ")]
-    assert sorted(set(kinds)) == ["agent", "crash", "node"], said
     assert "chaos soak: passed" in said, said
+    return [line.split()[2] for line in said.splitlines() if line.startswith("fault ")]
+
+
+def test_five_faults_of_four_kinds_in_one_job_leave_it_whole(tmp_path: Path) -> None:
+    kinds = soaked(tmp_path, "--faults", "5", "--seed", "17", "--kinds", "crash,agent,node,nats")
+    assert kinds == ["nats", "node", "agent", "node", "crash"], kinds
+
+
+def test_a_hang_and_the_leaders_loss_among_faults_of_every_kind(tmp_path: Path) -> None:
+    flags = ["--faults", "6", "--seed", "58", "--kinds", "crash,agent,node,hang,master,nats",
+             "--masters", "3"]  # fmt: skip
+    kinds = soaked(tmp_path, *flags)
+    assert kinds == ["master", "agent", "nats", "crash", "hang", "node"], kinds
