@@ -19,12 +19,18 @@ since the last one:
 - ``master``: the leading master SIGKILLed (``--masters`` N > 1), while another is alive: a
   standby takes the job over, nothing restarts and nothing is counted;
 - ``nats``: the run's NATS server SIGKILLed: the run starts it again on its port, the master and
-  the agents reconnect, nothing restarts and nothing is counted.
+  the agents reconnect, nothing restarts and nothing is counted;
+- ``slow``: a node turns slow, while a spare is left (every process in its namespaces stopped
+  0.4 s of every 0.5 s, until its pod left it: the job's pace halves; the run gets
+  ``--pace-window-s 3 --pace-drop 0.6``, and the node turns slow after 6 s of training): the
+  pace watch sees the drop, the round of checks names the node, training restarts in place
+  and the pod moves to a spare at the next commit; nothing is counted.
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
 fault of the job was counted once (``recover_count``), a hang judged for each ``hang`` and for
-nothing else, and each hung pod moved off its node; each recovery (and each planned move after
-a hang) restarted every rank once, all from the step the master named, with that step's values;
-nothing of the run is left.
+nothing else; each pod of a hang or a slow node moved off its node, and every node lost, hung on
+or slow is blacklisted; each restart (a recovery, a round of checks, a planned move) restarted
+every rank once, all from the step the master named, with that step's values; nothing of the
+run is left.
 Prints one line per fault (its kind, the seconds until the job trained again, or was led or
 served again, and until it committed) and a verdict.
 """
@@ -42,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +70,15 @@ from tests.cluster import (  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 
 PROBE = ROOT / "tests" / "bin" / "hold_probe.py"
-KINDS = ("crash", "agent", "node", "hang", "master", "nats")
+KINDS = ("crash", "agent", "node", "hang", "master", "nats", "slow")
+SPARE_TAKERS = ("node", "hang", "slow")  # each moves a pod to a spare
+MOVES = ("hang", "slow")  # each moves a pod at the next commit
+# the restarts of every rank a fault makes: a hang or a slow node, one in place after the round
+# of checks, one when the pod moves
+RESTARTS_OF = {"crash": 1, "agent": 1, "node": 1, "hang": 2, "slow": 2, "master": 0, "nats": 0}
+PACE_WINDOW_S = 3  # the run's, with slow nodes
+SLOW_STOP_S, SLOW_PERIOD_S = 0.4, 0.5  # stopped this long of every period (as --inject-fault
+# NODE:slow does: a sleeping process is stopped too, so a slow node must be stopped most of it)
 COUNTED = ("crash", "agent", "node", "hang")  # faults of the job: each counted once
 LEADS = re.compile(r"leads job default\.soak \(epoch (\d+)\)")  # a master taking the job
 
@@ -90,7 +105,11 @@ class Soak:
     masters: int
     placed: dict[str, str] = field(default_factory=dict)
     injected: list[str] = field(default_factory=list)
-    hung: list[tuple[str, str]] = field(default_factory=list)  # (pod, node) of each hang
+    moved: list[tuple[str, str]] = field(default_factory=list)  # (pod, node): must leave it
+    lost: list[str] = field(default_factory=list)  # nodes that must be blacklisted
+    slowing: list[threading.Thread] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)  # the soak ends
+    trained_since: float = 0.0  # the first commit since the last fault (its ts)
     run_pid: int = 0  # the ``aegis run`` (its NATS server is a descendant)
     nats_pids: set[int] = field(default_factory=set)  # the NATS servers killed
     nats_kills: list[float] = field(default_factory=list)  # when (monotonic seconds)
@@ -134,40 +153,79 @@ class Soak:
         wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) > commits, 300,
                    "a commit")  # fmt: skip
         commit_s = time.monotonic() - started
+        self.trained_since = events(self.log_dir, "CheckpointCommitted")[commits]["ts"]
         wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) >= commits + 2, 300,
                    "two commits")  # fmt: skip
         for e in events(self.log_dir, "PodRestarted"):
             self.placed[e["pod"]] = e["node"]
         return back_s, commit_s
 
+    def steady(self, seconds: float) -> None:
+        """Wait until the job has committed for ``seconds`` since the last fault (the pace
+        watch has a pace to compare with: a node that is slow from a round's start is not
+        seen, as the best pace is that round's)."""
+        wait_until(lambda: events(self.log_dir, "CheckpointCommitted")[-1]["ts"]
+                   >= self.trained_since + seconds, 300, f"{seconds:g} s of training")  # fmt: skip
+
     def inject(self, kind: str, rank: int) -> str:
         pod = f"soak-{rank}"
-        sig, where = signal.SIGKILL, f"{pod} on {self.placed[pod]}"
-        if kind in ("crash", "hang"):
-            pids = [records(self.out, rank)[-1]["pid"]]
-            if kind == "hang":
-                sig = signal.SIGSTOP
-                self.hung.append((pod, self.placed[pod]))
-        elif kind == "agent":
-            pids = [agent_of(self.log_dir, pod)]
-        elif kind == "node":  # every process in the node's namespaces: a host losing power
-            pids = in_net_namespace_of(holder_of(self.log_dir, self.placed[pod]))
-        elif kind == "nats":
-            pids, where = [self.nats_server()], "the NATS server"
-            self.nats_pids.update(pid for pid in pids if pid is not None)
-            self.nats_kills.append(time.monotonic())
+        node = self.placed[pod]
+        pids, sig, where = self._victims(kind, pod, rank)
+        if None in pids:
+            raise SystemExit(f"chaos soak: no process to signal for {kind} of {where}")
+        if kind == "slow":  # stopped and continued from now on
+            self._slow_down(pod, node)
         else:
-            leader = self.leader()
-            assert leader is not None
-            pids, where = [master_pid(self.log_dir, leader)], f"master-{leader}"
-            self.killed_masters.add(leader)
-        for pid in pids:
-            if pid is None:
-                raise SystemExit(f"chaos soak: no process to kill for {kind} of {where}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+            signal_all([pid for pid in pids if pid is not None], sig)
         self.injected.append(kind)
+        if kind in SPARE_TAKERS:
+            self.lost.append(node)
+        if kind in MOVES:
+            self.moved.append((pod, node))
         return f"{kind} {where} ({len(pids)} process(es))"
+
+    def _victims(self, kind: str, pod: str, rank: int) -> tuple[list[int | None], int, str]:
+        """The processes a fault signals, the signal, and where they are."""
+        where = f"{pod} on {self.placed[pod]}"
+        if kind in ("crash", "hang"):
+            pid = records(self.out, rank)[-1]["pid"]
+            return [pid], signal.SIGSTOP if kind == "hang" else signal.SIGKILL, where
+        if kind == "agent":
+            return [agent_of(self.log_dir, pod)], signal.SIGKILL, where
+        if kind in ("node", "slow"):  # every process in the node's namespaces
+            procs = in_net_namespace_of(holder_of(self.log_dir, self.placed[pod]))
+            return list(procs), signal.SIGKILL, where
+        if kind == "nats":
+            pid = self.nats_server()
+            self.nats_pids.update([] if pid is None else [pid])
+            self.nats_kills.append(time.monotonic())
+            return [pid], signal.SIGKILL, "the NATS server"
+        leader = self.leader()
+        assert leader is not None
+        self.killed_masters.add(leader)
+        return [master_pid(self.log_dir, leader)], signal.SIGKILL, f"master-{leader}"
+
+    def _slow_down(self, pod: str, node: str) -> None:
+        """``node`` slow from now until ``pod`` left it (a thread: every process in the node's
+        namespaces stopped ``SLOW_STOP_S`` of every ``SLOW_PERIOD_S``)."""
+        restarts = len([e for e in events(self.log_dir, "PodRestarted") if e["pod"] == pod])
+
+        def left() -> bool:
+            return len([e for e in events(self.log_dir, "PodRestarted") if e["pod"] == pod]) > (
+                restarts
+            )
+
+        def slow() -> None:
+            holder = holder_of(self.log_dir, node)
+            while not left() and not self.done.is_set():
+                pids = in_net_namespace_of(holder)
+                signal_all(pids, signal.SIGSTOP)
+                time.sleep(SLOW_STOP_S)  # (the fault itself: a duty cycle, not a wait)
+                signal_all(pids, signal.SIGCONT)
+                time.sleep(SLOW_PERIOD_S - SLOW_STOP_S)
+
+        self.slowing.append(threading.Thread(target=slow, name=f"slow {node}", daemon=True))
+        self.slowing[-1].start()
 
     def nats_server(self) -> int | None:
         """The run's NATS server now (one not killed: a new one once the run restarted it)."""
@@ -185,22 +243,31 @@ class Soak:
             wrong.append(f"phase {status.get('phase')}")
         if status.get("recover_count") != counted:
             wrong.append(f"recover_count {status.get('recover_count')} for {counted} faults")
-        moves = self.injected.count("hang")  # the suspect leaves at the next commit
+        restarts = sum(RESTARTS_OF[kind] for kind in self.injected)
         rounds = [records(self.out, r) for r in range(self.nodes)]
-        if any(len(r) != counted + moves + 1 for r in rounds):
+        if any(len(r) != restarts + 1 for r in rounds):
             wrong.append(f"incarnations per rank {[len(r) for r in rounds]}, not "
-                         f"{counted + moves + 1} each")  # fmt: skip
+                         f"{restarts + 1} each")  # fmt: skip
         for k in range(1, min(len(r) for r in rounds)):
             wrong += resumed_wrong(k, [r[k] for r in rounds])
         hangs = events(self.log_dir, "HangJudged")
         if len(hangs) != self.injected.count("hang"):
             wrong.append(f"{len(hangs)} hang(s) judged for {self.injected.count('hang')} "
                          f"injected: {[h['reason'] for h in hangs]}")  # fmt: skip
-        if stayed := [f"{pod} on {node}" for pod, node in self.hung if self.placed[pod] == node]:
-            wrong.append(f"hung pod(s) not moved: {stayed}")
+        if stayed := [f"{pod} on {node}" for pod, node in self.moved if self.placed[pod] == node]:
+            wrong.append(f"pod(s) not moved off a hung or slow node: {stayed}")
+        listed = {entry["node"] for entry in status.get("error_nodes", [])}
+        if kept := sorted(set(self.lost) - listed):
+            wrong.append(f"node(s) not blacklisted: {kept} (blacklisted: {sorted(listed)})")
         if left := leftovers(self.log_dir):
             wrong.append(f"left running: {left}")
         return wrong
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def resumed_wrong(k: int, recs: list[dict[str, Any]]) -> list[str]:
@@ -220,11 +287,11 @@ def resumed_wrong(k: int, recs: list[dict[str, Any]]) -> list[str]:
 
 
 def eligible(args: argparse.Namespace, soak: Soak, spares_left: int) -> list[str]:
-    """The kinds a next fault may be: a node or a hang only while a spare is left (the hung pod
-    moves to one), a master only while two are alive, NATS only while the run would start it
-    again (it leaves a server that keeps dying down)."""
-    kinds = [k for k in args.kinds if k not in ("node", "hang", "master", "nats")]
-    kinds += [k for k in ("node", "hang") if k in args.kinds and spares_left > 0]
+    """The kinds a next fault may be: a node lost, a hang or a slow node only while a spare is
+    left (its pod moves to one), a master only while two are alive, NATS only while the run
+    would start it again (it leaves a server that keeps dying down)."""
+    kinds = [k for k in args.kinds if k not in (*SPARE_TAKERS, "master", "nats")]
+    kinds += [k for k in SPARE_TAKERS if k in args.kinds and spares_left > 0]
     alive = args.masters - len(soak.killed_masters)
     kinds += ["master"] if "master" in args.kinds and alive >= 2 else []
     restarts = [ts for ts in soak.nats_kills if time.monotonic() - ts < RESTART_WINDOW_S]
@@ -242,6 +309,8 @@ def run(args: argparse.Namespace, work: Path) -> list[str]:
             "--max-retry", str(args.faults + 1), "--heartbeat-timeout-s", "5",
             "--masters", str(args.masters), "--view", "plain", "--log-dir", str(soak.log_dir),
             "--status-file", str(status_file),
+            *(["--pace-window-s", str(PACE_WINDOW_S), "--pace-drop", "0.6"]
+              if "slow" in args.kinds else []),
             "--", sys.executable, str(PROBE), str(soak.out), str(control)]  # fmt: skip
     rng = random.Random(args.seed)
     with (work / "run.log").open("wb") as log:
@@ -254,6 +323,9 @@ def run(args: argparse.Namespace, work: Path) -> list[str]:
         (control / "finish").write_text("")
         rc = proc.wait(timeout=300)
     finally:
+        soak.done.set()  # (no process left stopped)
+        for thread in soak.slowing:
+            thread.join()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -272,8 +344,10 @@ def inject_all(args: argparse.Namespace, soak: Soak, rng: random.Random) -> None
         if fault == args.faults:
             return
         kind = rng.choice(eligible(args, soak, spares_left))
-        spares_left -= kind in ("node", "hang")
-        expected += (kind in COUNTED) + (kind == "hang")  # (a hang: a restart, then the move)
+        if kind == "slow":
+            soak.steady(2 * PACE_WINDOW_S)
+        spares_left -= kind in SPARE_TAKERS
+        expected += RESTARTS_OF[kind]
         print(f"fault {fault + 1}: {soak.inject(kind, rng.randrange(args.nodes))}", end="",
               flush=True)  # fmt: skip
 

@@ -1,13 +1,14 @@
 """Short chaos soaks on the emulated cluster (``benchmarks/chaos_soak.py``).
 
 Seed 17, one master in the run's process: the NATS server SIGKILLed, a node that loses every
-process, an agent SIGKILLed, another node lost, a training SIGKILLed. Seed 58, three master
-processes: the leading master SIGKILLed, an agent SIGKILLed, the NATS server SIGKILLed, a
-training SIGKILLed, a training stopped (a hang), a node lost. Each time: the run exits 0, every
-fault of the job is counted once and a hang is judged for the stopped training only (its pod
-moved off its node at the next commit), the loss of a master or of NATS restarts nothing and
-counts nothing, each recovery restarts every rank from the step the master named with that
-step's values, and nothing is left."""
+process, an agent SIGKILLed, another node lost, a training SIGKILLed. Seed 88, three master
+processes and three spares: a training stopped (a hang), a node lost, the leading master
+SIGKILLed, a node turned slow, a training SIGKILLed, the NATS server SIGKILLed, an agent
+SIGKILLed. Each time: the run exits 0, every fault of the job is counted once and a hang is
+judged for the stopped training only, the pod of a hang or a slow node moved off it at the next
+commit and every node lost, hung on or slow is blacklisted, the loss of a master or of NATS
+restarts and counts nothing and a slow node counts nothing, each restart restarts every rank
+from the step the master named with that step's values, and nothing is left."""
 
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ def test_five_faults_of_four_kinds_in_one_job_leave_it_whole(tmp_path: Path) -> 
     assert kinds == ["nats", "node", "agent", "node", "crash"], kinds
 
 
-def test_a_hang_and_the_leaders_loss_among_faults_of_every_kind(tmp_path: Path) -> None:
-    flags = ["--faults", "6", "--seed", "58", "--kinds", "crash,agent,node,hang,master,nats",
-             "--masters", "3"]  # fmt: skip
+def test_a_hang_a_slow_node_and_the_leaders_loss_among_faults_of_every_kind(
+    tmp_path: Path,
+) -> None:
+    flags = ["--faults", "7", "--seed", "88", "--kinds", "crash,agent,node,hang,master,nats,slow",
+             "--masters", "3", "--spares", "3"]  # fmt: skip
     kinds = soaked(tmp_path, *flags)
-    assert kinds == ["master", "agent", "nats", "crash", "hang", "node"], kinds
+    assert kinds == ["hang", "node", "master", "slow", "crash", "nats", "agent"], kinds
