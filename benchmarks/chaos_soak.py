@@ -18,19 +18,21 @@ since the last one:
   planned and not counted);
 - ``master``: the leading master SIGKILLed (``--masters`` N > 1), while another is alive: a
   standby takes the job over, nothing restarts and nothing is counted;
-- ``nats``: the run's NATS server SIGKILLed: the run starts it again on its port, the master and
-  the agents reconnect, nothing restarts and nothing is counted;
+- ``nats``: the run's NATS server SIGKILLed (first waiting, where needed, until the run would
+  start it again: it leaves a server that died 5 times in 60 s down): the run starts it again
+  on its port, the master and the agents reconnect, nothing restarts and nothing is counted;
 - ``slow``: a node turns slow, while a spare is left (every process in its namespaces stopped
-  0.4 s of every 0.5 s, until its pod left it: the job's pace halves; the run gets
+  0.4 s of every 0.5 s, until its pod left it: the job's pace falls to a third or a half; the
+  run gets
   ``--pace-window-s 3 --pace-drop 0.6``, and the node turns slow after 6 s of training): the
   pace watch sees the drop, the round of checks names the node, training restarts in place
   and the pod moves to a spare at the next commit; nothing is counted.
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
 fault of the job was counted once (``recover_count``), a hang judged for each ``hang`` and for
-nothing else; each pod of a hang or a slow node moved off its node, and every node lost, hung on
-or slow is blacklisted; each restart (a recovery, a round of checks, a planned move) restarted
-every rank once, all from the step the master named, with that step's values; nothing of the
-run is left.
+nothing else; each pod of a hang or a slow node moved off its node; the nodes lost, hung on or
+slow are the ones blacklisted, and the only ones a pod moved off; each restart (a recovery, a
+round of checks, a planned move) restarted every rank once, all from the step the master
+named, with that step's values; nothing of the run is left.
 Prints one line per fault (its kind, the seconds until the job trained again, or was led or
 served again, and until it committed) and a verdict.
 """
@@ -50,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +86,12 @@ COUNTED = ("crash", "agent", "node", "hang")  # faults of the job: each counted 
 LEADS = re.compile(r"leads job default\.soak \(epoch (\d+)\)")  # a master taking the job
 
 
+def waited(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``wait_until``, looking five times a second: each look reads the event log or walks the
+    process tree, and the soak must not load the machine it measures."""
+    return wait_until(condition, timeout_s, what, poll_s=0.2)
+
+
 def records(out: Path, rank: int) -> list[dict[str, Any]]:
     path = out / f"rank-{rank}.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
@@ -93,7 +102,8 @@ def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
     paths = [log_dir / "events.jsonl", log_dir / "default" / "soak" / "events.jsonl"]
     path = next((p for p in paths if p.exists()), None)  # (the second with --masters)
     lines = path.read_text(errors="replace").splitlines() if path else []
-    return [e for e in map(json.loads, lines) if e.get("type") == kind]
+    complete = (json.loads(line) for line in lines if line.endswith("}"))  # (one being written)
+    return [e for e in complete if e.get("type") == kind]
 
 
 @dataclass
@@ -110,6 +120,7 @@ class Soak:
     slowing: list[threading.Thread] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)  # the soak ends
     trained_since: float = 0.0  # the first commit since the last fault (its ts)
+    errors: list[str] = field(default_factory=list)  # of the soak's own threads
     run_pid: int = 0  # the ``aegis run`` (its NATS server is a descendant)
     nats_pids: set[int] = field(default_factory=set)  # the NATS servers killed
     nats_kills: list[float] = field(default_factory=list)  # when (monotonic seconds)
@@ -143,18 +154,18 @@ class Soak:
         a NATS server runs) and the job then committed twice; returns the seconds until the
         first and until the first commit."""
         started = time.monotonic()
-        wait_until(lambda: self.incarnations() >= incarnations, 300,
+        waited(lambda: self.incarnations() >= incarnations, 300,
                    f"every rank's incarnation {incarnations}")  # fmt: skip
         if self.masters > 1:
-            wait_until(lambda: self.leader() is not None, 300, "a master leading the job")
-        wait_until(self.nats_server, 300, "the run's NATS server")
+            waited(lambda: self.leader() is not None, 300, "a master leading the job")
+        waited(self.nats_server, 300, "the run's NATS server")
         back_s = time.monotonic() - started
         commits = len(events(self.log_dir, "CheckpointCommitted"))
-        wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) > commits, 300,
+        waited(lambda: len(events(self.log_dir, "CheckpointCommitted")) > commits, 300,
                    "a commit")  # fmt: skip
         commit_s = time.monotonic() - started
         self.trained_since = events(self.log_dir, "CheckpointCommitted")[commits]["ts"]
-        wait_until(lambda: len(events(self.log_dir, "CheckpointCommitted")) >= commits + 2, 300,
+        waited(lambda: len(events(self.log_dir, "CheckpointCommitted")) >= commits + 2, 300,
                    "two commits")  # fmt: skip
         for e in events(self.log_dir, "PodRestarted"):
             self.placed[e["pod"]] = e["node"]
@@ -164,7 +175,7 @@ class Soak:
         """Wait until the job has committed for ``seconds`` since the last fault (the pace
         watch has a pace to compare with: a node that is slow from a round's start is not
         seen, as the best pace is that round's)."""
-        wait_until(lambda: events(self.log_dir, "CheckpointCommitted")[-1]["ts"]
+        waited(lambda: events(self.log_dir, "CheckpointCommitted")[-1]["ts"]
                    >= self.trained_since + seconds, 300, f"{seconds:g} s of training")  # fmt: skip
 
     def inject(self, kind: str, rank: int) -> str:
@@ -208,24 +219,38 @@ class Soak:
     def _slow_down(self, pod: str, node: str) -> None:
         """``node`` slow from now until ``pod`` left it (a thread: every process in the node's
         namespaces stopped ``SLOW_STOP_S`` of every ``SLOW_PERIOD_S``)."""
-        restarts = len([e for e in events(self.log_dir, "PodRestarted") if e["pod"] == pod])
+        before = len(events(self.log_dir, "PodRestarted"))
 
         def left() -> bool:
-            return len([e for e in events(self.log_dir, "PodRestarted") if e["pod"] == pod]) > (
-                restarts
-            )
+            later = events(self.log_dir, "PodRestarted")[before:]
+            return any(e["pod"] == pod and e["node"] != node for e in later)
 
         def slow() -> None:
-            holder = holder_of(self.log_dir, node)
-            while not left() and not self.done.is_set():
-                pids = in_net_namespace_of(holder)
-                signal_all(pids, signal.SIGSTOP)
-                time.sleep(SLOW_STOP_S)  # (the fault itself: a duty cycle, not a wait)
+            pids: list[int] = []
+            try:
+                holder = holder_of(self.log_dir, node)
+                while not left() and not self.done.is_set():
+                    pids = in_net_namespace_of(holder)
+                    signal_all(pids, signal.SIGSTOP)
+                    time.sleep(SLOW_STOP_S)  # (the fault itself: a duty cycle, not a wait)
+                    signal_all(pids, signal.SIGCONT)
+                    time.sleep(SLOW_PERIOD_S - SLOW_STOP_S)
+            except Exception as exc:  # (said in the verdict: the node stopped slowing)
+                self.errors.append(f"slowing {node}: {exc!r}")
+            finally:
                 signal_all(pids, signal.SIGCONT)
-                time.sleep(SLOW_PERIOD_S - SLOW_STOP_S)
 
         self.slowing.append(threading.Thread(target=slow, name=f"slow {node}", daemon=True))
         self.slowing[-1].start()
+
+    def moves(self) -> list[str]:
+        """Each time a pod came back on another node than its last (``PodRestarted``)."""
+        where, moved = {f"soak-{r}": f"node-{r}" for r in range(self.nodes)}, []
+        for e in events(self.log_dir, "PodRestarted"):
+            if e["node"] != where[e["pod"]]:
+                moved.append(f"{e['pod']} {where[e['pod']]} -> {e['node']}")
+            where[e["pod"]] = e["node"]
+        return moved
 
     def nats_server(self) -> int | None:
         """The run's NATS server now (one not killed: a new one once the run restarted it)."""
@@ -257,8 +282,13 @@ class Soak:
         if stayed := [f"{pod} on {node}" for pod, node in self.moved if self.placed[pod] == node]:
             wrong.append(f"pod(s) not moved off a hung or slow node: {stayed}")
         listed = {entry["node"] for entry in status.get("error_nodes", [])}
-        if kept := sorted(set(self.lost) - listed):
-            wrong.append(f"node(s) not blacklisted: {kept} (blacklisted: {sorted(listed)})")
+        if listed != set(self.lost):
+            wrong.append(f"blacklisted {sorted(listed)}, not the nodes lost, hung on or slow: "
+                         f"{sorted(set(self.lost))}")  # fmt: skip
+        moves = sum(kind in SPARE_TAKERS for kind in self.injected)
+        if (seen := len(self.moves())) != moves:
+            wrong.append(f"{seen} pod(s) moved to another node, not {moves}: {self.moves()}")
+        wrong += self.errors
         if left := leftovers(self.log_dir):
             wrong.append(f"left running: {left}")
         return wrong
@@ -288,14 +318,26 @@ def resumed_wrong(k: int, recs: list[dict[str, Any]]) -> list[str]:
 
 def eligible(args: argparse.Namespace, soak: Soak, spares_left: int) -> list[str]:
     """The kinds a next fault may be: a node lost, a hang or a slow node only while a spare is
-    left (its pod moves to one), a master only while two are alive, NATS only while the run
-    would start it again (it leaves a server that keeps dying down)."""
-    kinds = [k for k in args.kinds if k not in (*SPARE_TAKERS, "master", "nats")]
+    left (its pod moves to one), a master only while two are alive."""
+    kinds = [k for k in args.kinds if k not in (*SPARE_TAKERS, "master")]
     kinds += [k for k in SPARE_TAKERS if k in args.kinds and spares_left > 0]
     alive = args.masters - len(soak.killed_masters)
     kinds += ["master"] if "master" in args.kinds and alive >= 2 else []
-    restarts = [ts for ts in soak.nats_kills if time.monotonic() - ts < RESTART_WINDOW_S]
-    return kinds + (["nats"] if "nats" in args.kinds and len(restarts) < RESTARTS - 1 else [])
+    if not kinds:
+        done = f"{len(soak.injected)} of {','.join(args.kinds)}"
+        raise SystemExit(f"chaos soak: no kind of fault left after {done}: more --spares or "
+                         "--masters, or other --kinds")  # fmt: skip
+    return kinds
+
+
+def nats_may_die(soak: Soak) -> None:
+    """Wait until the run would start its NATS server again (it leaves a server that died
+    ``RESTARTS`` times within ``RESTART_WINDOW_S`` down): a seed's faults do not depend on
+    how fast the soak ran."""
+    if len(soak.nats_kills) >= RESTARTS - 1:
+        oldest = soak.nats_kills[-(RESTARTS - 1)]
+        waited(lambda: time.monotonic() - oldest > RESTART_WINDOW_S + 1.0, RESTART_WINDOW_S + 60,
+               "the NATS server's restart window")  # fmt: skip
 
 
 def run(args: argparse.Namespace, work: Path) -> list[str]:
@@ -346,6 +388,8 @@ def inject_all(args: argparse.Namespace, soak: Soak, rng: random.Random) -> None
         kind = rng.choice(eligible(args, soak, spares_left))
         if kind == "slow":
             soak.steady(2 * PACE_WINDOW_S)
+        if kind == "nats":
+            nats_may_die(soak)
         spares_left -= kind in SPARE_TAKERS
         expected += RESTARTS_OF[kind]
         print(f"fault {fault + 1}: {soak.inject(kind, rng.randrange(args.nodes))}", end="",

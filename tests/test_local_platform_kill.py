@@ -66,6 +66,8 @@ def test_a_killed_pods_memory_is_found_by_the_agents_own_name_and_only_its_own(
         return daemon.shm_dir
 
     killed, other_pod, elsewhere = made("k-0"), made("k-1"), made("k-0", node="node-1")
-    link_settings.forget_memory(tmp_path, link_settings.memory_prefix("ns", "k", "k-0", "node-0"))
+    link_settings.forget_memory(
+        tmp_path, link_settings.memory_prefix("ns", "k", "k-0", "node-0"), "k-0's killed agent"
+    )
     assert not killed.exists()
     assert other_pod.exists() and elsewhere.exists()

@@ -34,8 +34,10 @@ def wait_until(
     what: str = "",
     *,
     seen: Callable[[], object] | None = None,
+    poll_s: float = POLL_S,
 ) -> T:
-    """Poll ``condition`` until it returns something true, and return that."""
+    """Poll ``condition`` until it returns something true, and return that (``poll_s``: longer
+    for a condition that reads much, so the looking does not load the machine)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -43,7 +45,7 @@ def wait_until(
             return value
         if time.monotonic() >= deadline:
             raise _timed_out(condition, timeout_s, what, _last(seen, value))
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 @overload

@@ -73,10 +73,12 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def forget_memory(shm_root: Path, prefix: str, keep: Path | None = None) -> None:
+def forget_memory(
+    shm_root: Path, prefix: str, whose: str, keep: Path | None = None, level: int = logging.INFO
+) -> None:
     """Remove the checkpoint memory named ``<shm_root>/<prefix>*`` but ``keep``: what a killed
-    agent left (one that exits removes its own)."""
+    agent left (one that exits removes its own); ``whose`` says which, in the log."""
     for path in shm_root.glob(glob.escape(prefix) + "*"):
         if path != keep:
-            log.warning("removing the checkpoint memory a killed agent left: %s", path)
+            log.log(level, "removing the checkpoint memory %s left: %s", whose, path)
             shutil.rmtree(path, ignore_errors=True)

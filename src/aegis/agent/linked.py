@@ -175,7 +175,9 @@ def _saver_settings(
     s = settings
     prefix = link_settings.memory_prefix(s.namespace, s.job, s.pod, s.node)
     shm_dir = shm_root / (prefix + link_settings.digest(s.token))
-    link_settings.forget_memory(shm_root, prefix, keep=shm_dir)  # an earlier submission's
+    link_settings.forget_memory(
+        shm_root, prefix, "an earlier submission", keep=shm_dir, level=logging.WARNING
+    )
     return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
 
 

@@ -237,7 +237,7 @@ class LocalPlatform(ProcessPods):
         for pod, node in set(self.placements):
             prefix = link_settings.memory_prefix(self.namespace, self.job, pod, node)
             if (shm_root := self.hosts.shm_root(node)) is not None:
-                link_settings.forget_memory(shm_root, prefix)
+                link_settings.forget_memory(shm_root, prefix, f"{pod}'s killed agent")
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
