@@ -26,7 +26,12 @@ since the last one:
   run gets
   ``--pace-window-s 3 --pace-drop 0.6``, and the node turns slow after 6 s of training): the
   pace watch sees the drop, the round of checks names the node, training restarts in place
-  and the pod moves to a spare at the next commit; nothing is counted.
+  and the pod moves to a spare at the next commit; nothing is counted;
+- ``restart-slow``: a rank's training SIGKILLed, and its node slow (as ``slow``) from when
+  training restarted in place (after the crash's round of checks, which so find nothing): the
+  crash is counted; the node's slowness is seen against the pace before the restart (the
+  round's own pace would be its best), named by the next round of checks, and the pod moves to
+  a spare at the next commit.
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
 fault of the job was counted once (``recover_count``), a hang judged for each ``hang`` and for
 nothing else; each pod of a hang or a slow node moved off its node; the nodes lost, hung on or
@@ -70,19 +75,22 @@ from tests.cluster import (  # noqa: E402
     leftovers,
     master_pid,
 )
+from tests.jsonl import json_lines  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 
 PROBE = ROOT / "tests" / "bin" / "hold_probe.py"
-KINDS = ("crash", "agent", "node", "hang", "master", "nats", "slow")
-SPARE_TAKERS = ("node", "hang", "slow")  # each moves a pod to a spare
-MOVES = ("hang", "slow")  # each moves a pod at the next commit
+KINDS = ("crash", "agent", "node", "hang", "master", "nats", "slow", "restart-slow")
+SPARE_TAKERS = ("node", "hang", "slow", "restart-slow")  # each moves a pod to a spare
+MOVES = ("hang", "slow", "restart-slow")  # each moves a pod at the next commit
+SLOWS = ("slow", "restart-slow")  # each turns a node slow
 # the restarts of every rank a fault makes: a hang or a slow node, one in place after the round
-# of checks, one when the pod moves
-RESTARTS_OF = {"crash": 1, "agent": 1, "node": 1, "hang": 2, "slow": 2, "master": 0, "nats": 0}
+# of checks, one when the pod moves (and a crash's first)
+RESTARTS_OF = {"crash": 1, "agent": 1, "node": 1, "hang": 2, "slow": 2, "restart-slow": 3,
+               "master": 0, "nats": 0}  # fmt: skip
 PACE_WINDOW_S = 3  # the run's, with slow nodes
 SLOW_STOP_S, SLOW_PERIOD_S = 0.4, 0.5  # stopped this long of every period (as --inject-fault
 # NODE:slow does: a sleeping process is stopped too, so a slow node must be stopped most of it)
-COUNTED = ("crash", "agent", "node", "hang")  # faults of the job: each counted once
+COUNTED = ("crash", "agent", "node", "hang", "restart-slow")  # faults of the job: each counted once
 LEADS = re.compile(r"leads job default\.soak \(epoch (\d+)\)")  # a master taking the job
 
 
@@ -93,17 +101,13 @@ def waited(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def records(out: Path, rank: int) -> list[dict[str, Any]]:
-    path = out / f"rank-{rank}.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.endswith("}")]
+    return json_lines(out / f"rank-{rank}.jsonl")
 
 
 def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
     paths = [log_dir / "events.jsonl", log_dir / "default" / "soak" / "events.jsonl"]
-    path = next((p for p in paths if p.exists()), None)  # (the second with --masters)
-    lines = path.read_text(errors="replace").splitlines() if path else []
-    complete = (json.loads(line) for line in lines if line.endswith("}"))  # (one being written)
-    return [e for e in complete if e.get("type") == kind]
+    path = next((p for p in paths if p.exists()), paths[0])  # (the second with --masters)
+    return [e for e in json_lines(path) if e.get("type") == kind]
 
 
 @dataclass
@@ -167,8 +171,7 @@ class Soak:
         self.trained_since = events(self.log_dir, "CheckpointCommitted")[commits]["ts"]
         waited(lambda: len(events(self.log_dir, "CheckpointCommitted")) >= commits + 2, 300,
                    "two commits")  # fmt: skip
-        for e in events(self.log_dir, "PodRestarted"):
-            self.placed[e["pod"]] = e["node"]
+        self.placed = placements(self.nodes, events(self.log_dir, "PodRestarted"))[0]
         return back_s, commit_s
 
     def steady(self, seconds: float) -> None:
@@ -184,10 +187,13 @@ class Soak:
         pids, sig, where = self._victims(kind, pod, rank)
         if None in pids:
             raise SystemExit(f"chaos soak: no process to signal for {kind} of {where}")
-        if kind == "slow":  # stopped and continued from now on
-            self._slow_down(pod, node)
-        else:
+        if kind != "slow":  # (a slow node's processes are stopped and continued, not killed)
             signal_all([pid for pid in pids if pid is not None], sig)
+        if kind == "restart-slow":  # once training restarted in place after the crash
+            restarted = self.incarnations() + 1
+            waited(lambda: self.incarnations() >= restarted, 300, "the restart in place")
+        if kind in SLOWS:  # stopped and continued from now on
+            self._slow_down(pod, node)
         self.injected.append(kind)
         if kind in SPARE_TAKERS:
             self.lost.append(node)
@@ -198,7 +204,7 @@ class Soak:
     def _victims(self, kind: str, pod: str, rank: int) -> tuple[list[int | None], int, str]:
         """The processes a fault signals, the signal, and where they are."""
         where = f"{pod} on {self.placed[pod]}"
-        if kind in ("crash", "hang"):
+        if kind in ("crash", "hang", "restart-slow"):
             pid = records(self.out, rank)[-1]["pid"]
             return [pid], signal.SIGSTOP if kind == "hang" else signal.SIGKILL, where
         if kind == "agent":
@@ -244,13 +250,7 @@ class Soak:
         self.slowing[-1].start()
 
     def moves(self) -> list[str]:
-        """Each time a pod came back on another node than its last (``PodRestarted``)."""
-        where, moved = {f"soak-{r}": f"node-{r}" for r in range(self.nodes)}, []
-        for e in events(self.log_dir, "PodRestarted"):
-            if e["node"] != where[e["pod"]]:
-                moved.append(f"{e['pod']} {where[e['pod']]} -> {e['node']}")
-            where[e["pod"]] = e["node"]
-        return moved
+        return placements(self.nodes, events(self.log_dir, "PodRestarted"))[1]
 
     def nats_server(self) -> int | None:
         """The run's NATS server now (one not killed: a new one once the run restarted it)."""
@@ -292,6 +292,17 @@ class Soak:
         if left := leftovers(self.log_dir):
             wrong.append(f"left running: {left}")
         return wrong
+
+
+def placements(nodes: int, restarted: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """Where each pod is after the ``PodRestarted`` events ``restarted`` (each started on its
+    own node), and each time a pod came back on another node than its last."""
+    where, moved = {f"soak-{r}": f"node-{r}" for r in range(nodes)}, []
+    for e in restarted:
+        if e["node"] != where[e["pod"]]:
+            moved.append(f"{e['pod']} {where[e['pod']]} -> {e['node']}")
+        where[e["pod"]] = e["node"]
+    return where, moved
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -342,7 +353,7 @@ def nats_may_die(soak: Soak) -> None:
 
 def run(args: argparse.Namespace, work: Path) -> list[str]:
     soak = Soak(work, args.nodes, args.masters)
-    soak.placed = {f"soak-{r}": f"node-{r}" for r in range(args.nodes)}
+    soak.placed = placements(args.nodes, [])[0]
     control, status_file = work / "control", work / "status.json"
     soak.out.mkdir()
     control.mkdir()
@@ -352,7 +363,7 @@ def run(args: argparse.Namespace, work: Path) -> list[str]:
             "--masters", str(args.masters), "--view", "plain", "--log-dir", str(soak.log_dir),
             "--status-file", str(status_file),
             *(["--pace-window-s", str(PACE_WINDOW_S), "--pace-drop", "0.6"]
-              if "slow" in args.kinds else []),
+              if set(SLOWS) & set(args.kinds) else []),
             "--", sys.executable, str(PROBE), str(soak.out), str(control)]  # fmt: skip
     rng = random.Random(args.seed)
     with (work / "run.log").open("wb") as log:
@@ -386,7 +397,7 @@ def inject_all(args: argparse.Namespace, soak: Soak, rng: random.Random) -> None
         if fault == args.faults:
             return
         kind = rng.choice(eligible(args, soak, spares_left))
-        if kind == "slow":
+        if kind in SLOWS:
             soak.steady(2 * PACE_WINDOW_S)
         if kind == "nats":
             nats_may_die(soak)

@@ -24,6 +24,7 @@ import pytest
 
 from aegis.adapters import netns
 from aegis.platforms import emulated
+from tests.jsonl import json_lines
 from tests.waits import async_wait_until
 
 AEGIS = [sys.executable, "-m", "aegis.cli.main"]
@@ -56,12 +57,10 @@ class ClusterRun:
         return dict(self.status["status"]["pod_infos"])
 
     def records(self, rank: int) -> list[dict[str, Any]]:
-        path = self.out / f"rank-{rank}.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return json_lines(self.out / f"rank-{rank}.jsonl")
 
     def events(self) -> list[dict[str, Any]]:
-        lines = (self.log_dir / "events.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines]
+        return json_lines(self.log_dir / "events.jsonl")
 
 
 Scenario = Callable[[asyncio.subprocess.Process, Path], Awaitable[None]]

@@ -8,7 +8,9 @@ SIGKILLed. Each time: the run exits 0, every fault of the job is counted once an
 judged for the stopped training only, the pod of a hang or a slow node moved off it at the next
 commit and every node lost, hung on or slow is blacklisted, the loss of a master or of NATS
 restarts and counts nothing and a slow node counts nothing, each restart restarts every rank
-from the step the master named with that step's values, and nothing is left."""
+from the step the master named with that step's values, and nothing is left. And a node that
+turns slow as training restarts in place after a crash: the pace watch compares with the pace
+before the restart (the round's own pace would be its best, and nothing named the node)."""
 
 from __future__ import annotations
 
@@ -48,3 +50,9 @@ def test_a_hang_a_slow_node_and_the_leaders_loss_among_faults_of_every_kind(
              "--masters", "3", "--spares", "3"]  # fmt: skip
     kinds = soaked(tmp_path, *flags)
     assert kinds == ["node", "nats", "slow", "hang", "crash", "master", "agent"], kinds
+
+
+def test_a_node_turned_slow_at_a_restart_in_place_is_still_found(tmp_path: Path) -> None:
+    kinds = soaked(tmp_path, "--faults", "1", "--seed", "1", "--kinds", "restart-slow",
+                   "--spares", "1")  # fmt: skip
+    assert kinds == ["restart-slow"], kinds

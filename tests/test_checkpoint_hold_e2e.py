@@ -19,6 +19,7 @@ import pytest
 
 from aegis.checkpoint import layout as lay
 from tests.cluster import leftovers, run_cluster
+from tests.jsonl import json_lines
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -46,7 +47,9 @@ async def test_a_pod_ahead_of_a_failed_store_keeps_the_step_the_job_resumes_from
         held = await settled_commit(log_dir, ahead)
         seen["held"], seen["ahead"] = held, committed_steps(ahead)
         (control / "crash").write_text("")  # rank 0 fails: both restart in place
-        await async_wait_until(lambda: len(_records(tmp_path, 0)) == 2, 120, "rank 0 restarted")
+        await async_wait_until(
+            lambda: len(json_lines(tmp_path / "out" / "rank-0.jsonl")) == 2, 120, "rank 0 restarted"
+        )
         (control / "crash").unlink()
         behind.unlink()
         away.rename(behind)  # the store is back: the job commits anew, the hold moves on
@@ -94,8 +97,3 @@ async def settled_commit(log_dir: Path, ahead: Path) -> int:
                                "h-0 four commits past the job's step")  # fmt: skip
         if last_commit(log_dir) == held:
             return held
-
-
-def _records(tmp_path: Path, rank: int) -> list[str]:
-    path = tmp_path / "out" / f"rank-{rank}.jsonl"
-    return path.read_text().splitlines() if path.exists() else []

@@ -19,6 +19,7 @@ import pytest
 from aegis.checkpoint import layout as lay
 from aegis.platforms.local import session_members
 from tests.cluster import agent_of, leftovers, run_cluster
+from tests.jsonl import json_lines
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -31,11 +32,6 @@ def heartbeats_lost(log_dir: Path) -> list[str]:
     path = log_dir / "events.jsonl"
     text = path.read_text(errors="replace") if path.exists() else ""
     return [line for line in text.splitlines() if '"HeartbeatLost"' in line]
-
-
-def records(out: Path, rank: int) -> list[str]:
-    path = out / f"rank-{rank}.jsonl"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 async def test_a_pod_whose_agent_died_counts_on_from_its_predecessors_saves(
@@ -56,7 +52,9 @@ async def test_a_pod_whose_agent_died_counts_on_from_its_predecessors_saves(
         # replaced it (before the fix its training went on committing until then)
         await async_wait_until(lambda: not session_members(pid), 30, "c-1's leftovers gone")
         seen["heartbeats lost before its leftovers were gone"] = len(heartbeats_lost(log_dir))
-        await async_wait_until(lambda: len(records(out, 1)) == 2, 120, "rank 1 started again")
+        await async_wait_until(
+            lambda: len(json_lines(out / "rank-1.jsonl")) == 2, 120, "rank 1 started again"
+        )
         (control / "finish").write_text("")
 
     command = [sys.executable, str(PROBE), str(out), str(control)]

@@ -8,7 +8,6 @@ replica serves the same controls to its leader's jobs."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import sys
 import time
@@ -24,6 +23,7 @@ from aegis.master.job_runner import JobRunner
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 from aegis.platforms.replicated_run import ReplicatedRun
+from tests.jsonl import json_lines
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -68,10 +68,6 @@ async def run_with(settings: local_run.RunSettings, scenario: Scenario) -> local
         observers.close()
         if not job.done():
             job.cancel()
-
-
-def records(log_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
 
 
 def first(rows: list[dict[str, Any]], kind: str, after: int = -1, **match: Any) -> int:
@@ -126,7 +122,7 @@ async def test_drain_checkpoints_on_request_moves_the_pod_and_resumes_at_that_st
     assert status.recover_count == 0 and {i.retries for i in status.pod_infos.values()} == {0}
     assert status.error_nodes == ()  # drained, not broken
     assert status.pod_infos["drain-1"].node == "spare-0"  # type: ignore[index]
-    rows = records(result.log_dir)
+    rows = json_lines(result.log_dir / "events.jsonl")
     drained = first(rows, "DrainRequested", pods=["drain-1"], reason="kernel upgrade")
     commit = first(rows, "CheckpointCommitted", after=drained)
     moved = first(rows, "PodRestarted", after=commit, pod="drain-1", node="spare-0")
@@ -182,7 +178,7 @@ async def test_a_script_without_the_api_drains_from_its_last_periodic_checkpoint
     status = result.status
     assert status.phase is Phase.SUCCEED and status.recover_count == 0
     assert status.pod_infos["plain-0"].node == "spare-0"  # type: ignore[index]
-    rows = records(result.log_dir)
+    rows = json_lines(result.log_dir / "events.jsonl")
     forced = rows[first(rows, "DrainForced", pods=["plain-0"])]
     assert "does not take checkpoint requests" in forced["reason"]
     assert "resuming from the last periodic checkpoint (step " in forced["reason"]
@@ -215,7 +211,7 @@ async def test_the_drain_deadline_evicts_anyway_with_a_warning(
 
     result = await run_with(settings, scenario)
     assert result.status.phase is Phase.FAILED and result.status.recover_count == 0
-    rows = records(result.log_dir)
+    rows = json_lines(result.log_dir / "events.jsonl")
     forced = rows[first(rows, "DrainForced", pods=["late-1"])]
     assert forced["reason"] == "no checkpoint committed within the drain deadline of 0 s"
     assert any("evicting anyway" in r.getMessage() for r in caplog.records)

@@ -19,6 +19,7 @@ import pytest
 
 from aegis.core.phases import Phase
 from aegis.platforms import local_run
+from tests.jsonl import json_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -29,10 +30,6 @@ def _torchrun(script: str, *args: str) -> tuple[str, ...]:
     """``script`` (under tests/bin unless a path) on two ranks of one pod."""
     return (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             str(BIN / script), *args)  # fmt: skip
-
-
-def _records(out: Path, rank: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / f"rank-{rank}.jsonl").read_text().splitlines()]
 
 
 async def _run(tmp_path: Path, command: tuple[str, ...]) -> local_run.RunResult:
@@ -57,7 +54,7 @@ async def test_two_ranks_of_one_pod_resume_each_its_own_checkpoint_from_shared_m
     await _run(tmp_path, _torchrun("ckpt_resume.py", str(out), str(ckpt)))
     resumed = set()
     for rank in ("0", "1"):
-        first, second = _records(out, rank)
+        first, second = json_lines(out / f"rank-{rank}.jsonl")
         assert first["incarnation"] == 0 and first["resumed_from"] == 0
         assert second["incarnation"] == 1 and second["opened"] == [], second
         assert second["resumed_from"] in (2, 4), second
@@ -82,7 +79,7 @@ async def test_two_ranks_of_one_pod_load_a_dcp_checkpoint_from_their_shared_memo
     await _run(tmp_path, _torchrun("dcp_resume.py", str(out), str(tmp_path / "ckpt")))
     resumed = set()
     for rank in ("0", "1"):
-        first, second = _records(out, rank)
+        first, second = json_lines(out / f"rank-{rank}.jsonl")
         assert first["incarnation"] == 0 and first["resumed_from"] == 0
         assert second["incarnation"] == 1 and second["source"] == "shm", second
         assert second["resumed_from"] in (2, 4), second

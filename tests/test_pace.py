@@ -1,11 +1,15 @@
 """The pace watch (pure): a run that falls well below its own pace is reported once per round;
-noise, warm-up, long steps and new rounds are not slowdowns."""
+noise, warm-up, long steps and new rounds on other nodes are not slowdowns; a restart in place
+keeps the pace of the round before."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from aegis.core.model import PodName
+from aegis.core.phases import Phase
 from aegis.master.pace import Pace, PaceSettings
 
 PODS = (PodName("j-0"), PodName("j-1"), PodName("j-2"))
@@ -163,3 +167,126 @@ def test_the_confirmation_can_be_set_in_windows_or_seconds() -> None:
     assert PaceSettings(window_s=4.0, confirm_s=2.5).confirm_after_s == 2.5
     with pytest.raises(ValueError, match="confirm_windows"):
         PaceSettings(confirm_windows=-1)
+
+
+NODES = frozenset((str(pod), f"node-{i}") for i, pod in enumerate(PODS))
+
+
+def test_a_node_slow_from_a_restart_in_place_is_seen_against_the_pace_before_it() -> None:
+    """The chaos soak's gap: a node that turned slow during a restart set the new round's best
+    pace itself, and nothing named it. A restart in place (the same pods on the same nodes,
+    after a round that reported nothing) keeps the best pace of the round before."""
+    pace = Pace(PaceSettings(window_s=5.0, drop=0.3))
+    assert pace.settings.warm_up_after_s == 30.0  # the warm-up's floor (confirmation: 15 s)
+    pace.round_started(3, NODES)
+    assert beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0) == []
+    pace.round_started(5, NODES)  # a crash restarted every pod in place
+    reasons = beat(pace, 5, 30.0, 100.0, rate=6.0, step0=400)  # slow from the round's start
+    assert len(reasons) == 1 and "pace of 30" in reasons[0] and "for 15 s" in reasons[0]
+    # without the round before's pace (its world not known) the round's own is the best
+    fresh = Pace(PaceSettings(window_s=5.0, drop=0.3))
+    beat(fresh, 3, 0.0, 20.0, rate=30.0, step0=0)
+    assert beat(fresh, 5, 30.0, 100.0, rate=6.0, step0=400) == []
+
+
+def test_a_restarts_warm_up_is_no_slowdown() -> None:
+    """After a restart in place the zygotes of the next warm restart import torch beside
+    training (a tenth of the pace for more than 10 s on a 2-core machine): the kept pace is
+    compared with only ``warm_up_after_s`` after the round's first step heartbeat (its
+    confirmation, and at least 30 s), so a warm-up that outlasts a window and its confirmation
+    is no slowdown."""
+    pace = Pace(PaceSettings(window_s=5.0, drop=0.3, warm_up_s=0.0))
+    assert pace.settings.warm_up_after_s == 15.0
+    pace.round_started(3, NODES)
+    beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0)
+    pace.round_started(5, NODES)
+    assert beat(pace, 5, 30.0, 52.0, rate=3.0, step0=400) == []  # 22 s at a tenth
+    assert beat(pace, 5, 53.0, 100.0, rate=30.0, step0=466) == []
+    # short windows (the chaos soak's 3 s) still leave a restart 30 s to warm up in
+    short = Pace(PaceSettings(window_s=3.0, drop=0.6))
+    short.round_started(3, NODES)
+    beat(short, 3, 0.0, 20.0, rate=30.0, step0=0)
+    short.round_started(5, NODES)
+    assert beat(short, 5, 30.0, 57.0, rate=3.0, step0=400) == []  # 27 s at a tenth
+    assert beat(short, 5, 58.0, 100.0, rate=30.0, step0=481) == []
+    assert pace.low_since is None
+
+
+@pytest.mark.parametrize(
+    ("world", "why"),
+    [
+        (NODES - {(str(PODS[2]), "node-2")} | {(str(PODS[2]), "node-9")}, "a pod moved"),
+        (NODES - {(str(PODS[2]), "node-2")}, "a pod fewer"),
+        (None, "not known"),
+    ],
+)
+def test_a_round_on_other_nodes_measures_its_own_pace(
+    world: frozenset[tuple[str, str]] | None, why: str
+) -> None:
+    """A world of other nodes (a pod moved off a bad node, the job shrank) may keep another
+    pace: its best is measured afresh."""
+    pace = Pace(PaceSettings(window_s=5.0, drop=0.3))
+    pace.round_started(3, NODES)
+    beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0)
+    pace.round_started(5, world)
+    assert pace.best == 0.0, why
+    assert beat(pace, 5, 30.0, 60.0, rate=6.0, step0=400) == [], why
+
+
+def test_after_a_slowdowns_round_in_place_the_pace_is_measured_afresh() -> None:
+    """A slowdown's round that moved nobody (the checks named no node): the round after, on the
+    same nodes, does not report the same slowness again."""
+    pace = Pace(PaceSettings(window_s=5.0, drop=0.3))
+    pace.round_started(3, NODES)
+    beat(pace, 3, 0.0, 20.0, rate=30.0, step0=0)
+    assert len(beat(pace, 3, 21.0, 40.0, rate=6.0, step0=600)) == 1
+    pace.committed()
+    pace.round_started(5, NODES)
+    assert beat(pace, 5, 50.0, 90.0, rate=6.0, step0=400) == []
+    assert pace.best == pytest.approx(6.0, rel=0.1)
+    pace.round_started(7, NODES)  # and a crash's restart after it keeps that pace
+    assert pace.best == pytest.approx(6.0, rel=0.1)
+
+
+def test_the_master_keeps_the_pace_over_a_crashs_restart_in_place_and_not_over_a_move() -> None:
+    """``Progress`` gives the pace watch each round's world from the job's status: a crash's
+    restart in place keeps the pace (the node that turned slow meanwhile is reported), a round
+    after a pod moved to another node does not."""
+    from aegis.core import events as ev
+    from aegis.core.model import NodeName
+    from aegis.master.job_settings import JobSettings
+    from aegis.master.progress import Progress
+    from aegis.wire import messages as m
+    from tests.core_helpers import Driver
+
+    job = Driver(workers=3, max_retry=10)
+    job.to_running()
+    progress = Progress("job", JobSettings(pace=PaceSettings(window_s=5.0, drop=0.3)))
+
+    def run(start: float, end: float, rate: float) -> list[str]:
+        reasons, t = [], start
+        while t <= end:
+            for pod in job.pods:
+                beat = m.HeartbeatData(step=int(rate * (t - start)))
+                stepped = progress.step_seen(job.status, pod, job.status.seq, beat, t)
+                reasons += [] if stepped.slowdown is None else [stepped.slowdown]
+            t += 1.0
+        return reasons
+
+    assert run(0.0, 20.0, rate=30.0) == []
+    seq = job.status.seq
+    job.feed(ev.PodErrored(job.pod(1), job.status.phase, seq, "ValueError: bad sample", "", 10))
+    job.answer_all()  # the checks find every node healthy: training restarts in place
+    assert job.status.phase is Phase.RUN_COMMAND and job.status.seq > seq
+    assert len(run(30.0, 80.0, rate=6.0)) == 1
+    progress.pace.committed()  # (a report again allowed)
+    # the same again after a move: the pod of rank 2 now runs on another node
+    moved = dict(job.status.pod_infos)
+    moved[job.pod(2)] = dataclasses.replace(moved[job.pod(2)], node=NodeName("node-9"))
+    job.status = dataclasses.replace(job.status, pod_infos=moved, seq=job.status.seq + 1)
+    assert run(90.0, 110.0, rate=30.0) == []
+    assert not progress.pace.carried
+    moved[job.pod(2)] = dataclasses.replace(moved[job.pod(2)], node=NodeName("node-2"))
+    job.status = dataclasses.replace(job.status, pod_infos=moved, seq=job.status.seq + 1)
+    assert run(120.0, 190.0, rate=6.0) == []  # (back on node-2: another world again)
+    assert not progress.pace.carried

@@ -15,6 +15,7 @@ import pytest
 from aegis.adapters.nats_server import free_port
 from aegis.core.rendezvous import TORCH_PORT
 from tests.agent_waits import processes_with
+from tests.jsonl import json_lines
 from tests.slurm_fixture import ADDRESSES, BRIDGE_ADDR, NODES, SlurmCluster, why_unavailable
 from tests.waits import wait_until
 
@@ -211,7 +212,7 @@ def test_slurm_rank0s_node_fails_and_the_rendezvous_follows_pod_0_to_its_new_hos
     assert slurm.node_state("n1")[0] in ("drained", "draining")
     for pod, info in status["pod_infos"].items():  # a pod's address is its node's
         assert info["pod_ip"] == ADDRESSES[info["node"]], (pod, info)
-    runs = {rank: _records(out / f"rank-{rank}.jsonl") for rank in (0, 1)}
+    runs = {rank: json_lines(out / f"rank-{rank}.jsonl") for rank in (0, 1)}
     for run in (*runs[0], *runs[1]):
         assert run["HOSTNAME"] == run["AEGIS_NODE"], run  # each step on its node's own host
         _assert_own_shm(run)
@@ -230,10 +231,6 @@ def _rank0_node(rank0_runs: list[dict[str, Any]], run: dict[str, Any]) -> str:
     nodes = {r["MASTER_PORT"]: r["AEGIS_NODE"] for r in rank0_runs}
     assert run["MASTER_PORT"] in nodes, (run, rank0_runs)
     return str(nodes[run["MASTER_PORT"]])
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _assert_own_shm(run: dict[str, Any]) -> None:

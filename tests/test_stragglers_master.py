@@ -4,7 +4,6 @@ slowdown the pace watch reports names the straggler's node."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from aegis.core.model import PodName
 from aegis.core.phases import Order
 from aegis.master import metrics
 from aegis.wire import messages as m
+from tests.jsonl import json_lines
 from tests.scrape import parse
 from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
 from tests.waits import async_wait_until
@@ -70,6 +70,11 @@ async def test_an_old_agent_without_step_times_only_feeds_the_pace(harness: Harn
 class _Slowed:
     """A pace watch that has seen a slowdown (the pace itself is tests/test_pace.py's)."""
 
+    seq = -1
+
+    def round_started(self, seq: int, world: object) -> None:
+        self.seq = seq
+
     def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
         return "3.00 steps/s, below 30% of this run's pace"
 
@@ -96,7 +101,7 @@ async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) ->
 def _records(h: Harness) -> list[dict[str, object]]:
     log_dir = h.runner.events.path
     assert log_dir is not None
-    return [json.loads(line) for line in log_dir.read_text().splitlines()]
+    return json_lines(log_dir)
 
 
 def _events(h: Harness) -> list[object]:

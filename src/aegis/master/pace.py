@@ -9,19 +9,29 @@ advanced and at least ``min_interval_s`` has passed since the last interval clos
 since then is one interval (so heartbeats that arrive together, or late in a batch, do not make
 intervals of a few microseconds: each spans about a heartbeat period or more); the job's pace
 is the median interval rate over the last ``window_s`` seconds (at least ``min_intervals``
-intervals, so long steps get a longer window). The best pace since training (re)started is the
-run's; a pace below ``drop`` times that is a slowdown, reported once per RunCommand round and
-at most once per committed checkpoint (a node that is slow only now and then, or a pace that
-changes for good, does not start round after round), and only once the pace has stayed below
-for ``confirm_s`` (``confirm_windows`` more windows by default, 3: a loaded machine's dip of a
-few seconds, as a fresh clone's ``make test`` saw, is not a slow node; a slow node stays slow).
+intervals, so long steps get a longer window). The best pace of the round (or the one kept
+from the round before, below) is the run's; a pace below ``drop`` times that is a slowdown,
+reported once per RunCommand round and at most once per committed checkpoint (a node that is
+slow only now and then, or a pace that changes for good, does not start round after round),
+and only once the pace has stayed below for ``confirm_s`` (``confirm_windows`` more windows by
+default, 3: a loaded machine's dip of a few seconds, as a fresh clone's ``make test`` saw, is
+not a slow node; a slow node stays slow).
 The report names the straggler when the scores (:class:`StragglerWatch`) name one.
 
 What is not a slowdown: training that stops stepping (the end of the job, a final save: no
 advance, no interval; a hang is the hang watchdog's), one long pause such as an evaluation (one
 slow interval against the median), a slow start (the best pace is a maximum). Each round (a
-restart rewinds the step) starts afresh, so a node that stays slow after a round that could not
-name it does not start round after round.
+restart rewinds the step) measures its own pace, and keeps the best pace of the round before
+only when it restarted in place (the same pods on the same nodes) after a round that reported
+no slowdown (:func:`carries_best`): a node that turns slow during a restart, or in the first
+window after it, is still seen (the chaos soak found one named by nothing for 300 s); a node
+that stays slow after a slowdown's round that could not name it does not start round after
+round, and a pod moved to another node (or a new master, which knows no round before) starts
+afresh. Such a round compares with the kept pace only once its warm-up is over
+(``warm_up_after_s``: ``confirm_after_s``, and at least ``warm_up_s``, 30 s, after its first
+step heartbeat): the zygotes of the next warm restart importing torch beside training cut a
+2-core machine's pace to a tenth for more than 10 s, which is not a slowdown; a node that stays
+slow is reported after it.
 
 :class:`StragglerWatch` is the shell around :mod:`aegis.core.stragglers`: it keeps each pod's
 recent step ends (from the heartbeats: the step, its end on the pod's clock, the beat's send time
@@ -54,10 +64,15 @@ class PaceSettings:
     # slowdown: a loaded machine's dip of a few seconds is not a slow node, a slow node stays.
     confirm_s: float | None = None
     confirm_windows: int = 3
+    warm_up_s: float = 30.0  # a restart in place's warm-up lasts at least this long
 
     @property
     def confirm_after_s(self) -> float:
         return self.confirm_windows * self.window_s if self.confirm_s is None else self.confirm_s
+
+    @property
+    def warm_up_after_s(self) -> float:
+        return max(self.confirm_after_s, self.warm_up_s)
 
     def __post_init__(self) -> None:
         if self.window_s < 0:
@@ -72,20 +87,36 @@ class PaceSettings:
             raise ValueError(f"confirm_s must be >= 0 s, got {self.confirm_s:g}")
         if self.confirm_windows < 0:
             raise ValueError(f"confirm_windows must be >= 0, got {self.confirm_windows}")
+        if self.warm_up_s < 0:
+            raise ValueError(f"warm_up_s must be >= 0 s, got {self.warm_up_s:g}")
+
+
+World = frozenset[tuple[str, str]]  # a round's pods and the node each runs on
+
+
+def carries_best(before: World | None, after: World | None, reported: bool) -> bool:
+    """Whether a new training round keeps the best pace of the round ``before`` it: the pods
+    restarted in place (the same pods on the same nodes; None: not known, as for a new master)
+    and that round reported no slowdown. After a slowdown the pace is measured afresh (the
+    checks found nothing to move, or the slow node leaves at the next commit: then the world
+    changes)."""
+    return before is not None and before == after and not reported
 
 
 @dataclass(slots=True)
 class Pace:
     settings: PaceSettings = field(default_factory=PaceSettings)
     seq: int = -1  # the RunCommand round being watched
-    best: float = 0.0  # steps per second: the run's best pace this round
+    best: float = 0.0  # steps per second: the run's best pace (this round's, or kept)
     reported: bool = False
     armed: bool = True  # no report since the last committed checkpoint
     steps: dict[PodName, int] = field(default_factory=dict)
-    started: float | None = None  # when the job's step first advanced this round
+    started: float | None = None  # the round's first step heartbeat
     last: tuple[float, int] | None = None  # (time, job step) of the last advance
     intervals: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
     low_since: float | None = None  # when the pace fell below the drop (and has stayed)
+    world: World | None = None  # the round's pods and their nodes (None: not known)
+    carried: bool = False  # the best pace is the round before's (a restart in place)
 
     def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
         """A heartbeat of round ``seq`` reported ``pod`` at ``step``: the reason to report a
@@ -94,7 +125,7 @@ class Pace:
         if s.window_s <= 0:
             return None
         if seq != self.seq:
-            self._new_round(seq)
+            self.round_started(seq, None)
         self.steps[pod] = max(step, self.steps.get(pod, step))
         job_step = max(self.steps.values())
         last = self.last
@@ -109,7 +140,9 @@ class Pace:
         if pace is None:
             return None
         self.best = max(self.best, pace)
-        if pace >= s.drop * self.best:
+        started = now if self.started is None else self.started
+        warming = self.carried and now - started < s.warm_up_after_s
+        if pace >= s.drop * self.best or warming:
             self.low_since = None
             return None
         if self.low_since is None:
@@ -127,8 +160,12 @@ class Pace:
         """The job committed a checkpoint: a slowdown may be reported again."""
         self.armed = True
 
-    def _new_round(self, seq: int) -> None:
-        self.seq, self.best, self.reported = seq, 0.0, False
+    def round_started(self, seq: int, world: World | None) -> None:
+        """Training round ``seq`` runs on ``world`` (None: not known): its own pace is measured
+        from now, its best kept from the round before when :func:`carries_best` says so."""
+        self.carried = carries_best(self.world, world, self.reported) and self.best > 0
+        self.seq, self.reported, self.world = seq, False, world
+        self.best = self.best if self.carried else 0.0
         self.started = self.last = self.low_since = None
         self.steps.clear()
         self.intervals.clear()

@@ -105,6 +105,9 @@ class Progress:
                 seq, pod, step, beat.step_ts, beat.sent_mono, now, beat.input_s
             )
             changed = self.stragglers.take_named_change()
+        if seq != self.pace.seq:
+            self.pace.round_started(seq, frozenset((str(p), i.node) for p, i in
+                                                   status.pod_infos.items()))  # fmt: skip
         slowed = self.pace.step_seen(seq, pod, step, now)
         if slowed is not None:
             nodes = {pod: info.node for pod, info in status.pod_infos.items()}
