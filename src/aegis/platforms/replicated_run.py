@@ -140,11 +140,12 @@ class ReplicatedRun:
         self.server: EmbeddedNats | NatsCluster
         if self.nats_servers > 1:
             self.server = NatsCluster(self.authority, self.nats_servers, host=self.address)
-            self.nats_url = self.server.urls
         else:
             self.server = EmbeddedNats(self.authority, host=self.address)
-            self.nats_url = self.server.url
         await to_thread_to_its_end(self.server.start)  # a cancelled run stops it
+        # (its address once started: a port taken meanwhile was chosen again)
+        server = self.server
+        self.nats_url = server.urls if isinstance(server, NatsCluster) else server.url
         self._keeping = asyncio.create_task(self.server.keep_running(), name="nats-server")
         auth_file = self.log_dir / ".auth.json"
         self.authority.save(auth_file)
