@@ -31,7 +31,10 @@ since the last one:
   training restarted in place (after the crash's round of checks, which so find nothing): the
   crash is counted; the node's slowness is seen against the pace before the restart (the
   round's own pace would be its best), named by the next round of checks, and the pod moves to
-  a spare at the next commit.
+  a spare at the next commit;
+- ``takeover-slow``: as ``restart-slow``, and the leading master SIGKILLed right after the
+  training (``--masters`` N > 1, while another is alive): the new leader carries out the
+  restart, and finds the pace before it in the job's record (the pace watch's notes).
 Then the job is told to finish. What must hold: the run exits 0 and the job succeeded; every
 fault of the job was counted once (``recover_count``), a hang judged for each ``hang`` and for
 nothing else; each pod of a hang or a slow node moved off its node; the nodes lost, hung on or
@@ -79,18 +82,23 @@ from tests.jsonl import json_lines  # noqa: E402
 from tests.waits import wait_until  # noqa: E402
 
 PROBE = ROOT / "tests" / "bin" / "hold_probe.py"
-KINDS = ("crash", "agent", "node", "hang", "master", "nats", "slow", "restart-slow")
-SPARE_TAKERS = ("node", "hang", "slow", "restart-slow")  # each moves a pod to a spare
-MOVES = ("hang", "slow", "restart-slow")  # each moves a pod at the next commit
-SLOWS = ("slow", "restart-slow")  # each turns a node slow
+KINDS = ("crash", "agent", "node", "hang", "master", "nats", "slow", "restart-slow",
+         "takeover-slow")  # fmt: skip
+SPARE_TAKERS = ("node", "hang", "slow", "restart-slow", "takeover-slow")  # each moves a pod to a
+# spare
+MOVES = ("hang", "slow", "restart-slow", "takeover-slow")  # each moves a pod at the next commit
+SLOWS = ("slow", "restart-slow", "takeover-slow")  # each turns a node slow
+RESTARTED_SLOWS = ("restart-slow", "takeover-slow")  # slow from a crash's restart in place on
+MASTER_KILLS = ("master", "takeover-slow")  # each kills the leading master
 # the restarts of every rank a fault makes: a hang or a slow node, one in place after the round
 # of checks, one when the pod moves (and a crash's first)
 RESTARTS_OF = {"crash": 1, "agent": 1, "node": 1, "hang": 2, "slow": 2, "restart-slow": 3,
-               "master": 0, "nats": 0}  # fmt: skip
+               "takeover-slow": 3, "master": 0, "nats": 0}  # fmt: skip
 PACE_WINDOW_S = 3  # the run's, with slow nodes
 SLOW_STOP_S, SLOW_PERIOD_S = 0.4, 0.5  # stopped this long of every period (as --inject-fault
 # NODE:slow does: a sleeping process is stopped too, so a slow node must be stopped most of it)
-COUNTED = ("crash", "agent", "node", "hang", "restart-slow")  # faults of the job: each counted once
+# faults of the job: each counted once
+COUNTED = ("crash", "agent", "node", "hang", "restart-slow", "takeover-slow")
 LEADS = re.compile(r"leads job default\.soak \(epoch (\d+)\)")  # a master taking the job
 
 
@@ -189,7 +197,7 @@ class Soak:
             raise SystemExit(f"chaos soak: no process to signal for {kind} of {where}")
         if kind != "slow":  # (a slow node's processes are stopped and continued, not killed)
             signal_all([pid for pid in pids if pid is not None], sig)
-        if kind == "restart-slow":  # once training restarted in place after the crash
+        if kind in RESTARTED_SLOWS:  # once training restarted in place after the crash
             restarted = self.incarnations() + 1
             waited(lambda: self.incarnations() >= restarted, 300, "the restart in place")
         if kind in SLOWS:  # stopped and continued from now on
@@ -204,8 +212,10 @@ class Soak:
     def _victims(self, kind: str, pod: str, rank: int) -> tuple[list[int | None], int, str]:
         """The processes a fault signals, the signal, and where they are."""
         where = f"{pod} on {self.placed[pod]}"
-        if kind in ("crash", "hang", "restart-slow"):
+        if kind in ("crash", "hang", *RESTARTED_SLOWS):
             pid = records(self.out, rank)[-1]["pid"]
+            if kind == "takeover-slow":  # (the training first: the leader dies at its crash)
+                return [pid, self._leader_pid()], signal.SIGKILL, f"{where}, master"
             return [pid], signal.SIGSTOP if kind == "hang" else signal.SIGKILL, where
         if kind == "agent":
             return [agent_of(self.log_dir, pod)], signal.SIGKILL, where
@@ -217,10 +227,14 @@ class Soak:
             self.nats_pids.update([] if pid is None else [pid])
             self.nats_kills.append(time.monotonic())
             return [pid], signal.SIGKILL, "the NATS server"
+        return [self._leader_pid()], signal.SIGKILL, f"master-{self.leader()}"
+
+    def _leader_pid(self) -> int | None:
+        """The leading master's process, counted as killed."""
         leader = self.leader()
         assert leader is not None
         self.killed_masters.add(leader)
-        return [master_pid(self.log_dir, leader)], signal.SIGKILL, f"master-{leader}"
+        return master_pid(self.log_dir, leader)
 
     def _slow_down(self, pod: str, node: str) -> None:
         """``node`` slow from now until ``pod`` left it (a thread: every process in the node's
@@ -329,11 +343,13 @@ def resumed_wrong(k: int, recs: list[dict[str, Any]]) -> list[str]:
 
 def eligible(args: argparse.Namespace, soak: Soak, spares_left: int) -> list[str]:
     """The kinds a next fault may be: a node lost, a hang or a slow node only while a spare is
-    left (its pod moves to one), a master only while two are alive."""
-    kinds = [k for k in args.kinds if k not in (*SPARE_TAKERS, "master")]
-    kinds += [k for k in SPARE_TAKERS if k in args.kinds and spares_left > 0]
+    left (its pod moves to one), a master's loss only while two are alive."""
+    kinds = [k for k in args.kinds if k not in (*SPARE_TAKERS, *MASTER_KILLS)]
+    kinds += [k for k in SPARE_TAKERS
+              if k in args.kinds and spares_left > 0 and k not in MASTER_KILLS]  # fmt: skip
     alive = args.masters - len(soak.killed_masters)
-    kinds += ["master"] if "master" in args.kinds and alive >= 2 else []
+    kinds += [k for k in MASTER_KILLS if k in args.kinds and alive >= 2
+              and (k not in SPARE_TAKERS or spares_left > 0)]  # fmt: skip
     if not kinds:
         done = f"{len(soak.injected)} of {','.join(args.kinds)}"
         raise SystemExit(f"chaos soak: no kind of fault left after {done}: more --spares or "
@@ -425,8 +441,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="an empty directory to work in")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
-    if "master" in args.kinds and args.masters < 2:
-        parser.error("--kinds master wants --masters 2 or more (one takes over)")
+    if killing := [k for k in MASTER_KILLS if k in args.kinds and args.masters < 2]:
+        parser.error(f"--kinds {killing[0]} wants --masters 2 or more (one takes over)")
     work = args.work or Path(tempfile.mkdtemp(prefix="aegis-soak-"))
     print(f"chaos soak: seed {args.seed}, {args.faults} faults of {','.join(args.kinds)}, "
           f"{args.nodes} nodes + {args.spares} spares, {args.masters} master(s), in {work}",

@@ -10,7 +10,9 @@ commit and every node lost, hung on or slow is blacklisted, the loss of a master
 restarts and counts nothing and a slow node counts nothing, each restart restarts every rank
 from the step the master named with that step's values, and nothing is left. And a node that
 turns slow as training restarts in place after a crash: the pace watch compares with the pace
-before the restart (the round's own pace would be its best, and nothing named the node)."""
+before the restart (the round's own pace would be its best, and nothing named the node); and
+the same when the leading master dies at the crash: the new leader finds that pace in the job's
+record."""
 
 from __future__ import annotations
 
@@ -56,3 +58,11 @@ def test_a_node_turned_slow_at_a_restart_in_place_is_still_found(tmp_path: Path)
     kinds = soaked(tmp_path, "--faults", "1", "--seed", "1", "--kinds", "restart-slow",
                    "--spares", "1")  # fmt: skip
     assert kinds == ["restart-slow"], kinds
+
+
+def test_a_node_turned_slow_at_a_restart_a_new_leader_carried_out_is_still_found(
+    tmp_path: Path,
+) -> None:
+    kinds = soaked(tmp_path, "--faults", "1", "--seed", "1", "--kinds", "takeover-slow",
+                   "--masters", "2", "--spares", "1")  # fmt: skip
+    assert kinds == ["takeover-slow"], kinds

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 
 from aegis.core.model import PodName
 from aegis.core.phases import Phase
-from aegis.master.pace import Pace, PaceSettings
+from aegis.master.pace import Pace, PaceNotes, PaceSettings
 
 PODS = (PodName("j-0"), PodName("j-1"), PodName("j-2"))
 
@@ -290,3 +291,138 @@ def test_the_master_keeps_the_pace_over_a_crashs_restart_in_place_and_not_over_a
     job.status = dataclasses.replace(job.status, pod_infos=moved, seq=job.status.seq + 1)
     assert run(120.0, 190.0, rate=6.0) == []  # (back on node-2: another world again)
     assert not progress.pace.carried
+
+
+def _new_leader(old: Pace, settings: PaceSettings) -> Pace:
+    """A new leader's watch, restored from the old one's notes as the job's record carries
+    them (JSON)."""
+    notes = old.notes()
+    assert notes is not None
+    pace = Pace(settings)
+    pace.restore(msgspec.json.decode(msgspec.json.encode(notes), type=PaceNotes))
+    return pace
+
+
+def test_a_new_leader_keeps_the_old_ones_pace_over_a_restart_in_place() -> None:
+    """The old leader measured round 3's pace on NODES and died; a crash then restarted every
+    pod in place, and a node turned slow at it: the new leader reports it against round 3's
+    pace (before, it knew no round before, and the slow round's own pace was its best)."""
+    settings = PaceSettings(window_s=5.0, drop=0.3)
+    old = Pace(settings)
+    old.round_started(3, NODES)
+    beat(old, 3, 0.0, 20.0, rate=30.0, step0=0)
+    pace = _new_leader(old, settings)
+    assert (pace.seq, pace.world, pace.best) == (3, NODES, old.best)
+    pace.round_started(5, NODES)
+    reasons = beat(pace, 5, 30.0, 100.0, rate=6.0, step0=400)
+    assert len(reasons) == 1 and "pace of 30" in reasons[0]
+    # a new leader without notes (the record of an older master) measures afresh, as before
+    fresh = Pace(settings)
+    fresh.round_started(5, NODES)
+    assert beat(fresh, 5, 30.0, 100.0, rate=6.0, step0=400) == []
+
+
+def test_a_new_leader_goes_on_watching_the_round_it_finds_running() -> None:
+    """The round the old leader watched still runs: the new leader, which has heard none of its
+    steps, compares with the old one's pace after the warm-up; a dip while it starts hearing
+    (22 s at a tenth) is no slowdown, a node that stays slow is."""
+    settings = PaceSettings(window_s=5.0, drop=0.3)
+    old = Pace(settings)
+    old.round_started(3, NODES)
+    beat(old, 3, 0.0, 20.0, rate=30.0, step0=0)
+    pace = _new_leader(old, settings)
+    assert beat(pace, 3, 25.0, 47.0, rate=3.0, step0=700) == []
+    assert beat(pace, 3, 48.0, 70.0, rate=30.0, step0=766) == []
+    assert len(beat(pace, 3, 71.0, 130.0, rate=6.0, step0=1456)) == 1
+
+
+@pytest.mark.parametrize(
+    ("world", "reported", "why"),
+    [
+        (NODES - {(str(PODS[2]), "node-2")} | {(str(PODS[2]), "node-9")}, False, "a pod moved"),
+        (NODES, True, "the old leader's round reported a slowdown"),
+    ],
+)
+def test_a_new_leader_measures_afresh_where_the_old_one_would_have(
+    world: frozenset[tuple[str, str]], reported: bool, why: str
+) -> None:
+    settings = PaceSettings(window_s=5.0, drop=0.3)
+    old = Pace(settings)
+    old.round_started(3, NODES)
+    beat(old, 3, 0.0, 20.0, rate=30.0, step0=0)
+    if reported:
+        assert len(beat(old, 3, 21.0, 40.0, rate=6.0, step0=600)) == 1
+    pace = _new_leader(old, settings)
+    assert pace.reported is reported and pace.armed is not reported
+    pace.round_started(5, world)
+    assert pace.best == 0.0, why
+    assert beat(pace, 5, 50.0, 90.0, rate=6.0, step0=400) == [], why
+
+
+def test_notes_with_no_rate_are_ignored_and_a_watch_with_nothing_has_no_notes() -> None:
+    assert Pace().notes() is None
+    pace = Pace()
+    pace.restore(PaceNotes(seq=3, best=-2.0, world=[("j-0", "node-0")]))
+    assert (pace.seq, pace.best, pace.world, pace.carried) == (-1, 0.0, None, False)
+
+
+async def test_a_record_with_pace_notes_is_adopted_and_written_back() -> None:
+    """The notes in the store reach the new leader's pace watch, and the record it writes at
+    the takeover keeps them; a record without them (an older master's) starts afresh."""
+    import json
+
+    from aegis.adapters import memory
+    from aegis.master import job_builder, job_record, records
+    from aegis.master.job_settings import JobSettings
+    from aegis.master.ports import NullPlatform
+    from tests.test_job_record import OLD_RECORD
+
+    world = [["up-0", "node-0"], ["up-1", "node-1"]]
+    for notes in ({"seq": 2, "best": 12.5, "world": world}, None):
+        raw = json.loads(OLD_RECORD) | ({} if notes is None else {"pace": notes})
+        store, bus = memory.MemoryStore(), memory.MemoryBus()
+        revision = await store.put("default.up", json.dumps(raw).encode(), expected_revision=None)
+        record, _, _ = records.decode_record(json.dumps(raw).encode())
+        builder = job_builder.JobBuilder(bus, store, JobSettings(heartbeat_timeout_s=60))
+        runner = builder.adopt(record, revision, NullPlatform(), None, epoch=4,
+                               fence=lambda: None)  # fmt: skip
+        await runner.takeover()
+        got = await store.get("default.up")
+        assert got is not None
+        written = job_record.decode(got[0]).pace
+        await runner.unsubscribe()
+        if notes is None:
+            assert written is None
+            continue
+        assert written == PaceNotes(seq=2, best=12.5, world=[("up-0", "node-0"),
+                                                             ("up-1", "node-1")])  # fmt: skip
+        pace = runner.progress.pace
+        assert (pace.seq, pace.best, pace.carried) == (2, 12.5, True)
+
+
+def test_the_record_is_written_at_once_for_a_new_round_a_pace_and_a_report() -> None:
+    """The pace's notes move a record write for a new round, the first pace measured and a
+    report, not for each heartbeat (a better pace rides on the next write)."""
+    from aegis.master.job_record import JobNotes
+    from aegis.master.job_settings import JobSettings
+    from aegis.master.progress import Progress
+    from aegis.wire import messages as m
+    from tests.core_helpers import Driver
+
+    job = Driver(workers=3)
+    job.to_running()
+    progress = Progress("job", JobSettings(pace=PaceSettings(window_s=5.0, drop=0.3)))
+    written = JobNotes()
+    progress.note(written, 0.0, 1000.0)
+    moved_at = []
+    for t in range(60):
+        rate = 30 if t < 20 else 6
+        for pod in job.pods:
+            beat_ = m.HeartbeatData(step=rate * t if t < 20 else 600 + rate * (t - 20))
+            progress.step_seen(job.status, pod, job.status.seq, beat_, float(t))
+            if progress.notes_moved():
+                moved_at.append(t)
+                progress.note(written, float(t), 1000.0 + t)
+    assert len(moved_at) == 3, moved_at  # the round, its first pace, the report
+    assert written.pace is not None and written.pace.reported
+    assert written.pace.best == pytest.approx(30.0, rel=0.1)

@@ -144,17 +144,17 @@ def test_the_record_is_written_at_once_for_a_save_or_a_wait_not_for_a_heartbeat(
     job = Driver(workers=3)
     job.to_running()
     progress, seq, pod = Progress("job", JobSettings()), job.status.seq, job.pod(0)
-    progress.notes(0.0, OLD_WALL)  # a record written
+    progress.note(job_record.JobNotes(), 0.0, OLD_WALL)  # a record written
     beat = m.HeartbeatData(step=10)
     progress.step_seen(job.status, pod, seq, beat, 1.0)  # the start of training: noted
     assert progress.notes_moved()
-    progress.notes(1.0, OLD_WALL)
+    progress.note(job_record.JobNotes(), 1.0, OLD_WALL)
     for k in range(2, 6):
         progress.step_seen(job.status, pod, seq, msgspec.structs.replace(beat, step=10 * k), k)
         assert not progress.notes_moved()
     assert progress.safe.script_saved(job.status, pod, seq, 45, 6.0) is None
     assert progress.notes_moved()  # a save of the cadence
-    progress.notes(6.0, OLD_WALL)
+    progress.note(job_record.JobNotes(), 6.0, OLD_WALL)
     assert not progress.notes_moved()
 
 

@@ -13,6 +13,7 @@ from aegis.core import stragglers
 from aegis.core.model import PodName
 from aegis.core.phases import Order
 from aegis.master import metrics
+from aegis.master.pace import Pace
 from aegis.wire import messages as m
 from tests.jsonl import json_lines
 from tests.scrape import parse
@@ -67,25 +68,17 @@ async def test_an_old_agent_without_step_times_only_feeds_the_pace(harness: Harn
     assert harness.runner.pace.steps[PodName("job-0")] == 3
 
 
-class _Slowed:
+class _Slowed(Pace):
     """A pace watch that has seen a slowdown (the pace itself is tests/test_pace.py's)."""
-
-    seq = -1
-
-    def round_started(self, seq: int, world: object) -> None:
-        self.seq = seq
 
     def step_seen(self, seq: int, pod: PodName, step: int, now: float) -> str | None:
         return "3.00 steps/s, below 30% of this run's pace"
-
-    def committed(self) -> None:
-        pass
 
 
 async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) -> None:  # noqa: F811
     await _to_running(harness)
     runner = harness.runner
-    runner.progress.pace = _Slowed()  # type: ignore[assignment]
+    runner.progress.pace = _Slowed()
     runner.stragglers.seq = runner.status.seq
     runner.stragglers.named = stragglers.Straggler("job-1", 0.62, 5, 6)
     await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(7))

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from aegis.core.model import JobSpec, JobStatus
+from aegis.master.pace import PaceNotes
 from aegis.master.round_orders import RoundOrder
 from aegis.master.safe_point_notes import SafePointNotes
 from aegis.wire import status_json
@@ -38,6 +39,8 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     end_pending: bool = False
     # the save cadence and the waits for a save, for a new leader (None: an older record)
     safe_points: SafePointNotes | None = None
+    # the pace watch's round, its best pace and world, for a new leader (None: an older record)
+    pace: PaceNotes | None = None
 
 
 class JobRecord(JobNotes, kw_only=True, omit_defaults=True):

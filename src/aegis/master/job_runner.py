@@ -150,7 +150,7 @@ class JobRunner:
                 self._heartbeat(pod, msg)
             case _:
                 self._queue_report(msg, report.event)
-        if self.progress.notes_moved():  # a save, a wait for one: a new leader goes on with it
+        if self.progress.notes_moved():  # a save, a wait, a pace: a new leader goes on with it
             self._persist_due = True
             self.queue.put_nowait(None)  # wakes the loop: an empty batch that persists
 
@@ -221,7 +221,7 @@ class JobRunner:
         now, status = self.clocks.mono(), self.status
         self.liveness.taken_over(status, now)
         self.progress.taken_over(status, self.round_orders, self.settings.drain_deadline_s,
-                                 self.notes.safe_points, now, self.clock())  # fmt: skip
+                                 self.notes, now, self.clock())  # fmt: skip
         await self._persist()  # claims every job key for this epoch: a deposed leader's
         # next revision-checked write fails
         await self.executor.publish_round(self.round_orders, status.seq)
@@ -354,7 +354,7 @@ class JobRunner:
 
     def record(self) -> job_record.JobRecord:
         """What the store keeps of the job (``job_record``)."""
-        self.notes.safe_points = self.progress.notes(self.clocks.mono(), self.clock())
+        self.progress.note(self.notes, self.clocks.mono(), self.clock())
         return job_record.build(self.spec, self.status, self.notes, self.round_orders, self.epoch)
 
     async def _persist(self) -> None:

@@ -26,8 +26,11 @@ only when it restarted in place (the same pods on the same nodes) after a round 
 no slowdown (:func:`carries_best`): a node that turns slow during a restart, or in the first
 window after it, is still seen (the chaos soak found one named by nothing for 300 s); a node
 that stays slow after a slowdown's round that could not name it does not start round after
-round, and a pod moved to another node (or a new master, which knows no round before) starts
-afresh. Such a round compares with the kept pace only once its warm-up is over
+round, and a pod moved to another node starts afresh. A new leader goes on from the old one's
+notes in the job's record (:class:`PaceNotes`: the round watched, its world and best pace,
+whether it reported), so a takeover forgets no pace. Such a round (and the round a new leader
+finds running, whose steps it has not heard yet) compares with the kept pace only once its
+warm-up is over
 (``warm_up_after_s``: ``confirm_after_s``, and at least ``warm_up_s``, 30 s, after its first
 step heartbeat): the zygotes of the next warm restart importing torch beside training cut a
 2-core machine's pace to a tenth for more than 10 s, which is not a slowdown; a node that stays
@@ -45,13 +48,19 @@ No I/O and no clock: times are ``time.monotonic()`` values passed in by the job 
 from __future__ import annotations
 
 import collections
+import logging
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from aegis.core import stragglers
 from aegis.core.model import PodName
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +110,18 @@ def carries_best(before: World | None, after: World | None, reported: bool) -> b
     checks found nothing to move, or the slow node leaves at the next commit: then the world
     changes)."""
     return before is not None and before == after and not reported
+
+
+class PaceNotes(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """What a new leader needs to go on with the pace watch, kept in the job's record
+    (``JobNotes.pace``): without it a node that turned slow during the first restart in place
+    after a takeover was named by nothing (the round's own pace was its best)."""
+
+    seq: int = -1  # the RunCommand round watched (-1: none yet)
+    best: float = 0.0  # its best pace, steps per second (0: not measured yet)
+    reported: bool = False  # that round reported a slowdown
+    armed: bool = True  # no report since the last committed checkpoint
+    world: list[tuple[str, str]] | None = None  # its pods and their nodes (None: not known)
 
 
 @dataclass(slots=True)
@@ -169,6 +190,30 @@ class Pace:
         self.started = self.last = self.low_since = None
         self.steps.clear()
         self.intervals.clear()
+
+    def notes(self) -> PaceNotes | None:
+        """What the job's record keeps for a new leader (None: nothing to keep)."""
+        world = None if self.world is None else sorted(self.world)
+        notes = PaceNotes(seq=self.seq, best=self.best, reported=self.reported,
+                          armed=self.armed, world=world)  # fmt: skip
+        return None if notes == PaceNotes() else notes
+
+    def notes_key(self) -> tuple[object, ...]:
+        """What of the notes is worth a record write at once when it changes: a new round, a
+        report, a commit, the first pace measured (a better pace rides on the next write)."""
+        return self.seq, self.world, self.reported, self.armed, self.best > 0
+
+    def restore(self, notes: PaceNotes) -> None:
+        """A new leader goes on from the old one's ``notes``: a round on the same world keeps
+        their best pace; the round running now compares with it after the warm-up (the new
+        leader has heard none of its steps yet). A best pace that is no rate is ignored."""
+        if not (math.isfinite(notes.best) and notes.best >= 0):
+            log.warning("the pace notes' best pace %r is no rate: measured afresh", notes.best)
+            return
+        self.seq, self.best, self.reported, self.armed = (
+            notes.seq, notes.best, notes.reported, notes.armed)  # fmt: skip
+        self.world = None if notes.world is None else frozenset(notes.world)
+        self.carried = self.best > 0
 
     def _pace(self, now: float) -> float | None:
         """The median rate of the window's intervals: None until a full window is seen."""

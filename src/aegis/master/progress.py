@@ -17,6 +17,7 @@ from aegis.core import actions as act
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import Order, Phase
 from aegis.master import round_orders, safe_point_notes
+from aegis.master.job_record import JobNotes
 from aegis.master.job_settings import JobSettings
 from aegis.master.pace import Pace, StragglerWatch
 from aegis.master.round_orders import RoundOrder
@@ -44,33 +45,40 @@ class Progress:
         self.safe = SafePoints(job, requests, committed_step=committed_step)
         self.pace = Pace(settings.pace)
         self.stragglers = StragglerWatch(settings.stragglers)
-        self._noted: tuple[object, ...] = safe_point_notes.key(self.safe)
+        self._noted = self._key()
 
-    def notes(self, now: float, wall: float) -> safe_point_notes.SafePointNotes | None:
-        """The safe points' notes for a new leader, as a record write carries them."""
-        self._noted = safe_point_notes.key(self.safe)
-        return safe_point_notes.note(self.safe, now, wall)
+    def note(self, into: JobNotes, now: float, wall: float) -> None:
+        """The safe points' and the pace watch's notes for a new leader, written ``into`` the
+        notes a record write carries."""
+        self._noted = self._key()
+        into.safe_points = safe_point_notes.note(self.safe, now, wall)
+        into.pace = self.pace.notes()
+
+    def _key(self) -> tuple[object, ...]:
+        return safe_point_notes.key(self.safe), self.pace.notes_key()
 
     def taken_over(
         self,
         status: JobStatus,
         orders: Sequence[RoundOrder],
         deadline_s: float,
-        notes: safe_point_notes.SafePointNotes | None,
+        notes: JobNotes,
         now: float,
         wall: float,
     ) -> None:
         """A new leader's: the round's checkpoint request still pending, the old leader's
-        cadence and waits (its ``notes``) restored."""
+        cadence and waits and its pace watch (its ``notes``) restored."""
         requested = any(o.order is Order.CHECKPOINT and o.seq == status.seq for o in orders)
         self.safe.taken_over(status, requested, deadline_s, now)
-        if notes is not None:
-            safe_point_notes.restore(self.safe, notes, status, now, wall)
+        if notes.safe_points is not None:
+            safe_point_notes.restore(self.safe, notes.safe_points, status, now, wall)
+        if notes.pace is not None:
+            self.pace.restore(notes.pace)
 
     def notes_moved(self) -> bool:
-        """Whether the safe points' notes changed since the record was last written (a save, a
-        wait for one began or ended): it is then written at once."""
-        return safe_point_notes.key(self.safe) != self._noted
+        """Whether the notes changed since the record was last written (a save, a wait for one
+        began or ended, a round's pace measured or reported): it is then written at once."""
+        return self._key() != self._noted
 
     def store_report(self, pod: PodName, data: m.CheckpointStoreData) -> None:
         """A pod's durable checkpoint directory fails (logged once per outage) or works again."""
