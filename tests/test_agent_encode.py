@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from aegis.agent import encode
 from aegis.agent.ports import (
     DyingReport,
@@ -152,3 +154,19 @@ def test_a_heartbeat_repeats_the_watchdogs_choice_only_when_it_changes_or_now_an
     assert again.hang_timeout == "30 s (fixed)"
     no_step = encode.heartbeat(Progress(), "", 1, 104.0)
     assert no_step.step is None and no_step.sent_mono is None  # no step: no straggler timing
+
+
+def test_a_heartbeat_tells_a_standing_hang_and_leaves_out_what_is_at_its_default() -> None:
+    """``hung``: the watchdog's reported hang stands (the master withdraws the report when it
+    no longer does). Fields at their default are left out, so a master of an earlier version
+    (which refuses unknown fields) reads an ordinary beat and hang report."""
+    hung = encode.heartbeat(Progress(hung=True), "", 1, 104.0)
+    assert hung.hung and b'"hung":true' in msgspec.json.encode(hung)
+    plain = msgspec.json.encode(encode.heartbeat(Progress(step=3), "", 1, 104.0))
+    assert b"hung" not in plain and b"input_s" not in plain
+    report = HangReport(
+        0, 60.0, 61.0, None, 1.0, 2.0, (), why="no step signal", no_step_signal=True
+    )
+    assert encode.hang(report).no_step_signal
+    stepped = msgspec.json.encode(encode.hang(HangReport(0, 30.0, 31.5, 7, 1.0, 2.0, ())))
+    assert b"no_step_signal" not in stepped

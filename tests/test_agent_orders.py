@@ -377,3 +377,24 @@ async def test_an_executor_stopped_during_a_check_round_ends_it_and_stops_cancel
     with pytest.raises(asyncio.CancelledError):
         await task
     assert ended == ["checks"]
+
+
+async def test_a_hang_over_is_no_longer_resent_and_the_pod_no_longer_hung() -> None:
+    """A hang report goes again every few seconds until a newer round (a failover's new leader
+    hears it). Once the watchdog's hang is over (the heartbeat tells the master, which
+    withdraws the report), it is resent no more: a new leader would hold a report that no beat
+    withdraws, and judge a healthy job hung. Other reports still go again."""
+    from aegis.agent import encode
+
+    the_link = link.MasterLink(SETTINGS)
+    sender = encode.Sender("job", "ns", "job-1", "abcd")
+    hang = encode.message(sender, 1, m.MessageType.HANG, the_link.run_round,
+                          m.HangData(61.0, no_step_signal=True), 1.0)  # fmt: skip
+    error = encode.message(sender, 2, m.MessageType.ERROR, the_link.run_round,
+                           m.ErrorData("boom", "", 1), 2.0)  # fmt: skip
+    the_link.hung, the_link.pending = True, [hang, error]
+    await the_link.heartbeat(ports.Progress(hung=True))  # still hung
+    assert the_link.pending == [hang, error] and the_link.hung
+    await the_link.heartbeat(ports.Progress())  # moved again
+    assert the_link.pending == [error] and not the_link.hung
+    await the_link.close()

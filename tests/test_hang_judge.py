@@ -185,7 +185,7 @@ async def test_a_second_report_of_the_same_pod_and_a_stale_one_are_not_held_twic
                       id="job-1/stale")  # fmt: skip
     await job.runner.on_worker_message(worker_subject(job.runner.prefix, "job-1"),
                                        codec.encode(stale))  # fmt: skip
-    assert list(job.runner.hangs.held) == ["job-0"]  # the stale one went to the core
+    assert list(job.runner.hang_window.judge.held) == ["job-0"]  # the stale one went to the core
     await _troubleshooting(job)
     assert not any(info.slow for info in job.runner.status.pod_infos.values())
 
@@ -209,3 +209,125 @@ async def test_each_pods_watchdog_choice_reaches_aegis_status(job: Job) -> None:
     table = status_cmd.pod_table(summary)
     assert [c.header for c in table.columns][-1] == "hang watchdog"
     assert summary.to_dict()["pods"][0]["watchdog"] == said
+
+
+# -- no step signal: the reporters may wait for a pod still at work ----------------------------
+
+QUIET_WHY = "no step signal: 60 s with no output and no CPU use"
+
+
+def _quiet() -> m.HangData:
+    return m.HangData(61.0, WAITING, 60.0, QUIET_WHY, no_step_signal=True)
+
+
+async def test_reports_with_no_step_signal_wait_for_the_pod_still_at_work(
+    job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rank 0 prepares data while the others wait at a barrier, before any step: their
+    watchdogs see no output and no CPU, and report. That is no hang while rank 0 works: the
+    window waits on; once rank 0 stalls too (every pod reported), the hang is judged."""
+    caplog.set_level("WARNING", logger="aegis.master.hang_window")
+    for pod in ("job-1", "job-2"):
+        await job.send(pod, m.MessageType.HANG, _quiet(), f"{pod}/hang")
+    await async_wait_until(lambda: "wait for job-0, still at work" in caplog.text, what="held")
+    assert job.runner.status.phase is Phase.RUN_COMMAND
+    assert sorted(job.runner.hang_window.judge.held) == ["job-1", "job-2"]
+    await job.send("job-0", m.MessageType.HANG, _quiet(), "job-0/hang")
+    await _troubleshooting(job)
+    [incident] = _replayed(job)
+    assert sorted(e.pod for e in incident.evidence if e.kind == "stacks") == list(PODS)
+
+
+async def test_a_pod_at_work_longer_than_work_s_is_judged(job: Job) -> None:
+    """A pod at work while all the others wait, for longer than ``work_s`` (600 s by default,
+    NCCL's collective timeout): the hang is judged, the pod that did not report blamed."""
+    job.runner.hang_window.judge.settings = GatherSettings(min_s=0.5, max_s=0.5, work_s=1.0)
+    for pod in ("job-1", "job-2"):
+        await job.send(pod, m.MessageType.HANG, _quiet(), f"{pod}/hang")
+    await _troubleshooting(job)
+    reason = job.runner.status.pod_infos[PodName("job-0")].last_failed_reason
+    assert "suspect: job-0" in reason and "reported no hang" in reason
+
+
+def _message(pod: str, data: m.Payload, seq: int, kind: m.MessageType) -> m.Message:
+    return m.Message(job="job", namespace="ns", pod=pod, type=kind, phase=Phase.RUN_COMMAND,
+                     seq=seq, ts=0.0, data=data, id=f"{pod}/{kind}")  # fmt: skip
+
+
+def test_a_report_is_withdrawn_when_its_pods_training_moves_again() -> None:
+    """(Pure.) A pod's heartbeats told its hang, then that it moved again: its held report is
+    withdrawn; a pod whose beats never told a hang (an agent of an earlier version) withdraws
+    nothing; a beat of another round withdraws nothing."""
+    from aegis.master.hang_judge import HangJudge
+    from tests.core_helpers import Driver
+
+    driver = Driver(workers=3)
+    driver.to_running()
+    status, seq = driver.status, driver.status.seq
+    pods = [str(p) for p in driver.pods]
+    judge = HangJudge(GatherSettings(min_s=0.5, max_s=0.5))
+    beat = m.MessageType.HEARTBEAT
+
+    def told(pod: str, hung: bool, at: int = seq) -> bool:
+        return judge.withdraw(status, _message(pod, m.HeartbeatData(hung=hung), at, beat))
+
+    assert not told(pods[1], True)
+    assert judge.hold(status, _message(pods[1], _quiet(), seq, m.MessageType.HANG)) == 0.5
+    assert judge.hold(status, _message(pods[2], _quiet(), seq, m.MessageType.HANG)) is None
+    assert judge.waits_for_work(status) == [driver.pods[0]]
+    assert not told(pods[2], False)  # never told a hang: an earlier agent's beat
+    assert not told(pods[1], False, at=seq - 1)  # another round's
+    assert told(pods[1], False)
+    assert list(judge.held) == [pods[2]]
+    assert not told(pods[1], False)  # withdrawn once
+    # reports judged on steps are judged at the window's close, whoever did not report
+    stepped = HangJudge(GatherSettings(min_s=0.5, max_s=0.5))
+    data = m.HangData(31.0, WAITING, 30.0, "10 x p99 step 0.05 s = 0.5 s, floor 30 s")
+    stepped.hold(status, _message(pods[1], data, seq, m.MessageType.HANG))
+    assert stepped.waits_for_work(status) == []
+
+
+def test_the_wait_for_work_counts_from_the_rounds_first_wait_across_withdrawals() -> None:
+    """(Pure.) A waiting rank that prints now and then withdraws its report and reports again:
+    the wait still ends ``work_s`` after the round's reports first waited, not after the last
+    report (a pod at work forever is judged in the end)."""
+    from aegis.master.hang_judge import HangJudge
+    from tests.core_helpers import Driver
+
+    driver = Driver(workers=3)
+    driver.to_running()
+    status, seq = driver.status, driver.status.seq
+    pod = str(driver.pods[1])
+    judge = HangJudge(GatherSettings(min_s=0.5, max_s=0.5, work_s=600.0))
+    beat, hang = m.MessageType.HEARTBEAT, m.MessageType.HANG
+    judge.withdraw(status, _message(pod, m.HeartbeatData(hung=True), seq, beat))
+    judge.hold(status, _message(pod, _quiet(), seq, hang))
+    assert judge.wait_left(status, now=100.0) == 600.0 and judge.waiting
+    assert judge.withdraw(status, _message(pod, m.HeartbeatData(hung=False), seq, beat))
+    assert not judge.waiting and not judge.held
+    judge.withdraw(status, _message(pod, m.HeartbeatData(hung=True), seq, beat))
+    assert judge.hold(status, _message(pod, _quiet(), seq, hang)) == 0.5  # a new window
+    assert judge.wait_left(status, now=400.0) == 300.0
+    assert judge.wait_left(status, now=700.0) == 0.0
+
+
+async def test_reports_waiting_for_a_pod_that_finished_are_judged_at_the_next_beat(
+    job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pod the others waited for ended its training (exit 0) and left them waiting: no
+    pod is at work any more, so the next heartbeat has the hang judged, not the end of
+    ``work_s``."""
+    caplog.set_level("WARNING", logger="aegis.master.hang_window")
+    for pod in ("job-1", "job-2"):
+        await job.send(pod, m.MessageType.HEARTBEAT, m.HeartbeatData(hung=True), f"{pod}/hb")
+        await job.send(pod, m.MessageType.HANG, _quiet(), f"{pod}/hang")
+    await async_wait_until(lambda: "wait for job-0, still at work" in caplog.text, what="held")
+    await job.send("job-0", m.MessageType.FINISH, m.ExitData(0), "job-0/finish")
+    await async_wait_until(lambda: job.runner.status.pod_infos[PodName("job-0")].finished,
+                           what="job-0 finished")  # fmt: skip
+    assert job.runner.status.phase is Phase.RUN_COMMAND
+    await job.send("job-1", m.MessageType.HEARTBEAT, m.HeartbeatData(hung=True), "job-1/hb2")
+    await _troubleshooting(job)
+    [judged] = [r for r in map(json.loads, job.log.read_text().splitlines())
+                if r["type"] == "HangJudged"]  # fmt: skip
+    assert sorted(report["pod"] for report in judged["reports"]) == ["job-1", "job-2"]

@@ -141,3 +141,42 @@ def test_tree_activity_sees_a_busy_process_and_not_a_sleeping_one() -> None:
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+async def test_the_watchdog_tells_a_hang_with_no_step_signal_and_when_it_moved_again() -> None:
+    """The watch loop (real progress file, a process tree of none: no CPU): a silence past
+    ``quiet_s`` with no step seen is reported as judged with no step signal (the master lets
+    such reports wait for a pod still at work), and the watchdog's hang ends when output comes
+    again (the heartbeats tell it: the master withdraws the report)."""
+    import asyncio
+
+    from aegis.agent import ports
+    from tests.waits import async_wait_until
+
+    started = time.monotonic()
+    output = [started]
+    reports: list[ports.HangReport] = []
+    hung: list[bool] = []
+
+    async def collect() -> tuple[ports.StackDump, ...]:
+        return ()
+
+    async def report(hang: ports.HangReport) -> None:
+        reports.append(hang)
+
+    policy = hp.HangPolicy(quiet_s=0.5)
+    progress = watchdog.ProgressFile()
+    task = asyncio.create_task(watchdog.watch(
+        watchdog.WatchSettings(policy, 0, started), hp.StepHistory(), progress,
+        lambda: output[0], watchdog.TreeActivity(lambda: [], started), collect, report,
+        hung.append,
+    ))  # fmt: skip
+    try:
+        await async_wait_until(lambda: reports, 30, "the quiet hang reported")
+        assert reports[0].no_step_signal and reports[0].last_step is None
+        assert hung == [True]
+        output[0] = time.monotonic() + 3600.0  # it prints again (and stays heard)
+        await async_wait_until(lambda: hung == [True, False], 30, "the hang over")
+    finally:
+        task.cancel()
+        progress.close()

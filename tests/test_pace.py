@@ -362,8 +362,15 @@ def test_a_new_leader_measures_afresh_where_the_old_one_would_have(
 def test_notes_with_no_rate_are_ignored_and_a_watch_with_nothing_has_no_notes() -> None:
     assert Pace().notes() is None
     pace = Pace()
-    pace.restore(PaceNotes(seq=3, best=-2.0, world=[("j-0", "node-0")]))
-    assert (pace.seq, pace.best, pace.world, pace.carried) == (-1, 0.0, None, False)
+    grown = Pace(best=10.0)
+    key = grown.notes_key()
+    grown.best = 11.0  # a little better: rides on the next write
+    assert grown.notes_key() == key
+    grown.best = 13.0  # a quarter better: written at once
+    assert grown.notes_key() != key
+    for best in (-2.0, float("nan"), float("inf")):
+        pace.restore(PaceNotes(seq=3, best=best, world=[("j-0", "node-0")]))
+        assert (pace.seq, pace.best, pace.world, pace.carried) == (-1, 0.0, None, False)
 
 
 async def test_a_record_with_pace_notes_is_adopted_and_written_back() -> None:

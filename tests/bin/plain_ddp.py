@@ -20,6 +20,9 @@ optimizer steps on its own, once GATE exists if given.
 its gradient summed with ``dist.all_reduce`` (a job with no step signal for Aegis to see).
 ``--hidden N``: the hidden layer's width (64: 9 KB of gradients a step; 16384: 2.2 MB, a job
 whose pace a slow network link sets).
+``--prepare-until FILE``: before training, rank 0 prepares its data (busy on the CPU and silent)
+until FILE exists (at most 600 s), while the other ranks wait for it at a barrier, as scripts
+that download or tokenize on one rank do.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--solo", action="append", default=[])
     p.add_argument("--no-optimizer", action="store_true", help="all_reduce by hand, no optimizer")
     p.add_argument("--hidden", type=int, default=64, help="the hidden layer's width (gradients)")
+    p.add_argument("--prepare-until", default="", help="rank 0 busy until this file exists")
     return p.parse_args()
 
 
@@ -122,10 +126,22 @@ class ByHand:
         return int(state["step"])
 
 
+def prepare(done: Path) -> None:
+    """Busy on the CPU, printing nothing, until ``done`` exists (600 s at most)."""
+    deadline, x = time.monotonic() + 600.0, 1.0
+    while not done.exists() and time.monotonic() < deadline:
+        for _ in range(100_000):
+            x = x * 1.0000001 + 1e-9
+
+
 def main() -> None:  # noqa: PLR0912, PLR0915 (a training script, read top to bottom)
     args = parse()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.prepare_until:  # rank 0 prepares the data; the others wait for it
+        if rank == 0:
+            prepare(Path(args.prepare_until))
+        dist.barrier()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
     ckpt_dir = Path(args.ckpt_dir)

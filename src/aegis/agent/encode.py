@@ -52,6 +52,11 @@ def resent(kind: m.MessageType) -> bool:
     return kind not in (m.MessageType.HEARTBEAT, m.MessageType.CHECKPOINT)
 
 
+def without_hangs(pending: list[m.Message]) -> list[m.Message]:
+    """The reports still to resend once the hang reported is over (withdrawn)."""
+    return [r for r in pending if r.type is not m.MessageType.HANG]
+
+
 def unanswered(pending: list[m.Message], seq: int) -> list[m.Message]:
     """The reports still to resend once an order of round ``seq`` came: one of an older round
     was heard (the master moved on), and so was an ACK (the master sends orders)."""
@@ -92,7 +97,7 @@ def error(
 
 def hang(report: ports.HangReport) -> m.HangData:
     stacks = "\n".join(s.section() for s in report.stacks)
-    return m.HangData(report.idle_s, stacks, report.timeout_s, report.why)
+    return m.HangData(report.idle_s, stacks, report.timeout_s, report.why, report.no_step_signal)
 
 
 def heartbeat(progress: ports.Progress, said: str, beats: int, now: float) -> m.HeartbeatData:
@@ -103,7 +108,7 @@ def heartbeat(progress: ports.Progress, said: str, beats: int, now: float) -> m.
     again = progress.hang_timeout != said or beats % WATCHDOG_EVERY_BEATS == 0
     sent = now if progress.step is not None else None
     return m.HeartbeatData(progress.step, progress.hang_timeout if again else "",
-                           progress.step_ts, sent, progress.input_s)  # fmt: skip
+                           progress.step_ts, sent, progress.input_s, progress.hung)  # fmt: skip
 
 
 def script_saved(

@@ -146,7 +146,11 @@ class MasterLink:
         await self.send(m.MessageType.CHECKPOINT, report)
 
     async def heartbeat(self, progress: ports.Progress) -> None:
-        """One heartbeat with this look at the training."""
+        """One heartbeat with this look at the training. A hang reported in this round that is
+        over (the beat tells the master so: it withdraws the report) is no longer resent: a new
+        leader would hold it with no beat left to withdraw it."""
+        if self.hung and not progress.hung:
+            self.hung, self.pending = False, encode.without_hangs(self.pending)
         data = encode.heartbeat(progress, self._watchdog_said, self._beats, time.monotonic())
         saved = encode.script_saved(progress, self._saved_said, self._beats)
         self._watchdog_said, self._beats = progress.hang_timeout, self._beats + 1

@@ -100,6 +100,7 @@ class HangReport:
     detected_ts: float  # time.monotonic() when the hang was declared
     stacks: tuple[StackDump, ...]
     why: str = ""  # how the timeout was chosen (``hang_policy``)
+    no_step_signal: bool = False  # judged by output and CPU alone (no step seen in the run)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,6 +135,7 @@ class Progress:
     # the step of the script's last own save, once the training has gone past it (the save,
     # and whatever the script does with the file, such as a rename, is done); None: none
     saved_step: int | None = None
+    hung: bool = False  # the watchdog's reported hang stands (no progress since)
 
 
 class Training(Protocol):

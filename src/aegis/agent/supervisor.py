@@ -154,14 +154,14 @@ class Supervisor:
 
     def progress(self) -> ports.Progress:
         """A look at the running command's progress file (and the watchdog's choice)."""
-        if self._progress is None:
+        if (file := self._progress) is None:
             return ports.Progress(hang_timeout=self._hang_timeout)
-        seen = self._progress.read()
+        seen = file.read()
         self._ever_stepped |= seen is not None
         step, step_ts = (None, None) if seen is None else seen
-        done = watchdog.save_behind(step, self._progress.saved())
-        return ports.Progress(step, step_ts, self._progress.input_s(), self._ever_stepped,
-                              self._progress.opted_in(), self._hang_timeout, done)  # fmt: skip
+        done = watchdog.save_behind(step, file.saved())
+        return ports.Progress(step, step_ts, file.input_s(), self._ever_stepped, file.opted_in(),
+                              self._hang_timeout, done, self.hung)  # fmt: skip
 
     def request_checkpoint(self, request_id: int, target_step: int, hold_s: float) -> None:
         """Ask the running command for a checkpoint at ``target_step`` (``aegis.checkpoint.

@@ -281,6 +281,7 @@ async def watch(  # noqa: PLR0913 (the watch loop's inputs and its four hooks)
                 detected_ts=now,
                 stacks=stacks,
                 why=verdict.why,
+                no_step_signal=verdict.rule == "quiet",
             )
         )
 

@@ -110,7 +110,6 @@ class JobRunner:
         self.hang_window = HangWindow(settings.hang_gather, status=lambda: self.status,
                                       put=self.queue.put_nowait, clock=clocks.wall,
                                       done=self.done)  # fmt: skip
-        self.hangs = self.hang_window.judge
         self.observers: Observers[JobRunner] = Observers(self, spec.job)
         self.listeners = self.observers.events  # the observers' lists, for ``append``
         self.message_listeners = self.observers.messages
@@ -175,6 +174,7 @@ class JobRunner:
             self.queue.put_nowait(None)  # wakes the loop: an empty batch that places it
         if isinstance(beat, m.HeartbeatData) and beat.hang_timeout:
             self.notes.watchdogs[pod] = beat.hang_timeout[:300]
+        self.hang_window.beat(msg)
         self.observers.heartbeat(msg)
 
     def hang_named(self, pod: PodName, reason: str) -> None:

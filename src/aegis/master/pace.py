@@ -200,8 +200,10 @@ class Pace:
 
     def notes_key(self) -> tuple[object, ...]:
         """What of the notes is worth a record write at once when it changes: a new round, a
-        report, a commit, the first pace measured (a better pace rides on the next write)."""
-        return self.seq, self.world, self.reported, self.armed, self.best > 0
+        report, a commit, the first pace measured and each quarter better (a pace a little
+        better rides on the next write; a warm-up's best is not all a new leader keeps)."""
+        grown = math.floor(math.log(self.best, 1.25)) if self.best > 0 else None
+        return self.seq, self.world, self.reported, self.armed, grown
 
     def restore(self, notes: PaceNotes) -> None:
         """A new leader goes on from the old one's ``notes``: a round on the same world keeps

@@ -121,17 +121,22 @@ class ErrorData(
 
 
 class HangData(
-    msgspec.Struct, tag="hang", tag_field="kind", forbid_unknown_fields=True, frozen=True
-):
+    msgspec.Struct, tag="hang", tag_field="kind", forbid_unknown_fields=True, frozen=True,
+    omit_defaults=True,
+):  # fmt: skip
     idle_s: Seconds
     stacks: str = ""
     timeout_s: Seconds = 0.0  # the watchdog's timeout when it fired (0: not said)
     why: Short = ""  # how that timeout was chosen
+    # the watchdog has seen no step in the run: it judged by output and CPU alone (a rank that
+    # waits in a collective for a peer still at work looks the same)
+    no_step_signal: bool = False
 
 
 class HeartbeatData(
-    msgspec.Struct, tag="heartbeat", tag_field="kind", forbid_unknown_fields=True, frozen=True
-):
+    msgspec.Struct, tag="heartbeat", tag_field="kind", forbid_unknown_fields=True, frozen=True,
+    omit_defaults=True,
+):  # fmt: skip
     step: Int | None = None
     hang_timeout: Short = ""  # the watchdog's current choice: "30 s (how it was chosen)"
     # Straggler scores (core/stragglers.py): when ``step`` ended and when this beat was sent,
@@ -141,6 +146,7 @@ class HeartbeatData(
     # the training's last input time: seconds from a step's end to its next forward (a rank
     # slow before the collective; aegis.autoprogress)
     input_s: Seconds | None = None
+    hung: bool = False  # the watchdog's reported hang stands: no progress since (False: moved on)
 
 
 class CheckpointData(
