@@ -6,11 +6,14 @@ what this one writes has the same fields (a master of the older version, or ``ae
 from __future__ import annotations
 
 import json
+import logging
+
+import pytest
 
 from aegis.adapters import memory
 from aegis.core.model import PodName
 from aegis.core.phases import Order, Phase
-from aegis.master import job_builder, job_record, records
+from aegis.master import job_builder, job_record, pace, records
 from aegis.master.job_runner import JobSettings, status_key
 from aegis.master.ports import NullPlatform
 from aegis.master.round_orders import RoundOrder
@@ -93,3 +96,60 @@ def test_a_new_jobs_record_leaves_out_what_it_does_not_have_yet() -> None:
     assert set(written) == {"spec", "status", "token", "nodes"}
     assert job_record.decode(job_record.encode(fresh)) == fresh
     assert PodName("up-0") in fresh.job()[1].pod_infos
+
+
+def _odd(**fields: object) -> bytes:
+    return json.dumps(json.loads(OLD_RECORD) | fields).encode()
+
+
+def test_notes_a_new_leader_can_go_without_are_dropped_where_they_have_another_shape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, one of them of another shape made the whole record malformed: the job was
+    skipped by every replica, never adopted again. Now only those notes are lost."""
+    raw = _odd(pace={"best": "fast"}, safe_points=[1, 2], watchdogs={"up-1": 5})
+    with pytest.raises(ValueError):
+        job_record.decode(raw)  # the strict reading refuses it
+    record, dropped = job_record.read(raw)
+    assert dropped == ("safe_points", "pace", "watchdogs")
+    assert (record.pace, record.safe_points, record.watchdogs) == (None, None, {})
+    assert (record.committed_step, record.token, record.epoch) == (20, "tok", 3)
+    assert record.stragglers["named"] == "up-1" and record.orders == [RUN]
+    with caplog.at_level(logging.WARNING, logger="aegis.master.records"):
+        again, spec, _ = records.decode_record(raw)
+    assert again == record and spec.job == "up"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "safe_points, pace, watchdogs" in line and "default.up" in line
+    # a good note beside a bad one is kept
+    fine = {"seq": 2, "best": 1.5, "world": [["up-0", "node-0"]]}
+    kept, dropped = job_record.read(_odd(pace=fine, safe_points="x"))
+    assert dropped == ("safe_points",) and kept.pace == pace.PaceNotes(
+        seq=2, best=1.5, world=[("up-0", "node-0")]
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"committed_step": "x"}, {"token": 5}, {"orders": [{"order": "nonsense"}]}, {"epoch": []}],
+    ids=["committed", "token", "orders", "epoch"],
+)
+def test_a_bad_field_a_job_needs_still_makes_the_record_malformed(
+    fields: dict[str, object],
+) -> None:
+    with pytest.raises(records.MalformedRecordError):
+        records.decode_record(_odd(pace={"best": "fast"}, **fields))
+
+
+async def test_a_record_with_notes_of_another_shape_is_adopted_and_written_whole() -> None:
+    raw = _odd(pace={"best": "fast"}, stragglers=[1])
+    store, bus = memory.MemoryStore(), memory.MemoryBus()
+    revision = await store.put("default.up", raw, expected_revision=None)
+    record, _, _ = records.decode_record(raw)
+    builder = job_builder.JobBuilder(bus, store, JobSettings(heartbeat_timeout_s=60))
+    runner = builder.adopt(record, revision, NullPlatform(), None, epoch=4, fence=lambda: None)
+    await runner.takeover()
+    got = await store.get(status_key(runner.spec))
+    assert got is not None and got[1] > revision
+    written = job_record.decode(got[0])  # strict: what the new leader wrote has the shape
+    assert (written.committed_step, written.epoch, written.stragglers) == (20, 4, {})
+    await runner.unsubscribe()

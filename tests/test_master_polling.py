@@ -169,6 +169,10 @@ async def test_a_malformed_record_is_skipped_counted_once_and_every_other_job_ad
             k: await master.store.put(k, v, expected_revision=None) for k, v in bad.items()
         }
         jobs = [await _submit(master, "d-job"), await _submit(master, "e-job")]
+        # notes a new leader goes without, of another shape: dropped, and the job adopted
+        odd_notes = _job_record("f-notes", pace={"best": "fast"}, safe_points=[1, 2])
+        jobs.append("default.f-notes")
+        await master.store.put(jobs[-1], odd_notes, expected_revision=None)
         runners = master.replica.runners
         await async_wait_until(
             lambda: all(job in runners for job in jobs), what="both jobs adopted"

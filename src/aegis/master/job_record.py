@@ -6,7 +6,9 @@ Its fields: ``spec`` and ``status`` as ``wire.status_json`` writes them (the sta
 shape), the round's ``orders`` with their environment (a new leader sends them again), the
 leader's ``epoch``, and the master's notes (``JobNotes``). A field at its default is left out,
 as the records written before this struct left out what they did not have yet; unknown fields
-are ignored, so a record of another version of Aegis is read as well as it can be.
+are ignored, so a record of another version of Aegis is read as well as it can be. Notes a new
+leader can go without (``ADVISORY``: it starts them afresh) are dropped, one by one, where they
+have another shape: such a record is still adopted (``read``), not skipped as malformed.
 """
 
 from __future__ import annotations
@@ -80,3 +82,32 @@ def encode(record: JobRecord) -> bytes:
 def decode(raw: bytes) -> JobRecord:
     """Raises ``msgspec.DecodeError`` (a ``ValueError``) for bytes that are no job record."""
     return _decoder.decode(raw)
+
+
+# the notes a new leader starts afresh without: the save cadence, the pace watch's round, the
+# straggler scores and the watchdogs' words (not the token, the nodes, the committed step, the
+# evictions counted or the end: without those the job is not the same job)
+ADVISORY = ("safe_points", "pace", "stragglers", "watchdogs")
+_ADVISORY_TYPES = {f.name: f.type for f in msgspec.structs.fields(JobRecord) if f.name in ADVISORY}
+
+
+def read(raw: bytes) -> tuple[JobRecord, tuple[str, ...]]:
+    """The record, and the names of the ``ADVISORY`` notes dropped from it because they had
+    another shape (a bug, or another version's writer): the rest of the record is kept. Raises
+    as ``decode`` where the bytes are no JSON object, or the record's other fields are bad."""
+    try:
+        return _decoder.decode(raw), ()
+    except msgspec.ValidationError:
+        shape = msgspec.json.decode(raw)
+        if not isinstance(shape, dict) or shape.keys().isdisjoint(ADVISORY):
+            raise
+    record = msgspec.convert({k: v for k, v in shape.items() if k not in ADVISORY}, JobRecord)
+    kept: dict[str, Any] = {}
+    for name in ADVISORY:
+        if name in shape:
+            try:
+                kept[name] = msgspec.convert(shape[name], _ADVISORY_TYPES[name])
+            except msgspec.ValidationError:
+                continue
+    dropped = tuple(name for name in ADVISORY if name in shape and name not in kept)
+    return msgspec.structs.replace(record, **kept), dropped

@@ -41,13 +41,18 @@ async def submit_job(
 def decode_record(raw: bytes) -> tuple[job_record.JobRecord, JobSpec, JobStatus]:
     """A stored job record, read (``job_record``: records of earlier versions too); raises
     ``MalformedRecordError`` for one that is not a job's (not JSON, not a job's fields, orders
-    of another shape, a job or namespace name outside the rule: such a job is never adopted)."""
+    of another shape, a job or namespace name outside the rule: such a job is never adopted).
+    Notes a new leader can go without that have another shape are dropped, and logged: the job
+    is adopted without them (``job_record.read``)."""
     try:
-        record = job_record.decode(raw)
+        record, dropped = job_record.read(raw)
         spec, status = record.job()
         check_names(spec.namespace, spec.job)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise MalformedRecordError(f"{type(exc).__name__}: {exc}") from None
+    if dropped:
+        log.warning("job %s.%s: its record's %s had another shape, dropped: the leader starts "
+                    "them afresh", spec.namespace, spec.job, ", ".join(dropped))  # fmt: skip
     return record, spec, status
 
 
