@@ -4,7 +4,9 @@
 and returns; the saver daemon (:mod:`aegis.checkpoint.daemon`, kept alive by the agent through
 :class:`aegis.checkpoint.process.DaemonProcess`) persists it in the background with checksums and
 a commit marker. ``load_latest`` reads the newest committed copy from shared memory after an
-in-place restart, else the newest valid committed copy on disk. A save never drops silently:
+in-place restart, else the newest valid committed copy on disk; under torch.distributed the
+ranks agree on the step (every rank calls it: a rank whose copy is damaged takes every rank back
+with it). A save never drops silently:
 while the previous one is being persisted the default policy ``wait`` blocks (``raise`` raises
 :class:`SaverBusyError`); while the durable directory fails (full, read-only, gone: the daemon
 reports it, :mod:`aegis.checkpoint.outage`) a save goes on and replaces the unpersisted slot, so
@@ -61,9 +63,10 @@ def save(step: int, state_dict: Any) -> None:
         _answer_and_hold(request, step)
 
 
-def load_latest(template: Any = None) -> tuple[int, Any] | None:
-    """``(step, state)`` of the newest committed checkpoint (shared memory first), or None."""
-    return api.shared_saver(SaverSettings.from_env()).load_latest(template)
+def load_latest(template: Any = None, *, agree: bool = True) -> tuple[int, Any] | None:
+    """``(step, state)`` of the newest committed checkpoint (shared memory first), or None.
+    Under torch.distributed, the same step on every rank (``Saver.load_latest``)."""
+    return api.shared_saver(SaverSettings.from_env()).load_latest(template, agree=agree)
 
 
 def save_if_requested(step: int, state: Any | Callable[[], Any]) -> bool:

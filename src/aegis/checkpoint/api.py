@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 # Siblings by their module path, not through the package: the package re-exports this module.
+import aegis.checkpoint.collective as ckpt_collective
 import aegis.checkpoint.layout as lay
 import aegis.checkpoint.nested as ckpt_nested
 import aegis.checkpoint.outage as ckpt_outage
+import aegis.checkpoint.shm_read as ckpt_shm
 import aegis.checkpoint.store as ckpt_store
 from aegis.core.errors import AegisError
 
@@ -223,10 +225,17 @@ class Saver:
         self._buffers[buffer] = (size, tensor)
         return tensor
 
-    def load_latest(self, template: Any = None) -> tuple[int, Any] | None:
+    def load_latest(self, template: Any = None, *, agree: bool = True) -> tuple[int, Any] | None:
         """The newest committed state: from shared memory if there is one, else from disk
-        (read into the template's tensors where they fit: one copy)."""
-        committed = self._at_most_resume(self.committed_steps())
+        (read into the template's tensors where they fit: one copy). Under torch.distributed
+        (more than one rank) the ranks agree on the step (``collective.agree_on_step``): a
+        rank whose copy of the job's step is damaged takes every rank back with it, not only
+        itself. Every rank then calls it, as every rank saves; ``agree=False``: this rank alone."""
+        load = functools.partial(self._load_newest, template)
+        return self._resumed(ckpt_collective.agree_on_step(load) if agree else load(None))
+
+    def _load_newest(self, template: Any, at_most: int | None) -> tuple[int, Any] | None:
+        committed = self._at_most_resume(self.committed_steps(), at_most)
         if committed:
             step = committed[-1]
             shm = self.settings.shm_dir
@@ -237,25 +246,27 @@ class Saver:
                 jobs: list[tuple[int, Any]] = []
                 read = functools.partial(_read_tensor, fd, layout, jobs)
                 state = ckpt_nested.rebuild(skeleton, read, template)
-                read_into(fd, jobs)
+                ckpt_shm.read_into(fd, jobs)
             finally:
                 os.close(fd)
             log.info("checkpoint step %s loaded from shared memory", step)
-            return self._resumed((step, state))
-        return self._resumed(self.load_from_disk(template))
+            return step, state
+        return self.load_from_disk(template, at_most)
 
     def _resumed(self, loaded: tuple[int, Any] | None) -> tuple[int, Any] | None:
         if note := lay.resume_note(self.settings.resume_step, loaded and loaded[0]):
             log.warning("%s", note)
         return loaded
 
-    def load_from_disk(self, template: Any = None) -> tuple[int, Any] | None:
+    def load_from_disk(
+        self, template: Any = None, at_most: int | None = None
+    ) -> tuple[int, Any] | None:
         import torch
 
         ckpt = self.settings.ckpt_dir
         if ckpt is None:
             return None
-        for step in reversed(self._at_most_resume(lay.disk_steps(ckpt))):
+        for step in reversed(self._at_most_resume(lay.disk_steps(ckpt), at_most)):
             try:
                 copy = ckpt_store.read_committed(ckpt, step)
             except ckpt_store.CorruptCheckpointError as exc:
@@ -266,49 +277,11 @@ class Saver:
             return step, _build(copy.layout, copy.skeleton, data, template, torch)
         return None
 
-    def _at_most_resume(self, steps: list[int]) -> list[int]:
-        """A rank may have committed a step its peers have not: it resumes with them."""
-        limit = self.settings.resume_step
-        return steps if limit is None else [s for s in steps if s <= limit]
-
-
-READ_CHUNK = 32 * 1024 * 1024
-
-
-def read_into(fd: int, jobs: list[tuple[int, Any]], threads: int = 0) -> None:
-    """Copy the bytes of the file ``fd`` at each ``(offset, tensor)`` into the CPU tensor
-    (contiguous): one copy, by the kernel, from the page cache (shared memory) into the
-    tensor's memory, in chunks over ``threads`` threads (default: torch's intra-op threads, as a
-    ``copy_`` would use). A mapping of the shm file would cost a page-table entry per 4 KiB page
-    (tmpfs has no huge pages) on top of the copy: that, not the copy, made the mapped restore
-    slower than ``torch.load`` from a warm page cache."""
-    import concurrent.futures
-
-    import torch
-
-    chunks = []
-    for offset, target in jobs:
-        nbytes = target.numel() * target.element_size()
-        if nbytes:
-            view = target.detach().reshape(-1).view(torch.uint8).numpy().data
-            chunks += [(view, offset, start, min(start + READ_CHUNK, nbytes))
-                       for start in range(0, nbytes, READ_CHUNK)]  # fmt: skip
-    workers = min(threads or torch.get_num_threads(), len(chunks))
-    if workers <= 1:
-        for chunk in chunks:
-            _pread_chunk(fd, *chunk)
-        return
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="shm-read") as pool:
-        list(pool.map(lambda chunk: _pread_chunk(fd, *chunk), chunks))
-
-
-def _pread_chunk(fd: int, view: memoryview, offset: int, start: int, end: int) -> None:
-    done = start
-    while done < end:
-        got = os.preadv(fd, [view[done:end]], offset + done)
-        if got <= 0:
-            raise OSError(f"short read from shared memory at {offset + done}")
-        done += got
+    def _at_most_resume(self, steps: list[int], at_most: int | None = None) -> list[int]:
+        """A rank may have committed a step its peers have not: it resumes with them (and at
+        most ``at_most``: a step its peers could load)."""
+        limits = [x for x in (self.settings.resume_step, at_most) if x is not None]
+        return [s for s in steps if s <= min(limits)] if limits else steps
 
 
 def _read_tensor(
@@ -335,7 +308,7 @@ def _read_tensor(
         return template
     target = torch.empty(entry.shape, dtype=dtype)
     if isinstance(template, torch.Tensor):
-        read_into(fd, [(entry.offset, target)])
+        ckpt_shm.read_into(fd, [(entry.offset, target)])
         return _placed(target, template, torch)  # on a GPU, or not contiguous: still in place
     jobs.append((entry.offset, target))
     return target

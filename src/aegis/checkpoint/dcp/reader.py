@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint import metadata as dmd
 from torch.distributed.checkpoint import planner as dpl
 from torch.futures import Future
 
 import aegis.checkpoint.dcp.slot as sl  # (by path: the dcp package imports this module lazily)
-from aegis.checkpoint import api
+from aegis.checkpoint import api, collective, shm_read
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint.dcp.writer import checked_id, parse_step
 from aegis.core.errors import AegisError
@@ -85,13 +84,14 @@ class Reader(filesystem.FileSystemReader):
         disk = sl.steps(self._root) if self._root is not None else []
         limit = self._settings.resume_step
         disk = [s for s in disk if limit is None or s <= limit]
-        gathered = _all_gather((mine, disk))
+        gathered = collective.all_gather((mine, disk))
         wanted = parse_step(self._explicit)
         in_shm = set.intersection(*(set(m) for m, _ in gathered))
         candidates = sorted(in_shm) if wanted is None else [s for s in in_shm if s == wanted]
         if candidates:
             step = candidates[-1]
-            meta_bytes = _broadcast(_slot_metadata(shm, step) if _rank() == 0 else None)
+            rank0 = collective.rank() == 0
+            meta_bytes = collective.broadcast(_slot_metadata(shm, step) if rank0 else None)
             meta = pickle.loads(meta_bytes)
             self.source = "shm"
         else:
@@ -135,7 +135,7 @@ class Reader(filesystem.FileSystemReader):
             s = sl.read(shm, step)
             if s is None or (limit is not None and step > limit):
                 continue
-            if _rank() == 0 and s.metadata is None:
+            if collective.rank() == 0 and s.metadata is None:
                 continue  # the coordinator's slot is whole only with the metadata
             steps.append(step)
         return steps
@@ -148,7 +148,8 @@ class Reader(filesystem.FileSystemReader):
     def _newest_valid_on_disk(self, steps: list[int]) -> tuple[int, dmd.Metadata]:
         for step in reversed(steps):
             meta, problem = _read_step(self._step_dir(step))
-            problems = [p for p in _all_gather(problem) if p]  # every rank gets here, step by step
+            # every rank gets here, step by step
+            problems = [p for p in collective.all_gather(problem) if p]
             if not problems and meta is not None:
                 return step, meta
             log.warning("DCP checkpoint step %s skipped: %s", step, "; ".join(problems))
@@ -196,7 +197,7 @@ def _read_shm(shm: Path, local: _Local, items: list[dpl.ReadItem],
                 source = source.narrow(dim, start, length)
             target.copy_(source)
             planner.commit_tensor(req, target)
-        api.read_into(fd, jobs)
+        shm_read.read_into(fd, jobs)
         for req, target in done:
             planner.commit_tensor(req, target)
     finally:
@@ -242,7 +243,7 @@ def _check_share(where: Path, meta: dmd.Metadata) -> str | None:
     by_file: dict[str, list[tuple[dmd.MetadataIndex, filesystem._StorageInfo]]] = {}
     for index, info in meta.storage_data.items():
         by_file.setdefault(info.relative_path, []).append((index, info))
-    rank, world = _rank(), _world()
+    rank, world = collective.rank(), collective.world()
     for number, name in enumerate(sorted(by_file)):
         if number % world != rank:
             continue
@@ -295,27 +296,3 @@ def _check_chunk(chunk: bytes, tensor: bool) -> str | None:
             return f"{member.filename} is stored with two sizes"
     bad = archive.testzip()
     return f"checksum mismatch in {bad}" if bad is not None else None
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _all_gather(value: Any) -> list[Any]:
-    if _world() == 1:
-        return [value]
-    out: list[Any] = [None] * _world()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def _broadcast(value: Any) -> Any:
-    if _world() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
