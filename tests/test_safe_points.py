@@ -410,3 +410,49 @@ def test_a_new_leaders_first_look_is_no_start_of_training() -> None:
     assert safe.save_interval is None  # one second is not the script's interval
     assert safe.script_saved(job.status, job.pod(0), seq, 950, 311.0) is None
     assert safe.save_interval == 10.0
+
+
+def test_a_commit_said_before_a_restart_of_a_step_past_the_committed_one_counts_for_nothing() -> (
+    None
+):
+    """Pods a and b committed step 10 and c was about to, when a crash restarted the job from
+    step 5 (round r + 1). c's commit of 10 of the abandoned timeline, sent before the restart,
+    is heard after it: it counted as c's, and the new timeline's step 10 was taken as
+    committed once a and b saved it again, before c had (a crash then resumed c from the old
+    timeline's step 10). Now only what is said in the new round counts."""
+    job, safe = running(), SafePoints("job")
+    a, b, c = job.pods
+    old = job.status.seq
+    for pod in (a, b, c):
+        safe.committed(job.status, pod, 5, 0.0, old)
+    for pod in (a, b):
+        assert safe.committed(job.status, pod, 10, 0.0, old) is None
+    safe.rewound(old + 1)  # the restart's training round resumes from step 5
+    assert safe.resume_step() == 5
+    assert safe.committed(job.status, c, 10, 1.0, old) is None  # heard late: not counted
+    assert safe.committed(job.status, c, 4, 1.0, old) is None  # one at or below: harmless
+    for pod in (a, b):
+        assert safe.committed(job.status, pod, 10, 2.0, old + 1) is None  # c has not yet
+    assert safe.committed_step == 5
+    assert safe.committed(job.status, c, 10, 3.0, old + 1) == 10  # now every pod has
+    # reports of no round (an older agent's resend said none) count as before
+    assert safe.committed(job.status, c, 12, 3.0) is None and c in safe.pod_steps
+
+
+def test_a_new_leader_knows_the_round_training_restarted_in_from_the_round_orders() -> None:
+    from aegis.core.phases import Order
+    from aegis.master.job_record import JobNotes
+    from aegis.master.job_settings import JobSettings
+    from aegis.master.progress import Progress
+    from aegis.master.round_orders import RoundOrder
+
+    job = running()
+    seq = job.status.seq
+    restart = RoundOrder(Order.RESTART, Phase.RUN_COMMAND, seq, tuple(job.pods), 0, {})
+    request = RoundOrder(Order.CHECKPOINT, Phase.RUN_COMMAND, seq, (), 0, {})
+    for orders, rewound in (([restart, request], seq), ([request], -1), ([], -1)):
+        progress = Progress("job", JobSettings(), committed_step=5)
+        progress.taken_over(job.status, orders, 60.0, JobNotes(), 0.0, 1000.0)
+        assert progress.safe.rewound_seq == rewound
+        late = progress.committed(job.status, job.pods[0], 10, 1.0, seq - 1)
+        assert late is None and (job.pods[0] in progress.safe.pod_steps) == (rewound < 0)

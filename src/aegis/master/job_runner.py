@@ -130,7 +130,8 @@ class JobRunner:
         self.liveness.seen(pod, now)
         match msg.data:
             case m.CheckpointData(step=step):  # once per new step the whole job committed
-                if (committed := self.progress.committed(self.status, pod, step, now)) is not None:
+                committed = self.progress.committed(self.status, pod, step, now, msg.seq)
+                if committed is not None:
                     self.notes.committed_step = committed  # written at once, then told
                     self._persist_due = True
                     self.platform_event(ev.CheckpointCommitted(committed))

@@ -70,6 +70,8 @@ class Progress:
         cadence and waits and its pace watch (its ``notes``) restored."""
         requested = any(o.order is Order.CHECKPOINT and o.seq == status.seq for o in orders)
         self.safe.taken_over(status, requested, deadline_s, now)
+        trained = [o.seq for o in orders if o.order in round_orders.TRAINING_ORDERS]
+        self.safe.rewound_seq = max(trained, default=-1)  # the round training restarted in
         if notes.safe_points is not None:
             safe_point_notes.restore(self.safe, notes.safe_points, status, now, wall)
         if notes.pace is not None:
@@ -90,10 +92,12 @@ class Progress:
             log.warning("job %s pod %s: checkpoint store %s back after %.1f s", self.job,
                         pod, one_line(data.directory, 200), data.down_s)  # fmt: skip
 
-    def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
-        """``pod`` committed ``step``: the job's new committed step, once per new step every pod
-        committed (None: no new one)."""
-        committed = self.safe.committed(status, pod, step, now)
+    def committed(
+        self, status: JobStatus, pod: PodName, step: int, now: float, seq: int = -1
+    ) -> int | None:
+        """``pod`` committed ``step`` (said in round ``seq``): the job's new committed step,
+        once per new step every pod committed (None: no new one)."""
+        committed = self.safe.committed(status, pod, step, now, seq)
         if committed is not None:
             self.pace.committed()
         return committed
@@ -144,7 +148,7 @@ class Progress:
         slowdown's troubleshooting round carries the straggler named."""
         resume = None
         if order.order in round_orders.TRAINING_ORDERS:
-            self.safe.rewound()
+            self.safe.rewound(order.seq)
             resume = self.safe.resume_step()
         scores: Mapping[str, float] = round_orders.tie_scores(
             order.order, before, slowdown, self.stragglers.named

@@ -108,6 +108,7 @@ class SafePoints:
     # when every pod has that very step (ranks that saved a late request at different steps
     # have no common one: the newest of each is not a step all can load)
     pod_steps: dict[PodName, set[int]] = field(default_factory=dict)
+    rewound_seq: int = -1  # the round training last restarted in, from the committed step
     steps: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # this round's
     rate_from: dict[PodName, tuple[int, float]] = field(default_factory=dict)  # a sample's start
     step_rate: float = 0.0  # training steps per second, smoothed
@@ -134,11 +135,20 @@ class SafePoints:
     late_told: int = -1  # the round a drain was told to wait on for a save late by the clock
     due_since: tuple[int, float] = (-1, 0.0)  # (round, when) a request first waited for steps
 
-    def committed(self, status: JobStatus, pod: PodName, step: int, now: float) -> int | None:
-        """``pod`` committed ``step``: the job's new committed step (the newest step every pod
-        committed), or None if unchanged. A new one is a save of the job's cadence too (a drain
-        of a script that takes no requests waits for the next periodic one when it is due in
-        time, as for the script's own saves)."""
+    def committed(
+        self, status: JobStatus, pod: PodName, step: int, now: float, seq: int = -1
+    ) -> int | None:
+        """``pod`` committed ``step``, said in round ``seq``: the job's new committed step (the
+        newest step every pod committed), or None if unchanged. A new one is a save of the
+        job's cadence too (a drain of a script that takes no requests waits for the next
+        periodic one when it is due in time, as for the script's own saves). A report said
+        before the last rewind of a step past the committed one is of the abandoned timeline
+        (sent before the restart, heard after it): it counts for nothing."""
+        if 0 <= seq < self.rewound_seq and step > self.committed_step:
+            log.info("job %s: %s's commit of step %d, said in round %d, is of the timeline the "
+                     "restart of round %d abandoned: not counted", self.job, pod, step, seq,
+                     self.rewound_seq)  # fmt: skip
+            return None
         steps = self.pod_steps.setdefault(pod, set())
         steps.add(step)
         if len(steps) > KEPT_STEPS:
@@ -151,12 +161,14 @@ class SafePoints:
         self._saved_at(committed, now)
         return committed
 
-    def rewound(self) -> None:
-        """Training (re)starts from the job's committed step: what a pod committed beyond it
-        belongs to an abandoned timeline and counts again only when committed anew; the steps
+    def rewound(self, seq: int = -1) -> None:
+        """Training (re)starts from the job's committed step in round ``seq``: what a pod
+        committed beyond it belongs to an abandoned timeline and counts again only when
+        committed anew (and said in that round or later: ``committed``); the steps
         seen before are no estimate of where it is (extrapolated across a long troubleshoot
         round they named a step past the end of the job, and a slow pod waited for the next
         periodic checkpoint instead of the requested one)."""
+        self.rewound_seq = seq
         self.pod_steps = {
             p: {s for s in steps if s <= self.committed_step} for p, steps in self.pod_steps.items()
         }
