@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class ClusterRun:
 Scenario = Callable[[asyncio.subprocess.Process, Path], Awaitable[None]]
 
 
-async def run_cluster(
+async def run_cluster(  # noqa: PLR0913 (keyword-only: each a way a test run differs)
     tmp_path: Path,
     run_args: Sequence[str],
     command: Sequence[str],
@@ -76,10 +76,12 @@ async def run_cluster(
     cwd: Path | None = None,
     aegis: Sequence[str] = AEGIS,
     own_group: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> ClusterRun:
     """``aegis run --isolate-nodes RUN_ARGS -- COMMAND`` started in ``cwd``, to its end
     (``during`` meanwhile); ``aegis``: how to run it (another environment's python);
-    ``own_group``: in a session of its own, its process group the one a terminal signals."""
+    ``own_group``: in a session of its own, its process group the one a terminal signals;
+    ``env``: added to this environment (the run's agents and training inherit it)."""
     require_namespaces()
     log_dir, status_file, out = tmp_path / "logs", tmp_path / "status.json", tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -88,6 +90,7 @@ async def run_cluster(
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         stdin=asyncio.subprocess.DEVNULL, cwd=cwd, start_new_session=own_group,
+        env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
     assert proc.stdout is not None
     reading = asyncio.ensure_future(proc.stdout.read())

@@ -145,6 +145,10 @@ class MasterLink:
         """The saver daemon cannot persist (or can again): the master logs and counts it."""
         await self.send(m.MessageType.CHECKPOINT, report)
 
+    async def unhealthy(self, warnings: list[str]) -> None:
+        """The node's GPUs show warning signs (``agent.health``): the master drains it."""
+        await self.send(m.MessageType.CHECKPOINT, m.HealthData(warnings))
+
     async def heartbeat(self, progress: ports.Progress) -> None:
         """One heartbeat with this look at the training. A hang reported in this round that is
         over (the beat tells the master so: it withdraws the report) is no longer resent: a new

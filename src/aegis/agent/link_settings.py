@@ -27,6 +27,7 @@ class LinkSettings:
     token: str
     node: str = ""
     heartbeat_s: float = 1.0
+    health_s: float = 30.0  # between looks at the node's GPUs (0: none; agent.health)
     resend_s: float = 2.0
     connect_timeout_s: float = 10.0
     scratch_dir: Path = Path("/tmp")

@@ -34,6 +34,7 @@ from pathlib import Path
 from aegis.adapters.grpc.creds import CredsRefusedError, TlsRefusedError
 from aegis.agent import (
     executor,
+    health,
     link,
     link_settings,
     pid1,
@@ -44,6 +45,7 @@ from aegis.agent import (
 )
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint import process
+from aegis.checks import gpu
 from aegis.checks import host as check_host
 from aegis.wire.logsafe import one_line
 
@@ -87,11 +89,15 @@ async def run_linked(
             terminated.set()
             the_link.finish(128 + signal.SIGTERM)
 
+        health_watch = health.watch(
+            gpu.RealNvml(), the_link.unhealthy, settings.health_s, the_link.done
+        )
         with pid1.signals(sup.send_signal, on_sigterm):
             tasks = [
                 asyncio.create_task(executor.beat(the_link, sup), name="heartbeat"),
                 asyncio.create_task(the_link.resend(), name="resend"),
                 asyncio.create_task(orders.run(), name="orders"),
+                asyncio.create_task(health_watch, name="health"),
             ]
             saver: Saver | None = None
             if daemon_settings is not None:

@@ -42,6 +42,7 @@ class MasterAddress:
     namespace: str = "default"
     node: str = ""
     heartbeat_s: float = 1.0
+    health_s: float = 30.0  # between looks at the node's GPUs (0: none; agent.health)
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
     rejoin: bool = False  # a pod placed again in a running job: never run independently
 
@@ -117,6 +118,7 @@ def _link_settings(master: MasterAddress) -> link_settings.LinkSettings:
         token=Path(master.token_file).read_text().strip(),
         node=master.node,
         heartbeat_s=master.heartbeat_s,
+        health_s=master.health_s,
         connect_timeout_s=master.connect_timeout_s,
         tls_ca=master.tls_ca,
         rejoin=master.rejoin,

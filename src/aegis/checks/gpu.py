@@ -62,7 +62,7 @@ def judge(snapshot: GpuSnapshot | None, require_gpu: bool, expected: int | None)
         if require_gpu or expected:
             return Outcome(False, f"{what} on a node that must have GPUs")
         return Outcome(True, f"not_applicable: {what}", not_applicable=True)
-    problems = [p for device in snapshot.devices for p in _problems(device)]
+    problems = health_warnings(snapshot)
     count = len(snapshot.devices)
     if expected is not None and count != expected:
         problems.insert(0, f"{count} GPU(s) visible, {expected} expected")
@@ -72,6 +72,12 @@ def judge(snapshot: GpuSnapshot | None, require_gpu: bool, expected: int | None)
         return Outcome(False, f"{summary}: " + "; ".join(problems))
     hottest = max((d.temperature_c or 0) for d in snapshot.devices)
     return Outcome(True, f"{summary}, no ECC/Xid/remap trouble, hottest {hottest} C")
+
+
+def health_warnings(snapshot: GpuSnapshot | None) -> list[str]:
+    """The warning signs of every GPU (none without NVML): what fails the gpu check, and what
+    makes the agent's health watch (``agent.health``) ask for its node to be drained."""
+    return [p for device in (snapshot.devices if snapshot else ()) for p in _problems(device)]
 
 
 def _problems(d: GpuReading) -> list[str]:

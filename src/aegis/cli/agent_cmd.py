@@ -12,7 +12,7 @@ import typer
 
 from aegis.adapters import tls
 from aegis.agent import runner, signatures, supervisor, warm
-from aegis.cli import paths
+from aegis.cli import options, paths
 
 LOG_LEVEL_VAR = "AEGIS_LOG_LEVEL"
 
@@ -101,6 +101,7 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
     namespace: Namespace = "default",
     node: Node = "",
     heartbeat_s: Heartbeat = 1.0,
+    health_s: options.HealthEvery = 30.0,
     connect_timeout_s: ConnectTimeout = 10.0,
     rejoin: Rejoin = False,
     signature_file: SignatureFile = None,
@@ -122,6 +123,7 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
         master_settings = runner.MasterAddress(
             host, port, job, pod, token_file, connect_timeout_s=connect_timeout_s,
             namespace=namespace, node=node, heartbeat_s=heartbeat_s, tls_ca=tls_ca, rejoin=rejoin,
+            health_s=health_s,
         )  # fmt: skip
     settings = runner.AgentSettings(
         supervisor=supervisor.SupervisorSettings(

@@ -29,6 +29,14 @@ PaceDrop = Annotated[
 HeartbeatTimeout = Annotated[
     float, typer.Option(min=0.5, help="A pod without a heartbeat for this long is lost.")
 ]
+HealthEvery = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Seconds between the agents' looks at their GPUs (NVML): warning signs drain "
+        "the node before the GPU fails. 0: off.",
+    ),
+]
 JoinTimeout = Annotated[
     float,
     typer.Option(

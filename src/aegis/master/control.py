@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -41,8 +41,9 @@ from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.model import PodName
-from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.master import node_drains
 from aegis.master.job_runner import JobRunner
+from aegis.master.node_drains import NodeBlacklist, NodeDrainer
 from aegis.master.remote_platform import RemotePlatform
 
 log = logging.getLogger(__name__)
@@ -72,44 +73,15 @@ class ControlReply(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 @runtime_checkable
-class NodeBlacklist(Protocol):
-    """What ``taint``/``untaint`` need from a platform (``LocalPlatform`` has it)."""
-
-    blacklist: dict[str, str]
-
-
-@runtime_checkable
 class KnownNodes(Protocol):
     """A platform that knows every node it may place pods on (so a typo is caught)."""
 
     def known_nodes(self) -> frozenset[str]: ...
 
 
-@runtime_checkable
-class NodeDrainer(Protocol):
-    """A platform that also drains nodes in its scheduler (Slurm: ``scontrol``)."""
-
-    async def drain_node(self, node: str, reason: str) -> None: ...
-
-    async def undrain_node(self, node: str) -> None: ...
-
-
 ResolveJob = Callable[[str, str], JobRunner | None]  # (namespace, job)
 ResolvePlatforms = Callable[[], Iterable[NodeBlacklist]]
 ResolveJobs = Callable[[], Iterable[JobRunner]]
-
-
-def pods_to_drain(runner: JobRunner, nodes: Collection[str]) -> tuple[PodName, ...]:
-    """The pods of a running job on these nodes that are not leaving already."""
-    if runner.status.phase in TERMINAL_PHASES:
-        return ()
-    return tuple(
-        PodName(pod)
-        for pod, info in runner.status.pod_infos.items()
-        if info.node in nodes
-        and not info.drain
-        and not (info.inner_phase is Phase.RESTARTING and not info.finished)
-    )
 
 
 def job_of_pod(pod: str) -> str:
@@ -178,7 +150,7 @@ async def _drain(
     for node in nodes:
         if not NODE_NAME.fullmatch(node):
             return ControlReply(False, f"bad node name {node!r}")
-    on_node = {runner: pods_to_drain(runner, nodes) for runner in runners}
+    on_node = {runner: node_drains.pods_on(runner.status, nodes) for runner in runners}
     known = [p.known_nodes() for p in platforms if isinstance(p, KnownNodes)]
     used = {info.node for r in runners for info in r.status.pod_infos.values()}
     for node in nodes:
@@ -188,9 +160,7 @@ async def _drain(
     reason = request.reason or "drained by aegis ctl"
     for platform in platforms:
         for node in nodes:
-            platform.blacklist[node] = f"drained: {reason}"
-            if isinstance(platform, NodeDrainer):
-                await platform.drain_node(node, reason)
+            await node_drains.keep_out(platform, node, reason)
     moved = []
     for runner, pods in on_node.items():
         if pods:

@@ -36,7 +36,7 @@ from aegis.core.errors import LocalError
 from aegis.core.model import JobSpec, JobStatus, PodName
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import inbox, job_record
+from aegis.master import inbox, job_record, node_drains
 from aegis.master.drops import DropCounter, SeenIds
 from aegis.master.eventlog_writer import EventLogWriter
 from aegis.master.executor import Executor
@@ -142,6 +142,8 @@ class JobRunner:
                 saved = self.safe.script_saved(self.status, pod, msg.seq, step, now)
                 if saved is not None:
                     self.platform_event(ev.CheckpointCommitted(saved))
+            case m.HealthData(warnings=warnings):  # its GPUs fail soon: the node is drained
+                await self._unhealthy(pod, warnings)
             case m.CheckpointStoreData() as data:  # logged, for aegis incidents and observers
                 self.events.write(msgspec.structs.replace(msg, ts=self.clock()))
                 self.progress.store_report(pod, data)
@@ -187,6 +189,14 @@ class JobRunner:
         now), or after ``deadline_s`` without one; no fault is counted."""
         self.safe.drain(pods, deadline_s, self.clocks.mono())
         self.platform_event(ev.DrainRequested(pods, reason))
+
+    async def _unhealthy(self, pod: PodName, warnings: list[str]) -> None:
+        found = node_drains.health_drain(self.status, pod, warnings,
+                                         node_drains.drained(self.platform))  # fmt: skip
+        if found is not None:  # (once: the node is then kept out as drained)
+            log.warning("job %s: %s: the pods there leave", self.spec.job, found.reason)
+            await node_drains.keep_out(self.platform, found.node, found.reason)
+            self.drain(found.pods, found.reason, self.settings.drain_deadline_s)
 
     def platform_event(self, event: ev.Event) -> None:
         record = inbox.platform_record(event, self.clock())
@@ -303,25 +313,15 @@ class JobRunner:
                      self.status.phase, type(item.event).__name__,
                      self.status.recover_count)  # fmt: skip
         slowdown = isinstance(item.event, ev.SlowdownReported)
-        self._materialise_orders(actions, before.phase, slowdown)
+        self.round_orders = self.progress.orders_after(actions, self.round_orders, self.spec,
+                                                       self.status, free_port, before.phase,
+                                                       slowdown)  # fmt: skip
         moved = sum(isinstance(a, act.EvictPod) and a.level is RecoveryLevel.NODE for a in actions)
         self.notes.hardware_rescheduled += moved  # the K of ``aegis status --nats``
         for action in actions:
             if isinstance(action, act.EndJob):  # why, in the status write that ends the job
                 self.notes.ended, self.notes.end_pending = action.reason, True
         return actions, self.status is not before
-
-    def _materialise_orders(
-        self, actions: tuple[act.Action, ...], before: Phase, slowdown: bool
-    ) -> None:
-        """The round's orders with their environment, fixed before the status is written."""
-        for action in actions:
-            if isinstance(action, act.SendOrder):
-                order = self.progress.round_order(action, self.spec, self.status, free_port,
-                                                  before, slowdown)  # fmt: skip
-                if self.round_orders and self.round_orders[-1].seq != action.seq:
-                    self.round_orders = []  # a new round
-                self.round_orders.append(order)
 
     async def _act(self, item: inbox.Input, actions: tuple[act.Action, ...]) -> None:
         """After the status is stored: the actions carried out, then the observers told."""

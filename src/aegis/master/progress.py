@@ -134,6 +134,27 @@ class Progress:
             return None
         return RoundOrder(Order.CHECKPOINT, status.phase, status.seq, (), 0, env)
 
+    def orders_after(
+        self,
+        actions: Sequence[act.Action],
+        orders: list[RoundOrder],
+        spec: JobSpec,
+        status: JobStatus,
+        free_port: Callable[[], int],
+        before: Phase,
+        slowdown: bool,
+    ) -> list[RoundOrder]:
+        """The round's orders once ``actions`` are taken: each order sent, with its
+        environment (``round_order``), fixed before the status is written; a new round's
+        orders start a new list."""
+        for action in actions:
+            if isinstance(action, act.SendOrder):
+                order = self.round_order(action, spec, status, free_port, before, slowdown)
+                if orders and orders[-1].seq != action.seq:
+                    orders = []  # a new round
+                orders.append(order)
+        return orders
+
     def round_order(
         self,
         order: act.SendOrder,

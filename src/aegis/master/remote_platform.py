@@ -48,7 +48,7 @@ class RemotePlatform:
         after its loop died was not listened to in between)."""
         await self._send(pm.RequestKind.RESEND, "", f"resend:{self.epoch}:{next(self._ops)}")
 
-    # -- aegis ctl drain / undrain (control.NodeDrainer) ------------------------------------------
+    # -- aegis ctl drain / undrain (node_drains.NodeDrainer) -----------------------------------
 
     async def drain_node(self, node: str, reason: str) -> None:
         key = f"drain:{node}:{self.epoch}:{next(self._ops)}"  # each operator request runs once

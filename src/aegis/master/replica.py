@@ -46,6 +46,7 @@ from aegis.master import (
     job_log,
     job_record,
     metrics,
+    node_drains,
     platform_events,
     records,
     service,
@@ -264,7 +265,7 @@ class Replica:
             del self.runners[key]
             await self._unsubscribe(runner, key)
             raise
-        pods = control.pods_to_drain(runner, drained)
+        pods = node_drains.pods_on(runner.status, drained)
         if pods:  # placed on a drained node before this leader knew the job
             why = "; ".join(f"{node}: {reason}" for node, reason in sorted(drained.items()))
             runner.drain(pods, f"on a drained node ({why})", self.settings.job.drain_deadline_s)

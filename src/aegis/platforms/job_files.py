@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from aegis.core.model import JobSpec, JobStatus
-from aegis.master import control
+from aegis.master import control, node_drains
 from aegis.master.job_runner import JobRunner
 from aegis.wire import status_json
 
@@ -20,7 +20,7 @@ def write_status_file(path: Path, spec: JobSpec, status: JobStatus) -> None:
 
 
 async def serve_control(
-    runner: JobRunner, platform: control.NodeBlacklist, log_dir: Path
+    runner: JobRunner, platform: node_drains.NodeBlacklist, log_dir: Path
 ) -> Path | None:
     """Answer ``aegis ctl`` for the one job of ``runner`` on its bus (stop, taint, hang, drain
     and undrain, what ``platform`` can do of them) and write the control file in ``log_dir``;

@@ -164,7 +164,7 @@ class LocalPlatform(ProcessPods):
             "--pod", state.name, "--node", state.node,
             "--token-file", str(token_file),
             "--grace-s", str(s.grace_s), *hang_policy.flag(s.hang_timeout_s),
-            "--heartbeat-s", str(s.heartbeat_s),
+            "--heartbeat-s", str(s.heartbeat_s), "--health-s", str(s.health_s),
             *(["--rejoin"] if state.incarnation > 1 else []),
             "--", *s.command,
         ]  # fmt: skip

@@ -27,7 +27,7 @@ from aegis.adapters.ports import Bus, Subscription
 from aegis.core import events as ev
 from aegis.core.phases import Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import control
+from aegis.master import node_drains
 from aegis.master.ports import Platform
 from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
@@ -142,13 +142,13 @@ class PlatformServer:
         node, platform = request.node, self.platform
         if request.kind is pm.RequestKind.DRAIN:
             log.warning("node %s drained: %s", node, request.reason)
-            if isinstance(platform, control.NodeBlacklist):
+            if isinstance(platform, node_drains.NodeBlacklist):
                 platform.blacklist[node] = f"drained: {request.reason}"
-            if isinstance(platform, control.NodeDrainer):
+            if isinstance(platform, node_drains.NodeDrainer):
                 await platform.drain_node(node, request.reason)
             return
         log.warning("node %s undrained", node)
-        if isinstance(platform, control.NodeBlacklist):
+        if isinstance(platform, node_drains.NodeBlacklist):
             platform.blacklist.pop(node, None)
-        if isinstance(platform, control.NodeDrainer):
+        if isinstance(platform, node_drains.NodeDrainer):
             await platform.undrain_node(node)

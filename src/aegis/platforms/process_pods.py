@@ -43,6 +43,7 @@ class PodSettings:
     grace_s: float = 5.0
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
+    health_s: float = 30.0  # between the agents' looks at their GPUs (0: none)
     exit_wait_s: float = 30.0
 
 

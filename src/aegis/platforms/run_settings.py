@@ -146,6 +146,7 @@ class RunSettings:
     namespace: str = "default"
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
+    health_s: float = 30.0  # between the agents' looks at their GPUs (0: none; agent.health)
     heartbeat_timeout_s: float = 5.0
     join_timeout_s: float = 60.0  # a pod sent away and not back by then goes elsewhere
     grace_s: float = 5.0
@@ -236,6 +237,7 @@ def local_settings(settings: RunSettings, log_dir: Path) -> LocalSettings:
     return pod_settings(
         LocalSettings, settings, nodes, spares, log_dir,
         heartbeat_s=settings.heartbeat_s,
+        health_s=settings.health_s,
         ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
         prewarm=settings.prewarm,
         slow_from_start=settings.slow_from_start,

@@ -30,6 +30,7 @@ Seconds = Annotated[float, msgspec.Meta(ge=-3e13, le=3e13)]
 SHORT_CHARS = 1000
 Short = Annotated[str, msgspec.Meta(max_length=SHORT_CHARS)]
 PATH_CHARS = 4096  # a directory's path (Linux' PATH_MAX)
+HEALTH_WARNINGS = 32  # the warning signs one health report carries at most
 
 
 class MessageType(enum.StrEnum):
@@ -199,6 +200,17 @@ class CheckpointStoreData(
     down_s: Seconds = 0.0
 
 
+class HealthData(
+    msgspec.Struct, tag="health", tag_field="kind", forbid_unknown_fields=True, frozen=True
+):
+    """Warning signs of the pod's GPUs (``checks.gpu.health_warnings``: ECC errors, pages or
+    rows pending retirement, a failed remapping, critical Xids, a GPU at its slowdown
+    temperature), said at each look while they stand: the master drains the pod's node before
+    the GPU fails. A master that does not know it drops it."""
+
+    warnings: Annotated[list[Short], msgspec.Meta(min_length=1, max_length=HEALTH_WARNINGS)]
+
+
 class CommittedData(
     msgspec.Struct, tag="committed", tag_field="kind", forbid_unknown_fields=True, frozen=True
 ):
@@ -223,6 +235,7 @@ Payload = (
     | ScriptSavedData
     | CheckpointDeclinedData
     | CheckpointStoreData
+    | HealthData
 )
 
 # Which payload kinds each message type may carry.
@@ -238,6 +251,7 @@ PAYLOAD_FOR_TYPE: dict[MessageType, tuple[type[Payload], ...]] = {
         ScriptSavedData,
         CheckpointDeclinedData,
         CheckpointStoreData,
+        HealthData,
     ),
 }
 

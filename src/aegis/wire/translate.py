@@ -46,7 +46,7 @@ def to_event(msg: m.Message, *, job: str, namespace: str) -> ev.Event | None:
             return None
         case m.OrderData() | m.CommittedData():  # the master's word (``inbox`` drops it)
             return None
-        case m.CheckpointStoreData():  # the master's shell logs and counts it
+        case m.CheckpointStoreData() | m.HealthData():  # the master's shell handles them
             return None
 
 

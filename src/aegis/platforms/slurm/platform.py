@@ -55,7 +55,7 @@ class SlurmPlatform(ProcessPods):
         self.blacklist[node] = reason
         await self.drain_node(node, reason)
 
-    # -- aegis ctl drain / undrain (control.NodeDrainer, control.KnownNodes) ---------------------
+    # -- aegis ctl drain / undrain (node_drains.NodeDrainer, control.KnownNodes) -------------
 
     def node_pool(self) -> tuple[str, ...]:
         return (*self.settings.nodes, *self.settings.spares, *self.requested)

@@ -1,0 +1,96 @@
+"""A node's drain as a job sees it: which of its pods leave (pure), the platforms' side of a
+drain (ports), and a drain that a pod's own GPUs ask for (``agent.health``).
+
+``aegis ctl drain`` (``control``) and a health drain move pods the same way: the pods on the
+node leave at the next committed checkpoint (requested now) or at the drain's deadline, no
+fault counted; the node is kept out of the platform's placements, and drained in its
+scheduler where it has one (Slurm). A health drain names the node by the master's own record
+of where the pod runs, never by the pod's word, and is made once per node: the pod's agent says
+its warnings at each look while they stand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from aegis.core.model import JobStatus, PodName
+from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.wire.logsafe import one_line
+
+log = logging.getLogger(__name__)
+
+REASON_CHARS = 300  # what of the warnings a health drain's reason carries
+
+
+@runtime_checkable
+class NodeBlacklist(Protocol):
+    """What ``taint``/``untaint`` and a drain need from a platform (``LocalPlatform`` has it)."""
+
+    blacklist: dict[str, str]
+
+
+@runtime_checkable
+class NodeDrainer(Protocol):
+    """A platform that also drains nodes in its scheduler (Slurm: ``scontrol``)."""
+
+    async def drain_node(self, node: str, reason: str) -> None: ...
+
+    async def undrain_node(self, node: str) -> None: ...
+
+
+def pods_on(status: JobStatus, nodes: Collection[str]) -> tuple[PodName, ...]:
+    """The pods of a running job on these nodes that are not leaving already."""
+    if status.phase in TERMINAL_PHASES:
+        return ()
+    return tuple(
+        PodName(pod)
+        for pod, info in status.pod_infos.items()
+        if info.node in nodes
+        and not info.drain
+        and not (info.inner_phase is Phase.RESTARTING and not info.finished)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HealthDrain:
+    node: str
+    pods: tuple[PodName, ...]
+    reason: str
+
+
+def health_drain(
+    status: JobStatus, pod: PodName, warnings: Sequence[str], kept_out: Collection[str]
+) -> HealthDrain | None:
+    """The drain ``pod``'s GPU warnings ask for: its node (where the master placed it), the
+    job's pods there. None when the pod is unknown, the node is kept out already (drained
+    once) or no pod of the job stays there."""
+    info = status.pod_infos.get(pod)
+    if info is None or not info.node or info.node in kept_out:
+        return None
+    pods = pods_on(status, {info.node})
+    if not pods:
+        return None
+    said = one_line("; ".join(warnings), REASON_CHARS)
+    return HealthDrain(info.node, pods, f"GPU health of {info.node} ({pod}): {said}")
+
+
+DRAINED = "drained: "  # how a drained node's reason starts in a platform's blacklist
+
+
+async def keep_out(platform: object, node: str, reason: str) -> None:
+    """``node`` out of the platform's placements (and drained in its scheduler, if any)."""
+    if isinstance(platform, NodeBlacklist):
+        platform.blacklist[node] = DRAINED + reason
+    if isinstance(platform, NodeDrainer):
+        await platform.drain_node(node, reason)
+
+
+def drained(platform: object) -> frozenset[str]:
+    """The nodes the platform keeps out as drained (not those only tainted: a pod stays on a
+    tainted node, and its GPUs' warnings still move it)."""
+    if not isinstance(platform, NodeBlacklist):
+        return frozenset()
+    return frozenset(n for n, why in platform.blacklist.items() if why.startswith(DRAINED))

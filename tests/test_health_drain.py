@@ -1,0 +1,198 @@
+"""Draining a node before its GPU dies (seed 003): the agent's health watch reads its GPUs
+through the real NVML reader (``RealNvml``, answered by ``fake_pynvml`` from recordings of real
+GPUs) and says the warning signs; the master drains the pod's node (its own record of where the
+pod runs), once, with no fault counted. The end-to-end run is in
+``tests/test_health_drain_e2e.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from aegis.agent import health
+from aegis.checks import gpu
+from aegis.core import events as ev
+from aegis.core.model import PodName
+from aegis.master import node_drains
+from aegis.wire import codec
+from aegis.wire import messages as m
+from tests import fake_pynvml
+from tests.core_helpers import Driver
+from tests.jsonl import json_lines
+from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running, running
+from tests.waits import async_wait_until
+
+DATA = Path(__file__).parent / "data"
+PENDING = ["GPU 0: page retirement pending (1 DBE page(s))", "GPU 1: 87 C at/above slowdown 87 C"]
+
+
+def _nvml(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``import pynvml`` gives the recording's GPUs (as on a node with that driver)."""
+    raw = json.loads((DATA / name).read_text())
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.module(raw["snapshot"]))
+
+
+# -- the master's decision ---------------------------------------------------------------------
+
+
+def test_a_pods_warnings_drain_its_node_as_the_master_placed_it_once() -> None:
+    job = Driver(workers=3)
+    job.to_running()
+    pod = job.pod(1)
+    found = node_drains.health_drain(job.status, pod, PENDING, kept_out=())
+    assert found is not None
+    assert (found.node, found.pods) == ("node-1", (pod,))
+    assert found.reason.startswith("GPU health of node-1 (job-1): GPU 0: page retirement")
+    assert node_drains.health_drain(job.status, pod, PENDING, kept_out={"node-1"}) is None
+    assert node_drains.health_drain(job.status, PodName("job-9"), PENDING, ()) is None
+    job.feed(ev.DrainRequested((pod,), found.reason))  # leaving already: nothing more to move
+    assert node_drains.health_drain(job.status, pod, PENDING, kept_out=()) is None
+    long = node_drains.health_drain(job.status, job.pod(2), ["x\n" * 400], ())
+    assert long is not None and "\n" not in long.reason
+    assert len(long.reason) <= 2 * node_drains.REASON_CHARS + 80  # (escaped: a "\\n" is 2)
+
+
+def test_only_a_drained_node_is_kept_out_a_tainted_one_still_moves() -> None:
+    platform = RecordingPlatform()
+    assert node_drains.drained(platform) == frozenset()  # no blacklist: none kept out
+    listed = _DrainingPlatform()
+    listed.blacklist = {"node-1": "tainted by aegis ctl", "node-2": "drained: kernel"}
+    assert node_drains.drained(listed) == {"node-2"}
+
+
+# -- the wire ----------------------------------------------------------------------------------
+
+
+def _message(data: Any) -> bytes:
+    msg = {"job": "job", "namespace": "ns", "pod": "job-1", "type": "Checkpoint",
+           "phase": "RunCommand", "seq": 3, "ts": 0.0, "data": data}  # fmt: skip
+    return json.dumps(msg).encode()
+
+
+def test_a_health_report_goes_over_the_wire_and_bad_ones_are_refused() -> None:
+    got = codec.decode(_message({"kind": "health", "warnings": PENDING}))
+    assert got.data == m.HealthData(PENDING)
+    for bad in ([], ["w"] * (m.HEALTH_WARNINGS + 1), ["x" * (m.SHORT_CHARS + 1)], [3]):
+        with pytest.raises(codec.WireError):
+            codec.decode(_message({"kind": "health", "warnings": bad}))
+    assert msgspec.json.decode(codec.encode(codec.decode(_message(
+        {"kind": "health", "warnings": PENDING}))))["data"]["kind"] == "health"  # fmt: skip
+
+
+# -- the agent's watch -------------------------------------------------------------------------
+
+
+class _Counting:
+    """The real reader, its looks counted."""
+
+    def __init__(self, reader: gpu.NvmlReader) -> None:
+        self.reader, self.looks = reader, 0
+
+    def read(self) -> gpu.GpuSnapshot | None:
+        self.looks += 1
+        return self.reader.read()
+
+
+async def _watch(reader: gpu.NvmlReader, looks: int) -> list[list[str]]:
+    """What the watch reports in ``looks`` looks (every 10 ms)."""
+    reports: list[list[str]] = []
+    counted = _Counting(reader)
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def report(warnings: list[str]) -> None:
+        reports.append(warnings)
+
+    watching = asyncio.create_task(health.watch(counted, report, 0.01, done))
+    await async_wait_until(lambda: counted.looks >= looks or watching.done(), 60, "the looks")
+    done.set_result(0)
+    await asyncio.wait_for(watching, 30)
+    return reports[: looks if counted.looks >= looks else None]
+
+
+async def test_the_watch_says_a_nodes_warning_signs_at_each_look_while_they_stand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _nvml(monkeypatch, "nvml_v100_retired_pending.json")
+    reports = await _watch(gpu.RealNvml(xid_wait_ms=0), looks=3)
+    assert len(reports) >= 2 and all(r == PENDING for r in reports)  # (the last look may not)
+
+
+async def test_the_watch_says_nothing_of_healthy_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    _nvml(monkeypatch, "nvml_a100_healthy.json")
+    assert await _watch(gpu.RealNvml(xid_wait_ms=0), looks=5) == []
+
+
+class _Broken:
+    def __init__(self, answer: gpu.GpuSnapshot | None = None, error: bool = False) -> None:
+        self.answer, self.error, self.looks = answer, error, 0
+
+    def read(self) -> gpu.GpuSnapshot | None:
+        self.looks += 1
+        if self.error:
+            raise RuntimeError("NVML hung up")
+        return self.answer
+
+
+@pytest.mark.parametrize(("error", "every_s", "looks"), [(False, 1.0, 1), (True, 1.0, 1),
+                                                         (False, 0.0, 0)])  # fmt: skip
+async def test_a_node_without_nvml_a_failing_reader_or_no_watch_end_it_quietly(
+    error: bool, every_s: float, looks: int
+) -> None:
+    """No NVML: looked at once. A reader that raises: the watch stops, the pod goes on."""
+    reader = _Broken(error=error)
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def report(warnings: list[str]) -> None:
+        raise AssertionError(warnings)
+
+    await asyncio.wait_for(health.watch(reader, report, every_s, done), 30)
+    assert reader.looks == looks and not done.done()
+
+
+def test_a_report_carries_at_most_its_bound_of_warnings_each_at_most_a_line() -> None:
+    said = health.said([f"GPU {i}: " + "x" * 2000 for i in range(40)])
+    assert len(said) == m.HEALTH_WARNINGS and all(len(w) == m.SHORT_CHARS for w in said)
+
+
+# -- the master's shell ------------------------------------------------------------------------
+
+
+class _DrainingPlatform(RecordingPlatform):
+    """A platform with a node blacklist that drains nodes in its scheduler (as Slurm's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blacklist: dict[str, str] = {}
+
+    async def drain_node(self, node: str, reason: str) -> None:
+        self.calls.append(("drain_node", node))
+
+    async def undrain_node(self, node: str) -> None:
+        self.calls.append(("undrain_node", node))
+
+
+async def test_the_master_drains_the_node_once_with_no_fault_counted(tmp_path: Path) -> None:
+    from aegis.adapters import memory
+
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), _DrainingPlatform()
+    runner = _runner(tmp_path, bus, store, platform)
+    async with running(Harness(runner, bus, store, platform)) as h:
+        await _to_running(h)
+        for _ in range(3):  # said at each look while the warnings stand
+            await h.send("job-1", m.MessageType.CHECKPOINT, m.HealthData(PENDING))
+            await h.settle()
+        assert runner.status.drain_count == 1 and runner.status.recover_count == 0
+        assert platform.calls.count(("drain_node", "node-1")) == 1
+        assert platform.blacklist["node-1"].startswith("drained: GPU health of node-1 (job-1)")
+        await h.send("job-0", m.MessageType.CHECKPOINT, m.HealthData(["x"]), seq=0)
+        await h.settle()  # job-0's own node: a second drain, of node-0
+        assert platform.calls.count(("drain_node", "node-0")) == 1
+    drains = [e for e in json_lines(tmp_path / "events.jsonl") if e["type"] == "DrainRequested"]
+    assert [d["pods"] for d in drains] == [["job-1"], ["job-0"]]
+    assert "page retirement pending" in drains[0]["reason"]
