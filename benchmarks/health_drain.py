@@ -1,6 +1,7 @@
 """Work lost to a GPU that fails: with the agents' health watch vs without, side by side.
 
 Usage: python benchmarks/health_drain.py [--trials 2] [--steps 500] [--warning-s 10] [--seed 1]
+[--keep]
 
 Each trial runs the same job twice on the emulated cluster (``aegis run --isolate-nodes
 --nodes 2 --spare-nodes 1``; ``tests/bin/plain_ddp.py``, a script that never imports aegis,
@@ -78,7 +79,8 @@ async def one_run(health_s: float, fail_at: int, args: argparse.Namespace) -> Ro
                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     pod_log = log_dir / "pods" / "h-1.log"
     await until(lambda: last_step(pod_log, 1) >= fail_at, 300, f"step {fail_at}")
-    shutil.copy(FAILING, gpus / "node-1.json")  # the warning signs
+    shutil.copy(FAILING, gpus / "node-1.tmp")  # the warning signs (never read half written)
+    (gpus / "node-1.tmp").rename(gpus / "node-1.json")
     await asyncio.sleep(args.warning_s)  # (the benchmark's clock: the GPU fails this much later)
     for pid in in_net_namespace_of(holder_of(log_dir, "node-1")):  # the GPU takes the node
         with contextlib.suppress(ProcessLookupError):
@@ -89,7 +91,10 @@ async def one_run(health_s: float, fail_at: int, args: argparse.Namespace) -> Ro
     if status["phase"] != "Succeed":
         raise SystemExit(f"health_drain benchmark: the job ended {status['phase']} ({tmp})")
     lost = redone(log_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        print(f"  (kept: {tmp})", flush=True)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return lost, int(status["recover_count"]), seconds
 
 
@@ -99,6 +104,7 @@ async def main() -> None:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--warning-s", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     args = p.parse_args()
     rng = random.Random(args.seed)
     points = [rng.randint(60, 120) for _ in range(args.trials)]

@@ -144,7 +144,8 @@ class _Broken:
 async def test_a_node_without_nvml_a_failing_reader_or_no_watch_end_it_quietly(
     error: bool, every_s: float, looks: int
 ) -> None:
-    """No NVML: looked at once. A reader that raises: the watch stops, the pod goes on."""
+    """No NVML: looked at once. A reader that raises at once: the watch stops, the pod goes
+    on."""
     reader = _Broken(error=error)
     done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -153,6 +154,35 @@ async def test_a_node_without_nvml_a_failing_reader_or_no_watch_end_it_quietly(
 
     await asyncio.wait_for(health.watch(reader, report, every_s, done), 30)
     assert reader.looks == looks and not done.done()
+
+
+class _Scripted:
+    """Answers in turn: a snapshot, None (NVML gone), or an exception; then the last again."""
+
+    def __init__(self, answers: list[gpu.GpuSnapshot | Exception | None]) -> None:
+        self.answers, self.looks = answers, 0
+
+    def read(self) -> gpu.GpuSnapshot | None:
+        answer = self.answers[min(self.looks, len(self.answers) - 1)]
+        self.looks += 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def test_once_nvml_answered_a_failed_look_does_not_end_the_watch() -> None:
+    """A look that finds NVML gone (a driver reloading) or a reader error: before, the watch
+    ended for good on it, and the GPU's warnings a look later were never said (the benchmark's
+    run in which the warnings' recording was read half written drained nothing)."""
+    raw = json.loads((DATA / "nvml_v100_retired_pending.json").read_text())
+    pending = msgspec.convert(raw["snapshot"], gpu.GpuSnapshot)
+    healthy = msgspec.convert(
+        json.loads((DATA / "nvml_a100_healthy.json").read_text())["snapshot"], gpu.GpuSnapshot
+    )
+    reader = _Scripted([healthy, None, RuntimeError("NVML hung up"), pending])
+    reports = await _watch(reader, looks=6)
+    assert reports and all(r == PENDING for r in reports)
+    assert reader.looks >= 6
 
 
 def test_a_report_carries_at_most_its_bound_of_warnings_each_at_most_a_line() -> None:

@@ -43,7 +43,8 @@ async def test_a_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
         del proc
         pod_log = log_dir / "pods" / "h-1.log"
         await async_wait_until(lambda: last_step(pod_log, 1) >= 30, 300, "training")
-        shutil.copy(FAILING, gpus / "node-1.json")
+        shutil.copy(FAILING, gpus / "node-1.tmp")
+        (gpus / "node-1.tmp").rename(gpus / "node-1.json")  # (never read half written)
         await async_wait_until(lambda: _drains(log_dir), 120, "node-1 drained")
 
     command = plain_ddp(tmp_path / "ckpt", steps=400)

@@ -6,8 +6,9 @@ warning signs it finds (``checks.gpu.health_warnings``: ECC errors, pages or row
 retirement or remapping, a failed remapping, critical Xids, a GPU at its slowdown temperature)
 to the master at each look while they stand (a report lost in a failover is made again). The
 master drains the node: the job's pods there leave at the next checkpoint, no fault counted,
-and the node is kept out of the job's placements (``master.health_drain``). A node without NVML
-is looked at once, and no more.
+and the node is kept out of the job's placements (``master.node_drains``). A node without NVML
+is looked at once, and no more; on one where NVML answered, a failed look is logged and the
+watch goes on.
 """
 
 from __future__ import annotations
@@ -34,25 +35,28 @@ async def watch(
 ) -> None:
     """Look every ``every_s`` until ``done``; ``report`` the warnings of each look that has
     any. Returns at once when ``every_s`` is 0 (off), and after the first look on a node
-    without NVML."""
+    without NVML. Once NVML has answered, a look that fails (NVML gone, a reader error) is
+    logged and the watch goes on: a driver that answers again is looked at again."""
     if every_s <= 0:
         return
-    loop, logged = asyncio.get_running_loop(), None
+    loop, logged, answered = asyncio.get_running_loop(), None, False
     while not done.done():
         due = loop.time() + every_s
         try:
             snapshot = await asyncio.to_thread(reader.read)
         except Exception as exc:  # the watch never ends the pod
-            log.warning("GPU health watch stopped: reading NVML failed: %r", exc)
+            snapshot, failed = None, f"reading NVML failed: {exc!r}"
+        else:
+            failed = "" if snapshot is not None else "no NVML"
+        if failed and not answered:
+            log.info("GPU health watch: %s on this node, nothing to watch", failed)
             return
-        if snapshot is None:
-            log.info("GPU health watch: no NVML on this node, nothing to watch")
-            return
+        answered = True
         warnings = said(gpu.health_warnings(snapshot))
-        if warnings != logged:
-            log.log(logging.WARNING if warnings else logging.INFO,
-                    "GPU health: %s", "; ".join(warnings) or "no warning sign")  # fmt: skip
-            logged = warnings
+        if (failed or warnings) != logged:
+            log.log(logging.WARNING if failed or warnings else logging.INFO, "GPU health: %s",
+                    failed or "; ".join(warnings) or "no warning sign")  # fmt: skip
+            logged = failed or warnings
         if warnings:
             await report(warnings)
         left = due - loop.time()
