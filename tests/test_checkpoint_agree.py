@@ -28,12 +28,15 @@ import json, sys
 import torch.distributed as dist
 from pathlib import Path
 from aegis.checkpoint import api
+import torch
 rank, store, shm, ckpt, agree = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 settings = api.SaverSettings(shm_dir=Path(shm), ckpt_dir=Path(ckpt), resume_step=3)
-loaded = api.Saver(settings).load_latest(agree=agree == "yes")
+template = {"w": torch.full((1024,), -1.0)}  # the model as built, before a resume
+loaded = api.Saver(settings).load_latest(template, agree=agree == "yes")
 dist.barrier()
 print(json.dumps(None if loaded is None else [loaded[0], float(loaded[1]["w"][0])]))
+print(json.dumps(float(template["w"][0])))
 dist.destroy_process_group()
 """
 
@@ -77,7 +80,11 @@ def _load(tmp_path: Path, dirs: list[tuple[Path, Path]], agree: bool = True) -> 
     outs = [p.communicate(timeout=240) for p in procs]
     for proc, (_, err) in zip(procs, outs, strict=True):
         assert proc.returncode == 0, err
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    loaded = [json.loads(out.strip().splitlines()[-2]) for out, _ in outs]
+    templates = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    for got, weights in zip(loaded, templates, strict=True):  # the template holds what loaded
+        assert weights == (-1.0 if got is None else got[1]), (loaded, templates)
+    return loaded
 
 
 def test_every_rank_loads_the_job_step_when_all_have_it(
@@ -112,6 +119,19 @@ def test_the_ranks_go_back_until_every_one_can_load_the_same_step(
     assert _load(tmp_path, dirs) == [[1, 1.0], [1, 1001.0]]
     _corrupt(dirs[0][1], 1)  # and with nothing in common: a fresh start for both
     assert _load(tmp_path, dirs) == [None, None]
+
+
+def test_a_rank_taken_back_to_a_fresh_start_keeps_its_template_as_built(
+    tmp_path: Path, dirs: list[tuple[Path, Path]]
+) -> None:
+    """Rank 0 has step 3 in shared memory; rank 1 can load nothing (a new node, its copies
+    damaged): both start afresh, and rank 0's model is not left with step 3's weights (the
+    template is written only once the ranks agreed; a reviewer found it written before)."""
+    shm1, ckpt1 = dirs[1]
+    shutil.rmtree(shm1)
+    for step in STEPS:
+        _corrupt(ckpt1, step)
+    assert _load(tmp_path, dirs) == [None, None]  # (and each template still at -1)
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,9 @@ def default_shm_dir(env: dict[str, str]) -> str:
     )
 
 
+Found = tuple[int, "ckpt_store.DiskCopy | None"]  # a step, and its copy read from disk (None: shm)
+
+
 class Saver:
     """One process's view of its pod's checkpoint slots (keeps the shm buffers mapped)."""
 
@@ -228,54 +231,65 @@ class Saver:
     def load_latest(self, template: Any = None, *, agree: bool = True) -> tuple[int, Any] | None:
         """The newest committed state: from shared memory if there is one, else from disk
         (read into the template's tensors where they fit: one copy). Under torch.distributed
-        (more than one rank) the ranks agree on the step (``collective.agree_on_step``): a
-        rank whose copy of the job's step is damaged takes every rank back with it, not only
-        itself. Every rank then calls it, as every rank saves; ``agree=False``: this rank alone."""
-        load = functools.partial(self._load_newest, template)
-        return self._resumed(ckpt_collective.agree_on_step(load) if agree else load(None))
+        (more than one rank) the ranks first agree on the step (``collective.agree_on_step``;
+        under NCCL, after ``torch.cuda.set_device``): a rank whose copy of the job's step is
+        damaged takes every rank back with it, not only itself. Every rank then calls it, as
+        every rank saves; ``agree=False``: this rank alone. The template is written only with
+        the step agreed on."""
+        find = self._find_newest
+        found = ckpt_collective.agree_on_step(find) if agree else find(None)
+        return self._resumed(None if found is None else self._read(found, template))
 
-    def _load_newest(self, template: Any, at_most: int | None) -> tuple[int, Any] | None:
+    def _find_newest(self, at_most: int | None) -> Found | None:
+        """The newest step this rank can load (at most ``at_most``): committed in shared memory
+        (no copy: it is read from there), else the newest whole copy on disk."""
         committed = self._at_most_resume(self.committed_steps(), at_most)
-        if committed:
-            step = committed[-1]
-            shm = self.settings.shm_dir
-            layout = lay.read_layout(shm, step)
-            skeleton = pickle.loads(lay.slot_pkl(shm, step).read_bytes())
-            fd = os.open(lay.buffer_path(shm, layout.buffer), os.O_RDONLY)
+        return (committed[-1], None) if committed else self._find_on_disk(at_most)
+
+    def _find_on_disk(self, at_most: int | None) -> Found | None:
+        """The newest whole copy on disk (read and checked: a damaged one is skipped)."""
+        ckpt = self.settings.ckpt_dir
+        if ckpt is None:
+            return None
+        for step in reversed(self._at_most_resume(lay.disk_steps(ckpt), at_most)):
             try:
-                jobs: list[tuple[int, Any]] = []
-                read = functools.partial(_read_tensor, fd, layout, jobs)
-                state = ckpt_nested.rebuild(skeleton, read, template)
-                ckpt_shm.read_into(fd, jobs)
-            finally:
-                os.close(fd)
-            log.info("checkpoint step %s loaded from shared memory", step)
-            return step, state
-        return self.load_from_disk(template, at_most)
+                return step, ckpt_store.read_committed(ckpt, step)
+            except ckpt_store.CorruptCheckpointError as exc:
+                log.warning("checkpoint step %s skipped: %s", exc.step, exc.reason)
+        return None
+
+    def _read(self, found: Found, template: Any) -> tuple[int, Any]:
+        """The state of the step found, read into the template's tensors where they fit."""
+        import torch
+
+        step, copy = found
+        if copy is not None:
+            data = torch.frombuffer(copy.data, dtype=torch.uint8) if copy.data else torch.empty(0)
+            log.info("checkpoint step %s loaded from %s", step, self.settings.ckpt_dir)
+            return step, _build(copy.layout, copy.skeleton, data, template, torch)
+        shm = self.settings.shm_dir
+        layout = lay.read_layout(shm, step)
+        skeleton = pickle.loads(lay.slot_pkl(shm, step).read_bytes())
+        fd = os.open(lay.buffer_path(shm, layout.buffer), os.O_RDONLY)
+        try:
+            jobs: list[tuple[int, Any]] = []
+            read = functools.partial(_read_tensor, fd, layout, jobs)
+            state = ckpt_nested.rebuild(skeleton, read, template)
+            ckpt_shm.read_into(fd, jobs)
+        finally:
+            os.close(fd)
+        log.info("checkpoint step %s loaded from shared memory", step)
+        return step, state
 
     def _resumed(self, loaded: tuple[int, Any] | None) -> tuple[int, Any] | None:
         if note := lay.resume_note(self.settings.resume_step, loaded and loaded[0]):
             log.warning("%s", note)
         return loaded
 
-    def load_from_disk(
-        self, template: Any = None, at_most: int | None = None
-    ) -> tuple[int, Any] | None:
-        import torch
-
-        ckpt = self.settings.ckpt_dir
-        if ckpt is None:
-            return None
-        for step in reversed(self._at_most_resume(lay.disk_steps(ckpt), at_most)):
-            try:
-                copy = ckpt_store.read_committed(ckpt, step)
-            except ckpt_store.CorruptCheckpointError as exc:
-                log.warning("checkpoint step %s skipped: %s", exc.step, exc.reason)
-                continue
-            data = torch.frombuffer(copy.data, dtype=torch.uint8) if copy.data else torch.empty(0)
-            log.info("checkpoint step %s loaded from %s", step, ckpt)
-            return step, _build(copy.layout, copy.skeleton, data, template, torch)
-        return None
+    def load_from_disk(self, template: Any = None) -> tuple[int, Any] | None:
+        """The newest whole copy on disk (never shared memory), read into the template."""
+        found = self._find_on_disk(None)
+        return None if found is None else self._read(found, template)
 
     def _at_most_resume(self, steps: list[int], at_most: int | None = None) -> list[int]:
         """A rank may have committed a step its peers have not: it resumes with them (and at
