@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 from aegis.agent import health
 from aegis.checks import gpu
 from aegis.core import events as ev
-from aegis.core.model import PodName
+from aegis.core.model import NodeName, PodName
 from aegis.master import node_drains
 from aegis.wire import codec
 from aegis.wire import messages as m
@@ -45,25 +47,28 @@ def test_a_pods_warnings_drain_its_node_as_the_master_placed_it_once() -> None:
     job = Driver(workers=3)
     job.to_running()
     pod = job.pod(1)
-    found = node_drains.health_drain(job.status, pod, PENDING, kept_out=())
+    found = node_drains.health_drain(job.status, pod, m.HealthData(PENDING, "node-1"))
     assert found is not None
     assert (found.node, found.pods) == ("node-1", (pod,))
     assert found.reason.startswith("GPU health of node-1 (job-1): GPU 0: page retirement")
-    assert node_drains.health_drain(job.status, pod, PENDING, kept_out={"node-1"}) is None
-    assert node_drains.health_drain(job.status, PodName("job-9"), PENDING, ()) is None
+    said_nothing = m.HealthData(PENDING)  # an agent not told its node: the master's record
+    assert node_drains.health_drain(job.status, pod, said_nothing) == found
+    stale = m.HealthData(PENDING, "node-0")  # an agent of an earlier placement: refused
+    assert node_drains.health_drain(job.status, pod, stale) is None
+    assert node_drains.health_drain(job.status, PodName("job-9"), said_nothing) is None
     job.feed(ev.DrainRequested((pod,), found.reason))  # leaving already: nothing more to move
-    assert node_drains.health_drain(job.status, pod, PENDING, kept_out=()) is None
-    long = node_drains.health_drain(job.status, job.pod(2), ["x\n" * 400], ())
+    assert node_drains.health_drain(job.status, pod, said_nothing) is None
+    long = node_drains.health_drain(job.status, job.pod(2), m.HealthData(["x\n" * 400]))
     assert long is not None and "\n" not in long.reason
     assert len(long.reason) <= 2 * node_drains.REASON_CHARS + 80  # (escaped: a "\\n" is 2)
 
 
-def test_only_a_drained_node_is_kept_out_a_tainted_one_still_moves() -> None:
-    platform = RecordingPlatform()
-    assert node_drains.drained(platform) == frozenset()  # no blacklist: none kept out
-    listed = _DrainingPlatform()
-    listed.blacklist = {"node-1": "tainted by aegis ctl", "node-2": "drained: kernel"}
-    assert node_drains.drained(listed) == {"node-2"}
+def test_a_node_in_error_nodes_is_not_drained_again() -> None:
+    job = Driver(workers=3)
+    job.to_running()
+    job.feed(ev.NodeDown(NodeName("node-2"), "GPU health of node-2 (job-2): hot"))
+    assert node_drains.health_drain(job.status, job.pod(2), m.HealthData(PENDING)) is None
+    assert node_drains.health_drain(job.status, job.pod(1), m.HealthData(PENDING)) is not None
 
 
 # -- the wire ----------------------------------------------------------------------------------
@@ -185,6 +190,52 @@ async def test_once_nvml_answered_a_failed_look_does_not_end_the_watch() -> None
     assert reader.looks >= 6
 
 
+class _Hanging:
+    """A reader whose look number ``hang_at`` hangs until released (a GPU fallen off the
+    bus); every look says the recording's warnings."""
+
+    def __init__(self, answer: gpu.GpuSnapshot, hang_at: int) -> None:
+        self.answer, self.hang_at, self.looks = answer, hang_at, 0
+        self.release = threading.Event()
+        self.hung: threading.Thread | None = None
+
+    def read(self) -> gpu.GpuSnapshot | None:
+        self.looks += 1
+        if self.looks == self.hang_at:
+            self.hung = threading.current_thread()
+            self.release.wait(60)
+        return self.answer
+
+
+async def test_a_look_that_hangs_is_waited_for_never_doubled_and_never_holds_the_end(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, a look ran in asyncio's executor, whose threads the loop's end waits for with
+    no timeout (Python 3.11): an NVML call that hangs would have held the agent's exit."""
+    monkeypatch.setattr(health, "LOOK_S", 0.05)
+    raw = json.loads((DATA / "nvml_v100_retired_pending.json").read_text())
+    reader = _Hanging(msgspec.convert(raw["snapshot"], gpu.GpuSnapshot), hang_at=2)
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    reports: list[list[str]] = []
+
+    async def report(warnings: list[str]) -> None:
+        reports.append(warnings)
+
+    with caplog.at_level(logging.INFO, logger="aegis.agent.health"):
+        watching = asyncio.create_task(health.watch(reader, report, 0.01, done))
+        await async_wait_until(lambda: "has not answered" in caplog.text or watching.done(), 60,
+                               "the hung look logged")  # fmt: skip
+        assert not watching.done() and reader.looks == 2  # waited for, not doubled
+        look = reader.hung
+        assert look is not None and look.daemon  # (the loop's end never waits for it)
+        done.set_result(0)
+        await asyncio.wait_for(watching, 30)  # ends while the look still hangs
+        assert look.is_alive() and reader.looks == 2
+        reader.release.set()
+        look.join(30)
+    assert reports == [PENDING] and "GPU health: GPU 0: page retirement" in caplog.text
+
+
 def test_a_report_carries_at_most_its_bound_of_warnings_each_at_most_a_line() -> None:
     said = health.said([f"GPU {i}: " + "x" * 2000 for i in range(40)])
     assert len(said) == m.HEALTH_WARNINGS and all(len(w) == m.SHORT_CHARS for w in said)
@@ -193,36 +244,27 @@ def test_a_report_carries_at_most_its_bound_of_warnings_each_at_most_a_line() ->
 # -- the master's shell ------------------------------------------------------------------------
 
 
-class _DrainingPlatform(RecordingPlatform):
-    """A platform with a node blacklist that drains nodes in its scheduler (as Slurm's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blacklist: dict[str, str] = {}
-
-    async def drain_node(self, node: str, reason: str) -> None:
-        self.calls.append(("drain_node", node))
-
-    async def undrain_node(self, node: str) -> None:
-        self.calls.append(("undrain_node", node))
-
-
 async def test_the_master_drains_the_node_once_with_no_fault_counted(tmp_path: Path) -> None:
+    """The node joins the job's ErrorNodes (the platform blacklists it: Slurm drains it too)
+    and its pods are drained; the reports that go on while the pod moves change nothing."""
     from aegis.adapters import memory
 
-    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), _DrainingPlatform()
+    bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
     runner = _runner(tmp_path, bus, store, platform)
     async with running(Harness(runner, bus, store, platform)) as h:
         await _to_running(h)
         for _ in range(3):  # said at each look while the warnings stand
-            await h.send("job-1", m.MessageType.CHECKPOINT, m.HealthData(PENDING))
+            await h.send("job-1", m.MessageType.CHECKPOINT, m.HealthData(PENDING, "node-1"))
             await h.settle()
         assert runner.status.drain_count == 1 and runner.status.recover_count == 0
-        assert platform.calls.count(("drain_node", "node-1")) == 1
-        assert platform.blacklist["node-1"].startswith("drained: GPU health of node-1 (job-1)")
-        await h.send("job-0", m.MessageType.CHECKPOINT, m.HealthData(["x"]), seq=0)
-        await h.settle()  # job-0's own node: a second drain, of node-0
-        assert platform.calls.count(("drain_node", "node-0")) == 1
-    drains = [e for e in json_lines(tmp_path / "events.jsonl") if e["type"] == "DrainRequested"]
-    assert [d["pods"] for d in drains] == [["job-1"], ["job-0"]]
-    assert "page retirement pending" in drains[0]["reason"]
+        assert [e.node for e in runner.status.error_nodes] == ["node-1"]
+        assert platform.calls.count(("blacklist", "node-1")) == 1
+        stale = m.HealthData(["x"], "node-1")  # job-0 runs on node-0: not its node
+        await h.send("job-0", m.MessageType.CHECKPOINT, stale)
+        await h.settle()
+        assert runner.status.drain_count == 1 and len(runner.status.error_nodes) == 1
+    events = json_lines(tmp_path / "events.jsonl")
+    downs = [e for e in events if e["type"] == "NodeDown"]
+    drains = [e for e in events if e["type"] == "DrainRequested"]
+    assert [d["node"] for d in downs] == ["node-1"] and [d["pods"] for d in drains] == [["job-1"]]
+    assert "page retirement pending" in drains[0]["reason"] == downs[0]["reason"]

@@ -69,3 +69,6 @@ async def test_a_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
     assert "GPU health: GPU 0: page retirement pending" in agent_log
     events = json_lines(run.log_dir / "events.jsonl")
     assert not [e for e in events if e["type"] in ("PodErrored", "HangReported", "HeartbeatLost")]
+    [down] = [e for e in events if e["type"] == "NodeDown"]  # the job's ErrorNodes: kept out
+    assert (down["node"], down["reason"]) == ("node-1", reason)
+    assert [e["node"] for e in status["error_nodes"]] == ["node-1"]

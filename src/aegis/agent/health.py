@@ -1,12 +1,12 @@
 """The GPU health watch (seed 003: drain a node before its GPU dies).
 
 While the pod runs, the agent reads its GPUs every ``health_s`` through the gpu check's NVML
-port (:class:`aegis.checks.gpu.NvmlReader`, read in a thread: NVML calls block) and says the
+port (:class:`aegis.checks.gpu.NvmlReader`, in a daemon thread: NVML calls block) and says the
 warning signs it finds (``checks.gpu.health_warnings``: ECC errors, pages or rows pending
 retirement or remapping, a failed remapping, critical Xids, a GPU at its slowdown temperature)
 to the master at each look while they stand (a report lost in a failover is made again). The
 master drains the node: the job's pods there leave at the next checkpoint, no fault counted,
-and the node is kept out of the job's placements (``master.node_drains``). A node without NVML
+and the node joins the job's ErrorNodes (``master.node_drains``). A node without NVML
 is looked at once, and no more; on one where NVML answered, a failed look is logged and the
 watch goes on.
 """
@@ -14,8 +14,12 @@ watch goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aegis.checks import gpu
 from aegis.wire import messages as m
@@ -30,24 +34,30 @@ def said(warnings: list[str]) -> list[str]:
     return [w[: m.SHORT_CHARS] for w in warnings[: m.HEALTH_WARNINGS]]
 
 
+LOOK_S = 30.0  # a look at NVML not answered by then is logged as hung (none other meanwhile)
+
+
 async def watch(
     reader: gpu.NvmlReader, report: Report, every_s: float, done: asyncio.Future[int]
 ) -> None:
     """Look every ``every_s`` until ``done``; ``report`` the warnings of each look that has
     any. Returns at once when ``every_s`` is 0 (off), and after the first look on a node
-    without NVML. Once NVML has answered, a look that fails (NVML gone, a reader error) is
-    logged and the watch goes on: a driver that answers again is looked at again."""
+    without NVML. Once NVML has answered, a look that fails (NVML gone, a reader error, a call
+    that hangs) is logged and the watch goes on: a driver that answers again is looked at
+    again. Each look runs in a daemon thread: a hung NVML call never holds the agent's exit."""
     if every_s <= 0:
         return
     loop, logged, answered = asyncio.get_running_loop(), None, False
+    look: asyncio.Future[gpu.GpuSnapshot | None] | None = None
     while not done.done():
         due = loop.time() + every_s
-        try:
-            snapshot = await asyncio.to_thread(reader.read)
-        except Exception as exc:  # the watch never ends the pod
-            snapshot, failed = None, f"reading NVML failed: {exc!r}"
-        else:
-            failed = "" if snapshot is not None else "no NVML"
+        if look is None or look.done():  # (one that hangs is waited for, never doubled)
+            look = _in_daemon_thread(reader.read)
+        waiting: set[asyncio.Future[Any]] = {look, done}
+        await asyncio.wait(waiting, timeout=max(every_s, LOOK_S), return_when=FIRST_COMPLETED)
+        if done.done():
+            return
+        snapshot, failed = _outcome(look)
         if failed and not answered:
             log.info("GPU health watch: %s on this node, nothing to watch", failed)
             return
@@ -59,6 +69,43 @@ async def watch(
             logged = failed or warnings
         if warnings:
             await report(warnings)
-        left = due - loop.time()
-        if left > 0:
+        if (left := due - loop.time()) > 0:
             await asyncio.wait({done}, timeout=left)
+
+
+def _outcome(look: asyncio.Future[gpu.GpuSnapshot | None]) -> tuple[gpu.GpuSnapshot | None, str]:
+    """A look's snapshot, or what went wrong with it ("": nothing)."""
+    if not look.done():
+        return None, f"a look at NVML has not answered in {LOOK_S:g} s"
+    if (error := look.exception()) is not None:
+        return None, f"reading NVML failed: {error!r}"
+    snapshot = look.result()
+    return snapshot, "" if snapshot is not None else "no NVML"
+
+
+def _in_daemon_thread(
+    read: Callable[[], gpu.GpuSnapshot | None],
+) -> asyncio.Future[gpu.GpuSnapshot | None]:
+    """``read()`` in a daemon thread (``asyncio.to_thread``'s executor threads are waited for
+    at the loop's end, with no timeout on Python 3.11: a hung call would hold the agent)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[gpu.GpuSnapshot | None] = loop.create_future()
+
+    def settle(outcome: gpu.GpuSnapshot | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome, error = read(), None
+        except Exception as exc:  # told to the watch, which logs it
+            outcome, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, outcome, error)
+
+    threading.Thread(target=run, name="gpu-health-look", daemon=True).start()
+    return future

@@ -147,7 +147,7 @@ class MasterLink:
 
     async def unhealthy(self, warnings: list[str]) -> None:
         """The node's GPUs show warning signs (``agent.health``): the master drains it."""
-        await self.send(m.MessageType.CHECKPOINT, m.HealthData(warnings))
+        await self.send(m.MessageType.CHECKPOINT, m.HealthData(warnings, self.settings.node))
 
     async def heartbeat(self, progress: ports.Progress) -> None:
         """One heartbeat with this look at the training. A hang reported in this round that is

@@ -89,8 +89,10 @@ class JoinTimedOut:
 
 @dataclass(frozen=True, slots=True)
 class NodeDown:
-    """The platform found ``node`` itself gone (its host, not one of its pods): it joins
-    ErrorNodes and takes no pod again. Nothing is counted: the loss of its pod was."""
+    """The platform found ``node`` itself gone (its host, not one of its pods), or a pod's
+    agent found its GPUs about to fail (a health drain, ``master.node_drains``): it joins
+    ErrorNodes and takes no pod again. Nothing is counted: the loss of its pod was, and a
+    health drain's pods leave at a checkpoint."""
 
     node: NodeName
     reason: str = "node down"

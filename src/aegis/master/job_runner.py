@@ -142,8 +142,8 @@ class JobRunner:
                 saved = self.safe.script_saved(self.status, pod, msg.seq, step, now)
                 if saved is not None:
                     self.platform_event(ev.CheckpointCommitted(saved))
-            case m.HealthData(warnings=warnings):  # its GPUs fail soon: the node is drained
-                await self._unhealthy(pod, warnings)
+            case m.HealthData() as data:  # its GPUs fail soon: the node leaves, drained
+                self._unhealthy(pod, data)
             case m.CheckpointStoreData() as data:  # logged, for aegis incidents and observers
                 self.events.write(msgspec.structs.replace(msg, ts=self.clock()))
                 self.progress.store_report(pod, data)
@@ -190,12 +190,10 @@ class JobRunner:
         self.safe.drain(pods, deadline_s, self.clocks.mono())
         self.platform_event(ev.DrainRequested(pods, reason))
 
-    async def _unhealthy(self, pod: PodName, warnings: list[str]) -> None:
-        found = node_drains.health_drain(self.status, pod, warnings,
-                                         node_drains.drained(self.platform))  # fmt: skip
-        if found is not None:  # (once: the node is then kept out as drained)
+    def _unhealthy(self, pod: PodName, data: m.HealthData) -> None:
+        if (found := node_drains.health_drain(self.status, pod, data)) is not None:
             log.warning("job %s: %s: the pods there leave", self.spec.job, found.reason)
-            await node_drains.keep_out(self.platform, found.node, found.reason)
+            self.platform_event(ev.NodeDown(found.node, found.reason))  # kept out, no count
             self.drain(found.pods, found.reason, self.settings.drain_deadline_s)
 
     def platform_event(self, event: ev.Event) -> None:

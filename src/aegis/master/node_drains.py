@@ -3,21 +3,26 @@ drain (ports), and a drain that a pod's own GPUs ask for (``agent.health``).
 
 ``aegis ctl drain`` (``control``) and a health drain move pods the same way: the pods on the
 node leave at the next committed checkpoint (requested now) or at the drain's deadline, no
-fault counted; the node is kept out of the platform's placements, and drained in its
-scheduler where it has one (Slurm). A health drain names the node by the master's own record
-of where the pod runs, never by the pod's word, and is made once per node: the pod's agent says
-its warnings at each look while they stand.
+fault counted. ``aegis ctl drain`` keeps the node out of the platforms' placements (drained in
+the scheduler where there is one: Slurm) until ``undrain``. A health drain puts the node in the
+job's ErrorNodes (``NodeDown``: kept in the job's record, so a new leader and every platform
+know it; Slurm drains it too, as it does every node found bad). It names the node by the
+master's own record of where the pod runs, never by the pod's word (a report naming another
+node is refused), and is made once per node: the pod's agent says its warnings at each look
+while they stand.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from aegis.core.model import JobStatus, PodName
+from aegis.core.model import JobStatus, NodeName, PodName
 from aegis.core.phases import TERMINAL_PHASES, Phase
+from aegis.core.rounds import is_error_node
+from aegis.wire import messages as m
 from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
@@ -56,24 +61,25 @@ def pods_on(status: JobStatus, nodes: Collection[str]) -> tuple[PodName, ...]:
 
 @dataclass(frozen=True, slots=True)
 class HealthDrain:
-    node: str
+    node: NodeName
     pods: tuple[PodName, ...]
     reason: str
 
 
-def health_drain(
-    status: JobStatus, pod: PodName, warnings: Sequence[str], kept_out: Collection[str]
-) -> HealthDrain | None:
-    """The drain ``pod``'s GPU warnings ask for: its node (where the master placed it), the
-    job's pods there. None when the pod is unknown, the node is kept out already (drained
-    once) or no pod of the job stays there."""
+def health_drain(status: JobStatus, pod: PodName, report: m.HealthData) -> HealthDrain | None:
+    """The drain ``pod``'s GPU warnings ask for: its node as the master placed it, the job's
+    pods there. None when the job ended, the pod is unknown, the report names another node
+    (an agent of an earlier placement), the node is in ErrorNodes already (drained once, or
+    found bad) or no pod of the job stays there."""
     info = status.pod_infos.get(pod)
-    if info is None or not info.node or info.node in kept_out:
+    if status.phase in TERMINAL_PHASES or info is None or not info.node:
+        return None
+    if (report.node and report.node != info.node) or is_error_node(status.error_nodes, info.node):
         return None
     pods = pods_on(status, {info.node})
     if not pods:
         return None
-    said = one_line("; ".join(warnings), REASON_CHARS)
+    said = one_line("; ".join(report.warnings), REASON_CHARS)
     return HealthDrain(info.node, pods, f"GPU health of {info.node} ({pod}): {said}")
 
 
@@ -86,11 +92,3 @@ async def keep_out(platform: object, node: str, reason: str) -> None:
         platform.blacklist[node] = DRAINED + reason
     if isinstance(platform, NodeDrainer):
         await platform.drain_node(node, reason)
-
-
-def drained(platform: object) -> frozenset[str]:
-    """The nodes the platform keeps out as drained (not those only tainted: a pod stays on a
-    tainted node, and its GPUs' warnings still move it)."""
-    if not isinstance(platform, NodeBlacklist):
-        return frozenset()
-    return frozenset(n for n, why in platform.blacklist.items() if why.startswith(DRAINED))

@@ -206,9 +206,11 @@ class HealthData(
     """Warning signs of the pod's GPUs (``checks.gpu.health_warnings``: ECC errors, pages or
     rows pending retirement, a failed remapping, critical Xids, a GPU at its slowdown
     temperature), said at each look while they stand: the master drains the pod's node before
-    the GPU fails. A master that does not know it drops it."""
+    the GPU fails (the node of its own record: one that differs from ``node`` is a stale
+    agent's, and refused). A master that does not know it drops it."""
 
     warnings: Annotated[list[Short], msgspec.Meta(min_length=1, max_length=HEALTH_WARNINGS)]
+    node: Short = ""  # the node the agent was placed on ("": not told): another is refused
 
 
 class CommittedData(
