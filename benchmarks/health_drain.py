@@ -62,6 +62,13 @@ def redone(log_dir: Path) -> int:
     return max((sum(c.values()) - len(c) for c in counts.values()), default=0)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return f"{pid} (gone)"
+
+
 Row = tuple[int, int, float]  # steps redone, faults counted, seconds of the run
 
 
@@ -81,8 +88,13 @@ async def one_run(health_s: float, fail_at: int, args: argparse.Namespace) -> Ro
     await until(lambda: last_step(pod_log, 1) >= fail_at, 300, f"step {fail_at}")
     shutil.copy(FAILING, gpus / "node-1.tmp")  # the warning signs (never read half written)
     (gpus / "node-1.tmp").rename(gpus / "node-1.json")
+    warned = time.time()
     await asyncio.sleep(args.warning_s)  # (the benchmark's clock: the GPU fails this much later)
-    for pid in in_net_namespace_of(holder_of(log_dir, "node-1")):  # the GPU takes the node
+    victims = in_net_namespace_of(holder_of(log_dir, "node-1"))  # the GPU takes the node
+    if args.keep:
+        said = [_cmdline(pid) for pid in victims]
+        (tmp / "killed.txt").write_text("\n".join(said) + "\n")
+    for pid in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     await asyncio.wait_for(proc.wait(), 600)
@@ -92,7 +104,8 @@ async def one_run(health_s: float, fail_at: int, args: argparse.Namespace) -> Ro
         raise SystemExit(f"health_drain benchmark: the job ended {status['phase']} ({tmp})")
     lost = redone(log_dir)
     if args.keep:
-        print(f"  (kept: {tmp})", flush=True)
+        print(f"  (kept: {tmp}; warnings at {warned:.2f}, the node killed {args.warning_s:g} s "
+              "later)", flush=True)  # fmt: skip
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     return lost, int(status["recover_count"]), seconds

@@ -41,6 +41,7 @@ INSIDE = "starting"  # the value run_outside sets; the run inside replaces it wi
 BRIDGE = "aegis0"
 SUBNET = "198.18.0"  # RFC 2544's benchmarking range: our own test hosts
 BRIDGE_ADDR = f"{SUBNET}.1"
+BRIDGE_MAC = "02:ae:61:50:00:01"  # locally administered, fixed (see ``start``)
 FIRST_NODE = 10
 MASTER_NAME = "aegis-master"
 # Rounds meet on rank 0's node, on a port of the range every node owns (its own namespace).
@@ -102,6 +103,10 @@ class EmulatedCluster:
         self.hosts_file.write_text(hosts_text(self.table))
         await _ip("link", "set", "lo", "up")
         await _ip("link", "add", BRIDGE, "type", "bridge")
+        # its own MAC: a bridge left to take its ports' lowest one changed it when a node's
+        # namespace went (a node lost), and every other node's ARP entry for the master and
+        # NATS went stale for seconds: their pods' heartbeats were lost with it
+        await _ip("link", "set", BRIDGE, "address", BRIDGE_MAC)
         await _ip("addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
         await _ip("link", "set", BRIDGE, "up")
 
