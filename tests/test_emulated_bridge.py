@@ -22,9 +22,10 @@ from tests.cluster import require_namespaces
 pytestmark = pytest.mark.timeout(120)
 
 PROBE = """
-import asyncio, re, subprocess, sys, time
+import asyncio, re, subprocess, sys
 from pathlib import Path
 from aegis.platforms import emulated
+from tests.waits import async_wait_until
 
 def mac(link):
     out = subprocess.run(["ip", "-o", "link", "show", link], capture_output=True, text=True)
@@ -42,9 +43,8 @@ async def main():
     for _, i in ports:  # the lowest port MAC first: the one a bridge would have taken
         cluster.nodes[nodes[i]].holder.kill()
         await cluster.nodes[nodes[i]].holder.wait()
-        deadline = time.monotonic() + 30
-        while mac(f"aegis-n{i}") is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # the namespace goes with its last process
+        gone = lambda: mac(f"aegis-n{i}") is None  # the namespace goes with its last process
+        await async_wait_until(gone, 30, "the node's namespace gone")
         seen.append(mac(emulated.BRIDGE))
     await cluster.close()
     print(" ".join(str(m) for m in seen))
