@@ -30,7 +30,8 @@ Report = Callable[[list[str]], Awaitable[None]]
 
 
 def said(warnings: list[str]) -> list[str]:
-    """The warnings one report carries (the first ``HEALTH_WARNINGS``, each cut to a line)."""
+    """The warnings one report carries: the first ``HEALTH_WARNINGS``, each cut to
+    ``SHORT_CHARS`` characters (what the wire takes)."""
     return [w[: m.SHORT_CHARS] for w in warnings[: m.HEALTH_WARNINGS]]
 
 
