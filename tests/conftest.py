@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server per test (free ports, operator-mode auth, JetStream)."""
+"""Shared fixtures: a real nats-server per test (free ports, operator-mode auth, JetStream), and
+``harness``: the master's job runner under test (``tests.runner_harness``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, settings
 
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
+from tests.runner_harness import harness  # noqa: F401 (a fixture, for every test module)
 
 # Hypothesis' defaults depend on the machine's speed (a 200 ms deadline per example, a health
 # check that fails when generating data is slow): on a loaded 2-core machine they fail by

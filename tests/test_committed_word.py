@@ -14,13 +14,13 @@ from aegis.master import job_record
 from aegis.master.job_settings import status_key
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.test_job_runner import (
+from tests.runner_harness import (
     Harness,
     RecordingPlatform,
-    _runner,
-    _to_running,
     healthy,
+    make_runner,
     running,
+    to_running,
 )
 from tests.waits import async_wait_until
 
@@ -31,7 +31,7 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     heartbeats), however loaded the machine. Each word's publish records the committed step
     the stored record held at that moment (``said_after``)."""
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=600)
+    runner = make_runner(tmp_path, bus, store, platform, heartbeat_timeout_s=600)
     harness = Harness(runner, bus, store, platform)
     publish, stored = bus.publish, []
 
@@ -53,7 +53,7 @@ def words(h: Harness) -> list[int]:
 
 
 async def test_each_new_committed_step_is_told_once_after_the_record_holds_it(h: Harness) -> None:
-    await _to_running(h)
+    await to_running(h)
     await h.send("job-0", m.MessageType.CHECKPOINT, m.CheckpointData(5))
     await h.settle()
     assert words(h) == []  # one pod only: not the job's
@@ -76,7 +76,7 @@ async def test_a_training_round_says_the_committed_step_again_before_its_order(
 ) -> None:
     """A pod that joined since the word was said (a replacement, a restarted agent) hears it
     before the order that starts its training."""
-    await _to_running(h)  # the first round: nothing committed, nothing said
+    await to_running(h)  # the first round: nothing committed, nothing said
     for pod in ("job-0", "job-1"):
         await h.send(pod, m.MessageType.CHECKPOINT, m.CheckpointData(8))
     await async_wait_until(lambda: words(h) == [8], what="step 8 told")

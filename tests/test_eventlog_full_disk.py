@@ -15,7 +15,7 @@ import pytest
 from aegis.adapters import memory
 from aegis.core import events as ev
 from aegis.core.phases import Phase
-from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running
+from tests.runner_harness import Harness, RecordingPlatform, make_runner, to_running
 
 pytestmark = pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 
@@ -61,13 +61,13 @@ def test_a_line_the_disk_cannot_take_is_counted_and_the_file_keeps_whole_lines(
 async def test_a_job_goes_on_when_its_event_log_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=30.0)
+    runner = make_runner(tmp_path, bus, store, platform, heartbeat_timeout_s=30.0)
     h = Harness(runner, bus, store, platform)
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
     h.task = h.runner.task = asyncio.create_task(runner.run())
     try:
-        await _to_running(h)  # every event of the way was fed to the core, none logged
+        await to_running(h)  # every event of the way was fed to the core, none logged
         assert runner.status.phase is Phase.RUN_COMMAND
         assert runner.events.lost >= 4 and not h.task.done()
         runner.platform_event(ev.QuitRequested("the operator says stop"))

@@ -27,7 +27,7 @@ from aegis.tools import incidents, replay
 from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
 from aegis.wire.translate import TEXT_CHARS
-from tests.test_job_runner import healthy
+from tests.runner_harness import healthy
 from tests.test_suspects import ASLEEP, WAITING
 from tests.waits import async_wait_until
 

@@ -27,7 +27,7 @@ from aegis.wire import messages as m
 from tests import fake_pynvml
 from tests.core_helpers import Driver
 from tests.jsonl import json_lines
-from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running, running
+from tests.runner_harness import Harness, RecordingPlatform, make_runner, running, to_running
 from tests.waits import async_wait_until
 
 DATA = Path(__file__).parent / "data"
@@ -250,9 +250,9 @@ async def test_the_master_drains_the_node_once_with_no_fault_counted(tmp_path: P
     from aegis.adapters import memory
 
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform)
+    runner = make_runner(tmp_path, bus, store, platform)
     async with running(Harness(runner, bus, store, platform)) as h:
-        await _to_running(h)
+        await to_running(h)
         for _ in range(3):  # said at each look while the warnings stand
             await h.send("job-1", m.MessageType.CHECKPOINT, m.HealthData(PENDING, "node-1"))
             await h.settle()

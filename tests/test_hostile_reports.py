@@ -22,7 +22,7 @@ from aegis.master.job_runner import status_key
 from aegis.master.safe_points import DECLINE_CHARS
 from aegis.wire import codec
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, RecordingPlatform, _runner, _to_running
+from tests.runner_harness import Harness, RecordingPlatform, make_runner, to_running
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timing
@@ -35,12 +35,12 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     """A two-pod job in RunCommand on the in-memory bus; no pod is judged silent during a
     test on a loaded machine (heartbeat timeout 60 s)."""
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=60.0)
+    runner = make_runner(tmp_path, bus, store, platform, heartbeat_timeout_s=60.0)
     h = Harness(runner, bus, store, platform)
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
     h.task = asyncio.create_task(runner.run())
-    await _to_running(h)
+    await to_running(h)
     yield h
     runner.close()
     await asyncio.wait_for(h.task, 10)

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,159 +17,27 @@ from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
 from aegis.core.endings import Ending
-from aegis.core.model import JobSpec, NodeName, PodName, initial_status
+from aegis.core.model import NodeName, PodName
 from aegis.core.phases import Order, Phase
-from aegis.core.recovery import CheckType, RecoveryLevel
-from aegis.master import faultlog, inbox, metrics
-from aegis.master.job_runner import JobRunner, JobSettings, status_key
+from aegis.master import faultlog, metrics
+from aegis.master.job_runner import status_key
 from aegis.wire import codec, job_summary
 from aegis.wire import messages as m
+from tests.runner_harness import (
+    Harness,
+    RecordingPlatform,
+    healthy,
+    make_runner,
+    to_running,
+)
 from tests.scrape import parse, value
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timing
 
 
-class RecordingPlatform:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-
-    async def replace_pod(self, job: str, pod: str, reason: str) -> None:
-        self.calls.append(("replace", pod))
-
-    async def evict_pod(self, job: str, pod: str, level: RecoveryLevel, reason: str) -> None:
-        self.calls.append(("evict", pod, str(int(level))))
-
-    async def blacklist_node(self, job: str, node: str, reason: str) -> None:
-        self.calls.append(("blacklist", node))
-
-    async def end_job(self, job: str, phase: Phase) -> None:
-        self.calls.append(("end", phase.value))
-
-
-class Harness:
-    def __init__(
-        self,
-        runner: JobRunner,
-        bus: memory.MemoryBus,
-        store: memory.MemoryStore,
-        platform: RecordingPlatform,
-    ) -> None:
-        self.runner, self.bus, self.store, self.platform = runner, bus, store, platform
-        self.orders: list[m.Message] = []
-        self.store_revision_at_order: list[int] = []
-        self.task: asyncio.Task[None] | None = None  # the job's loop
-
-    async def on_order(self, subject: str, payload: bytes) -> None:
-        self.orders.append(codec.decode(payload))
-        current = await self.store.get(status_key(self.runner.spec))
-        assert current is not None
-        self.store_revision_at_order.append(current[1])
-
-    async def send(
-        self,
-        pod: str,
-        kind: m.MessageType,
-        data: m.Payload,
-        *,
-        seq: int | None = None,
-        phase: Phase | None = None,
-        msg_id: str = "",
-    ) -> None:
-        s = self.runner.status
-        msg = m.Message(
-            job="job",
-            namespace="ns",
-            pod=pod,
-            type=kind,
-            phase=phase or s.phase,
-            seq=s.seq if seq is None else seq,
-            ts=0.0,
-            data=data,
-            id=msg_id,
-        )
-        await self.bus.publish(worker_subject(self.runner.prefix, pod), codec.encode(msg))
-        await self.bus.flush()
-
-    async def settle(self) -> None:
-        await self.bus.flush()
-        await async_wait_until(self.runner.queue.empty, what="queue drained")
-        await self.bus.flush()
-
-
-def healthy() -> m.ChecksData:
-    result = m.CheckResult(CheckType.RUNTIME, True, "ok", 0.1, 0.0)
-    return m.ChecksData(m.CheckResponse([result]))
-
-
-def _runner(
-    tmp_path: Path, bus: Any, store: Any, platform: RecordingPlatform, **settings: float
-) -> JobRunner:
-    """A runner of a two-pod job (one retry) on nodes node-0 and node-1."""
-    spec = JobSpec("job", "ns", 2, 1)
-    return JobRunner(
-        spec,
-        initial_status(spec, [NodeName("node-0"), NodeName("node-1")]),
-        bus=bus,
-        store=store,
-        platform=platform,
-        settings=JobSettings(order_resend_s=60, **settings),
-        log_dir=tmp_path,
-    )
-
-
-@pytest.fixture
-async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    """The runner on the in-memory bus, or (``indirect`` param "nats") on a real nats-server."""
-    server = None
-    if getattr(request, "param", "memory") == "nats":
-        server = EmbeddedNats(None)
-        await asyncio.to_thread(server.start)
-        bus: Any = await NatsBus.connect(server.url)
-    else:
-        bus = memory.MemoryBus()
-    store, platform = memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5)
-    async with running(Harness(runner, bus, store, platform)) as h:
-        yield h
-    if server is not None:
-        await bus.close()
-        await asyncio.to_thread(server.stop)
-
-
-@contextlib.asynccontextmanager
-async def running(h: Harness) -> AsyncIterator[Harness]:
-    """``h``'s runner started on node-0 and node-1, its orders recorded; closed at the end."""
-    await h.bus.subscribe(h.runner.master_subject, h.on_order)
-    await h.runner.start(["node-0", "node-1"])
-    h.task = asyncio.create_task(h.runner.run())
-    try:
-        yield h
-    finally:
-        h.runner.close()
-        await asyncio.wait_for(h.task, 5)
-
-
-def _noop(runner: JobRunner) -> inbox.PlatformInput:
-    """A last event for a job's queue (a test's end)."""
-    from aegis.core import events as ev
-    from aegis.wire import eventlog
-
-    return inbox.PlatformInput(ev.QuitRequested("test over"), eventlog.QuitRequestedRecord(ts=0.0))
-
-
-async def _to_running(h: Harness) -> None:
-    for pod in ("job-0", "job-1"):
-        await h.send(pod, m.MessageType.ACK, m.AckData())
-    await h.settle()
-    for pod in ("job-0", "job-1"):
-        await h.send(pod, m.MessageType.FINISH, healthy())
-    await h.settle()
-    assert h.runner.status.phase is Phase.RUN_COMMAND
-
-
 async def test_status_is_written_before_each_order_is_published(harness: Harness) -> None:
-    await _to_running(harness)
+    await to_running(harness)
     await async_wait_until(lambda: len(harness.orders) == 2, what="bootcheck and run orders")
     assert [o.data.order for o in harness.orders] == [Order.BOOTCHECK, Order.RUN]  # type: ignore[union-attr]
     stored = await harness.store.get(status_key(harness.runner.spec))
@@ -184,7 +51,7 @@ async def test_status_is_written_before_each_order_is_published(harness: Harness
 async def test_garbage_on_worker_subject_is_dropped_and_counted(harness: Harness) -> None:
     hub = metrics.MasterMetrics()
     hub.attach(harness.runner)
-    await _to_running(harness)
+    await to_running(harness)
     before = harness.runner.status
     for raw in (
         b"{nope",
@@ -229,7 +96,7 @@ async def test_an_errno_this_host_cannot_name_adds_no_metric_series(harness: Har
     "other", so a pod sending 1000 numbers adds one series, not 1000."""
     hub = metrics.MasterMetrics()
     hub.attach(harness.runner)
-    await _to_running(harness)
+    await to_running(harness)
     for code in (28, 100_001, 100_002):
         data = m.CheckpointStoreData("/ckpt", step=5, errno=code, strerror="x", failures=2)
         await harness.send("job-0", m.MessageType.CHECKPOINT, data)
@@ -241,7 +108,7 @@ async def test_an_errno_this_host_cannot_name_adds_no_metric_series(harness: Har
 
 
 async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:
-    await _to_running(harness)
+    await to_running(harness)
 
     async def beat() -> None:
         await harness.send("job-1", m.MessageType.HEARTBEAT, m.HeartbeatData())
@@ -256,7 +123,7 @@ async def test_silent_pod_is_reported_lost_once(harness: Harness) -> None:
 
 
 async def test_each_run_round_gets_a_fresh_master_port(harness: Harness) -> None:
-    await _to_running(harness)
+    await to_running(harness)
     await harness.send("job-0", m.MessageType.ERROR, m.ErrorData("crash"))
     await harness.settle()
     for pod in ("job-0", "job-1"):
@@ -275,7 +142,7 @@ async def test_each_run_round_gets_a_fresh_master_port(harness: Harness) -> None
 async def test_events_log_replays_to_the_same_status(harness: Harness, tmp_path: Path) -> None:
     from aegis.tools import replay
 
-    await _to_running(harness)
+    await to_running(harness)
     await harness.send("job-1", m.MessageType.ERROR, m.ErrorData("crash"))
     await harness.settle()
     _, final = replay.final_status((tmp_path / "events.jsonl").read_text().splitlines())
@@ -285,7 +152,7 @@ async def test_events_log_replays_to_the_same_status(harness: Harness, tmp_path:
 async def test_the_stored_record_says_why_the_job_ended(harness: Harness) -> None:
     """The status write that ends the job carries the master's words for it: ``aegis status
     --nats``, a standby that takes over and an AegisJob's condition read them there."""
-    await _to_running(harness)
+    await to_running(harness)
     stored = await harness.store.get(status_key(harness.runner.spec))
     assert stored is not None and "ended" not in json.loads(stored[0])  # it runs
     harness.runner.platform_event(ev.QuitRequested("no healthy node left for job-1"))
@@ -314,7 +181,7 @@ async def test_an_observer_that_fails_never_stops_the_job(harness: Harness) -> N
     harness.runner.listeners.append(full_disk)
     harness.runner.message_listeners.append(full_disk)
     harness.runner.heartbeat_listeners.append(full_disk)
-    await _to_running(harness)
+    await to_running(harness)
     await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(3), msg_id="hb")
     await harness.send("job-1", m.MessageType.FINISH, m.ExitData(1), msg_id="fault")
     await harness.settle()
@@ -329,7 +196,7 @@ async def test_a_drains_checkpoint_request_waits_for_steps_and_a_heartbeat_place
     """No step of this round known, no step lies surely ahead of every rank ("the next call"
     is a different step for a rank whose agent gets the order late): the request waits; the
     first heartbeats with steps place it, with no other event to wake the loop."""
-    await _to_running(harness)
+    await to_running(harness)
     harness.runner.drain((PodName("job-1"),), "maintenance", 600.0)
     await harness.settle()
     assert harness.runner.status.drain_count == 1
@@ -352,7 +219,7 @@ async def test_a_cancellation_that_a_write_swallowed_still_stops_the_job_loop(
     returned as if nothing had happened, and the job's loop went on deciding (a CI run hung,
     then named a pod lost 60 s later). The loop stops at its next turn all the same."""
     bus, store = memory.MemoryBus(), memory.MemoryStore()
-    runner = _runner(tmp_path, bus, store, RecordingPlatform())
+    runner = make_runner(tmp_path, bus, store, RecordingPlatform())
     await runner.start(["node-0", "node-1"])
     writing, put = asyncio.Event(), store.put
 
@@ -386,7 +253,9 @@ async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_
     tmp_path: Path,
 ) -> None:
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=0.5, join_timeout_s=1.0)
+    runner = make_runner(
+        tmp_path, bus, store, platform, heartbeat_timeout_s=0.5, join_timeout_s=1.0
+    )
     h = Harness(runner, bus, store, platform)
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
@@ -401,7 +270,7 @@ async def test_a_pod_not_back_in_time_goes_elsewhere_and_a_refused_ack_keeps_it_
             await asyncio.sleep(0.1)  # a heartbeat's pace, not a wait for a condition
 
     try:
-        await _to_running(h)
+        await to_running(h)
         beats = asyncio.create_task(beat())
         await async_wait_until(lambda: ("replace", "job-0") in platform.calls, what="the loss")
         # the lost agent, back from a partition, ACKs before any replacement was placed:
@@ -442,14 +311,14 @@ async def test_a_master_whose_nats_server_hangs_judges_no_pod_silent_until_it_an
     await asyncio.to_thread(server.start)
     bus = await NatsBus.connect(server.url)
     store, platform = memory.MemoryStore(), RecordingPlatform()
-    runner = _runner(tmp_path, bus, store, platform, heartbeat_timeout_s=2.0)
+    runner = make_runner(tmp_path, bus, store, platform, heartbeat_timeout_s=2.0)
     h = Harness(runner, bus, store, platform)  # type: ignore[arg-type]
     await bus.subscribe(runner.master_subject, h.on_order)
     await runner.start(["node-0", "node-1"])
     h.task = asyncio.create_task(runner.run())
     assert server.process is not None
     try:
-        await _to_running(h)
+        await to_running(h)
         server.process.send_signal(signal.SIGSTOP)
         try:
             await async_wait_until(lambda: runner.liveness.deaf, what="the master deaf")

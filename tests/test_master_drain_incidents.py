@@ -16,18 +16,18 @@ from aegis.core.phases import Phase
 from aegis.core.recovery import LEVEL_NAMES, RecoveryLevel
 from aegis.master import faultlog
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
+from tests.runner_harness import Harness, to_running
 from tests.waits import async_wait_until
 
 
 async def test_aegis_incidents_of_a_run_with_a_drain_eviction_names_the_drain_level(
-    harness: Harness,  # noqa: F811 (the fixture)
+    harness: Harness,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     faults = faultlog.FaultLog(tmp_path / "faults.jsonl")
     faults.attach(harness.runner)
-    await _to_running(harness)
+    await to_running(harness)
     harness.runner.drain((PodName("job-1"),), "kernel upgrade", 60.0)
     await harness.settle()
     for pod in ("job-0", "job-1"):

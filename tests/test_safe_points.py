@@ -456,3 +456,30 @@ def test_a_new_leader_knows_the_round_training_restarted_in_from_the_round_order
         assert progress.safe.rewound_seq == rewound
         late = progress.committed(job.status, job.pods[0], 10, 1.0, seq - 1)
         assert late is None and (job.pods[0] in progress.safe.pod_steps) == (rewound < 0)
+
+
+def test_a_rounds_orders_add_to_the_rounds_list_and_a_new_round_starts_a_new_one() -> None:
+    """``Progress.orders_after`` returns the round's orders and leaves the list it is given as it
+    was (the runner's stored orders are replaced, never changed behind its back)."""
+    from aegis.core import actions as act
+    from aegis.core.phases import Order
+    from aegis.master.job_settings import JobSettings
+    from aegis.master.progress import Progress
+
+    job, progress = running(), Progress("job", JobSettings())
+    seq, ports = job.status.seq, iter(range(30000, 30010))
+
+    def after(orders: list, *sent: act.SendOrder) -> list:
+        return progress.orders_after(sent, orders, job.spec, job.status, lambda: next(ports),
+                                     Phase.RUN_COMMAND, False)  # fmt: skip
+
+    first = after([], act.SendOrder(Order.RUN, Phase.RUN_COMMAND, seq))
+    kept = list(first)
+    second = after(first, act.SendOrder(Order.CHECKPOINT, Phase.RUN_COMMAND, seq))
+    assert first == kept  # not appended to
+    assert [o.order for o in second] == [Order.RUN, Order.CHECKPOINT]
+    assert {o.seq for o in second} == {seq}
+    third = after(second, act.SendOrder(Order.RESTART, Phase.RUN_COMMAND, seq + 1))
+    assert [(o.order, o.seq) for o in third] == [(Order.RESTART, seq + 1)]
+    assert [o.order for o in second] == [Order.RUN, Order.CHECKPOINT]
+    assert after(third) == third and after(third) is not third  # no order sent: the same orders

@@ -16,8 +16,8 @@ from aegis.master import metrics
 from aegis.master.pace import Pace
 from aegis.wire import messages as m
 from tests.jsonl import json_lines
+from tests.runner_harness import Harness, to_running
 from tests.scrape import parse
-from tests.test_job_runner import Harness, _to_running, harness  # noqa: F401 (the fixture)
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timing  # the harness's pods are lost after 0.5 s of silence
@@ -25,10 +25,10 @@ pytestmark = pytest.mark.timing  # the harness's pods are lost after 0.5 s of si
 CLOCKS = {"job-0": 1000.0, "job-1": -20.0}  # each pod's clock: the master's plus this
 
 
-async def test_heartbeats_feed_the_scores_and_the_metrics_name_each_node(harness: Harness) -> None:  # noqa: F811
+async def test_heartbeats_feed_the_scores_and_the_metrics_name_each_node(harness: Harness) -> None:
     hub = metrics.MasterMetrics()
     hub.attach(harness.runner)
-    await _to_running(harness)
+    await to_running(harness)
     watch = harness.runner.stragglers
     watch.settings = stragglers.StragglerSettings(window_s=0.05, min_samples=1)
     step, base = 0, time.monotonic()
@@ -59,8 +59,8 @@ async def test_heartbeats_feed_the_scores_and_the_metrics_name_each_node(harness
     assert set(exported) == {"node-0", "node-1"} and exported["node-1"] > exported["node-0"]
 
 
-async def test_an_old_agent_without_step_times_only_feeds_the_pace(harness: Harness) -> None:  # noqa: F811
-    await _to_running(harness)
+async def test_an_old_agent_without_step_times_only_feeds_the_pace(harness: Harness) -> None:
+    await to_running(harness)
     for step in (1, 2, 3):
         await harness.send("job-0", m.MessageType.HEARTBEAT, m.HeartbeatData(step))
     await harness.settle()
@@ -75,8 +75,8 @@ class _Slowed(Pace):
         return "3.00 steps/s, below 30% of this run's pace"
 
 
-async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) -> None:  # noqa: F811
-    await _to_running(harness)
+async def test_the_slowdown_report_names_the_straggler_node(harness: Harness) -> None:
+    await to_running(harness)
     runner = harness.runner
     runner.progress.pace = _Slowed()
     runner.stragglers.seq = runner.status.seq
@@ -102,13 +102,13 @@ def _events(h: Harness) -> list[object]:
 
 
 async def test_a_troubleshooting_order_carries_no_raw_scores_when_nobody_is_named(
-    harness: Harness,  # noqa: F811
+    harness: Harness,
 ) -> None:
     """allreduce_perf's tie-breaker gets only a straggler the robust rule named: two pods, one
     half a step late, have scores but no straggler (the rule needs a third to compare), and
     the troubleshooting order that stops training carries none (a raw score named a healthy
     pod in a round after an eviction, once)."""
-    await _to_running(harness)
+    await to_running(harness)
     watch = harness.runner.stragglers
     watch.settings = stragglers.StragglerSettings(window_s=0.05, min_samples=1)
     step, base = 0, time.monotonic()

@@ -23,7 +23,7 @@ from aegis.core.phases import Phase
 from aegis.master.job_runner import JobRunner, JobSettings, status_key
 from aegis.wire import job_summary
 from aegis.wire import messages as m
-from tests.test_job_runner import Harness, RecordingPlatform, _noop, healthy
+from tests.runner_harness import Harness, RecordingPlatform, healthy, quit_input
 from tests.waits import async_wait_until
 
 PODS = ("job-0", "job-1", "job-2")
@@ -47,7 +47,7 @@ async def three(tmp_path: Path) -> AsyncIterator[Harness]:
     h.task = asyncio.create_task(runner.run())
     yield h
     runner.done.set()
-    runner.queue.put_nowait(_noop(runner))
+    runner.queue.put_nowait(quit_input(runner))
     await asyncio.wait_for(h.task, 5)
     await bus.close()
     await asyncio.to_thread(server.stop)

@@ -23,7 +23,7 @@ from aegis.wire import codec
 from aegis.wire import messages as m
 from aegis.wire import platform_msgs as pm
 from tests.poll_helpers import standalone_master
-from tests.test_job_runner import Harness, RecordingPlatform, _to_running
+from tests.runner_harness import Harness, RecordingPlatform, to_running
 from tests.waits import async_wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -36,7 +36,7 @@ class _Died(Exception):
 
 
 async def _end_of(h: Harness, dies: bool) -> dict[str, Any]:
-    await _to_running(h)
+    await to_running(h)
     for pod in ("job-0", "job-1"):
         await h.send(pod, m.MessageType.FINISH, m.ExitData(0))
     assert h.task is not None

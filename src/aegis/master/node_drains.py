@@ -14,7 +14,6 @@ while they stand.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -24,8 +23,6 @@ from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.core.rounds import is_error_node
 from aegis.wire import messages as m
 from aegis.wire.logsafe import one_line
-
-log = logging.getLogger(__name__)
 
 REASON_CHARS = 300  # what of the warnings a health drain's reason carries
 

@@ -137,7 +137,7 @@ class Progress:
     def orders_after(
         self,
         actions: Sequence[act.Action],
-        orders: list[RoundOrder],
+        orders: Sequence[RoundOrder],
         spec: JobSpec,
         status: JobStatus,
         free_port: Callable[[], int],
@@ -145,15 +145,14 @@ class Progress:
         slowdown: bool,
     ) -> list[RoundOrder]:
         """The round's orders once ``actions`` are taken: each order sent, with its
-        environment (``round_order``), fixed before the status is written; a new round's
-        orders start a new list."""
+        environment (``round_order``), fixed before the status is written: ``orders`` (left
+        unchanged) and this round's new ones, or only the new ones when a new round began."""
         for action in actions:
             if isinstance(action, act.SendOrder):
                 order = self.round_order(action, spec, status, free_port, before, slowdown)
-                if orders and orders[-1].seq != action.seq:
-                    orders = []  # a new round
-                orders.append(order)
-        return orders
+                same_round = [o for o in orders if o.seq == action.seq]
+                orders = [*same_round, order]  # a new list: the one given is left as it was
+        return list(orders)
 
     def round_order(
         self,
