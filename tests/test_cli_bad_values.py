@@ -16,7 +16,7 @@ import pytest
 from aegis.cli import main as cli
 from aegis.core.model import JobSpec
 from aegis.wire import eventlog
-from tests.test_cli_setup_errors import _one_error_line
+from tests.test_cli_setup_errors import one_error_line
 
 NATS = "nats://127.0.0.1:9"
 CASES = {
@@ -100,7 +100,7 @@ def test_a_bad_value_or_file_is_one_line_and_exit_2(
     fill = {**_files(tmp_path), "tmp": str(tmp_path), "busy": str(busy_port)}
     before = sorted(tmp_path.iterdir())
     assert cli.main([a.format(**fill) for a in argv]) == 2
-    assert says.format(**fill) in _one_error_line(capsys)
+    assert says.format(**fill) in one_error_line(capsys)
     assert sorted(tmp_path.iterdir()) == before  # nothing written
 
 
@@ -128,6 +128,6 @@ def test_a_job_interpreter_without_torch_is_refused_before_the_run(
     argv = ["run", "--nodes", "1", "--log-dir", str(tmp_path / "logs"), "--", str(python), "-c",
             "pass"]  # fmt: skip
     assert cli.main(argv) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert f"the node checks run in the job's interpreter, {python}, which has no torch" in line
     assert list((tmp_path / "logs").iterdir()) == []

@@ -14,7 +14,7 @@ from aegis.cli import main as cli
 from aegis.platforms import run_settings
 
 
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert len(lines) == 1, captured.err
@@ -29,12 +29,12 @@ def test_a_fault_injected_on_a_node_the_run_lacks_is_refused_before_the_run(
     logs = tmp_path / "logs"
     argv = ["run", "--nodes", "2", "--spare-nodes", "1", "--log-dir", str(logs)]
     assert cli.main([*argv, "--inject-fault", "node-9:gpu", "--", "true"]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "no node node-9 in this run (it has node-0..node-1, spare-0)" in line
     assert list(logs.iterdir()) == []  # no master, no pod, no event log
     # A spare is a node of the run: the flag parses (and fails later only on what follows).
     assert cli.main([*argv, "--inject-fault", "spare-0:gpu", "--view", "bogus", "--", "x"]) == 2
-    assert "--view" in _one_error_line(capsys)
+    assert "--view" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_a_path_the_command_cannot_use_is_one_line_and_exit_2(
     nodir = file / "below"  # below a file: no directory can be made there
     fill = {"tmp": tmp_path, "file": file, "nodir": nodir}
     assert cli.main([a.format(**fill) for a in argv]) == 2
-    assert says.format(**fill) in _one_error_line(capsys)
+    assert says.format(**fill) in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
 
 
@@ -76,7 +76,7 @@ def test_a_run_makes_its_log_and_status_directories_before_it_starts(
     logs, status = tmp_path / "a" / "logs", tmp_path / "b" / "status.json"
     argv = ["run", "--log-dir", str(logs), "--status-file", str(status), "--view", "bogus"]
     assert cli.main([*argv, "--", "true"]) == 2  # stopped by --view, after the paths
-    assert "--view" in _one_error_line(capsys)
+    assert "--view" in one_error_line(capsys)
     assert logs.is_dir() and status.parent.is_dir() and not status.exists()
 
 
@@ -101,7 +101,7 @@ def test_kubernetes_commands_without_credentials_say_so_in_one_line(
     kubeconfig.write_text("clusters: [\n")  # malformed: its YAML parser raises
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 1
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert line.startswith("aegis: error: no Kubernetes credentials: not in a pod")
     assert f"$KUBECONFIG={kubeconfig}" in line
     assert not (tmp_path / "certs").exists()  # the webhook made no certificate
@@ -124,7 +124,7 @@ def test_a_command_that_is_not_on_this_machine_is_refused_before_the_run(
     logs = tmp_path / "logs"
     assert cli.main(["run", "--nodes", "1", "--log-dir", str(logs), "--", *command]) == 2
     program = command[0].split()[0]
-    assert f"aegis: error: {program}: command not found" in _one_error_line(capsys)
+    assert f"aegis: error: {program}: command not found" in one_error_line(capsys)
     assert not logs.exists() or list(logs.iterdir()) == []
 
 
@@ -156,7 +156,7 @@ def test_a_python_script_that_is_not_there_is_refused_before_the_run(
     command = [sys.executable, "trian.py", "--lr", "1"]
     argv = ["run", "--nodes", "1", "--log-dir", str(tmp_path / "logs"), "--"]
     assert cli.main([*argv, *([" ".join(command)] if as_string else command)]) == 2
-    assert "aegis: error: trian.py: no such file" in _one_error_line(capsys)
+    assert "aegis: error: trian.py: no such file" in one_error_line(capsys)
     bash = ("bash", "-c")
     assert run_settings.script_of((sys.executable, "train.py"), os.environ) == "train.py"
     assert run_settings.script_of((*bash, "python -u train.py --x"), os.environ) == "train.py"
