@@ -56,6 +56,9 @@ def test_batch_script_requeues_and_asks_for_pods_plus_spares(tmp_path: Path) -> 
     last = script.strip().splitlines()[-1]
     assert last.startswith("exec ") and " slurm coordinator " in last
     assert last.endswith("-- python train.py") and "--max-retry 3" in last
+    assert " --health-s 30.0 " in last  # the agents' looks at their GPUs, as aegis run's
+    watched = commands.batch_script(_spec(tmp_path, health_s=0.0)).strip().splitlines()[-1]
+    assert " --health-s 0.0 " in watched  # 0: no looks
 
 
 def test_batch_script_hands_the_job_to_an_existing_master_when_asked(tmp_path: Path) -> None:
@@ -123,6 +126,8 @@ def test_srun_pins_one_agent_to_its_node() -> None:
     assert "--export=ALL,AEGIS_NODE=n2" in argv
     assert argv[argv.index("--pod") + 1] == "t-1"
     assert argv[-3:] == ["--", "python", "x"]
+    assert argv[argv.index("--health-s") + 1] == "30.0"
+    assert commands.srun_argv(replace(step, health_s=2.5)).count("2.5") == 1
     assert "--rejoin" not in argv  # its first start: it may run on its own without a master
     again = commands.srun_argv(replace(step, rejoin=True))
     assert again[again.index("--") - 1] == "--rejoin"  # placed again in a running job

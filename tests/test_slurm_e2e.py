@@ -4,6 +4,7 @@ namespace: ``aegis slurm submit`` -> sbatch -> coordinator -> srun steps of ``ae
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ if _REASON is not None:
     pytest.skip(_REASON, allow_module_level=True)
 
 TASK = Path(__file__).parent / "bin" / "slurm_task.py"
+NVML = Path(__file__).parent / "bin" / "nvml"  # a stand-in for the NVIDIA library
+FAILING_GPU = Path(__file__).parent / "data" / "nvml_v100_retired_pending.json"
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,16 @@ def _idle(cluster: SlurmCluster) -> bool:
     return all(cluster.node_state(node)[0] == "idle" for node in NODES)
 
 
-def _submit(slurm: SlurmCluster, state: Path, *args: str, relative: bool = False) -> str:
+def _submit(
+    slurm: SlurmCluster,
+    state: Path,
+    *args: str,
+    relative: bool = False,
+    env: dict[str, str] | None = None,
+) -> str:
     """``aegis slurm submit``; ``relative``: as a user in the task's directory types it
-    (``python slurm_task.py``: every step must work there)."""
+    (``python slurm_task.py``: every step must work there); ``env``: more of the submitter's
+    environment (sbatch and every srun step pass it on)."""
     out = state.parent / f"{state.name}-out"
     out.mkdir()
     task = TASK.name if relative else str(TASK)
@@ -69,7 +79,7 @@ def _submit(slurm: SlurmCluster, state: Path, *args: str, relative: bool = False
         if task_flag in argv:
             argv.remove(task_flag)
             argv.append(task_flag)
-    result = slurm.run(argv, cwd=TASK.parent if relative else None)
+    result = slurm.run(argv, cwd=TASK.parent if relative else None, env=env)
     job_id = result.stdout.split("submitted job ")[1].split()[0]
     return job_id
 
@@ -139,6 +149,38 @@ def test_slurm_node_is_drained_when_its_gpu_check_fails(
     assert "gpu" in reason
     listing = slurm.run(["sinfo", "-R", "-h", "-o", "%N|%E"]).stdout
     assert any(line.startswith("n2|aegis: ") for line in listing.splitlines()), listing
+
+
+def test_slurm_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """``aegis slurm submit --health-s 1`` reaches every agent's srun step: while the job runs,
+    n2's GPUs start to show warning signs (``tests/bin/nvml`` answers NVML's calls from a
+    recording, per hostname), n2's agent says so, the master drains n2 in Slurm and its pod
+    moves to the spare n3, with no fault counted. Before, the agents' ``--health-s`` was not
+    passed and they looked every 30 s whatever was asked."""
+    gpus = tmp_path / "gpus"  # <host>.json: that host's GPUs (none: healthy A100s)
+    gpus.mkdir()
+    state, out = tmp_path / "health", tmp_path / "health-out"
+    env = {"PYTHONPATH": str(NVML), "AEGIS_TEST_NVML": str(gpus)}
+    job_id = _submit(slurm, state, "--health-s", "1", "--wait", env=env)
+    wait_until(lambda: _lines(out / "rank-1.jsonl") == 1, 120, "both ranks running")
+    steps = [p.info["cmdline"] for p in processes_with(str(state)) if "--pod" in p.info["cmdline"]]
+    looks = {cmd[cmd.index("--pod") + 1]: cmd[cmd.index("--health-s") + 1] for cmd in steps}
+    assert looks == {"health-0": "1.0", "health-1": "1.0"}, steps  # each srun step, its agent
+    shutil.copy(FAILING_GPU, gpus / "n2.tmp")
+    (gpus / "n2.tmp").rename(gpus / "n2.json")  # (never read half written)
+    wait_until(lambda: _lines(out / "rank-1.jsonl") == 2, 120, "rank 1 started again elsewhere")
+    (out / "go").touch()
+    record = _finished(slurm, state, job_id)
+    status = record["status"]
+    assert (status["phase"], status["recover_count"]) == ("Succeed", 0), _diagnostics(slurm, state)
+    assert _nodes(record) == {"health-0": "n1", "health-1": "n3"}
+    assert [e["node"] for e in status["error_nodes"]] == ["n2"]
+    assert json.loads((out / "rank-1.jsonl").read_text().splitlines()[-1])["HOSTNAME"] == "n3"
+    state_n2, reason = slurm.node_state("n2")
+    assert state_n2 in ("drained", "draining")
+    assert reason.startswith("aegis: GPU health of n2 (health-1)"), reason
 
 
 def test_slurm_requeued_job_resumes_with_what_is_left_of_its_budget(

@@ -108,6 +108,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
         float | None,
         typer.Option(min=0, help="0: no hang watchdog; default: calibrated by each agent."),
     ] = None,
+    health_s: options.HealthEvery = 30.0,
     inject_fault: Annotated[list[str] | None, typer.Option(help="NODE:CHECK (chaos).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the script, do not submit.")] = False,
     nats: Annotated[str | None, _nats("A NATS server all nodes reach (default: embedded).")] = None,
@@ -133,7 +134,8 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
     spec = commands.SubmitSpec(
         job=job, nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, state_dir=state,
         command=_command(command), sbatch_options=tuple(sbatch_options),
-        inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s, nats_url=nats,
+        inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s, health_s=health_s,
+        nats_url=nats,
         advertise=advertise, master=master,
         auth_file=auth_file.resolve() if auth_file is not None else None,
     )  # fmt: skip
@@ -171,6 +173,7 @@ def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option
     advertise: Annotated[str, typer.Option(help="How agents reach this host.")] = "127.0.0.1",
     nats: Annotated[str | None, _nats("Use this NATS server (no auth).")] = None,
     hang_timeout_s: Annotated[float | None, typer.Option(min=0)] = None,
+    health_s: options.HealthEvery = 30.0,
     heartbeat_timeout_s: Annotated[float, typer.Option(min=0.5)] = 5.0,
     join_timeout_s: options.JoinTimeout = 600.0,
     grace_s: Annotated[float, typer.Option(min=0)] = 5.0,
@@ -186,7 +189,7 @@ def run_coordinator(  # noqa: PLR0913 (a typer command: one parameter per option
     _check_master_options(master, nats, auth_file)
     settings = coordinator.CoordinatorSettings(
         command=_command(cmd), job=job, nodes=nodes, max_retry=max_retry, state_dir=state_dir,
-        advertise=advertise, nats_url=nats, hang_timeout_s=hang_timeout_s,
+        advertise=advertise, nats_url=nats, hang_timeout_s=hang_timeout_s, health_s=health_s,
         heartbeat_timeout_s=heartbeat_timeout_s, join_timeout_s=join_timeout_s, grace_s=grace_s,
         status_file=status_file, inject=run_cmd.parse_injections(inject_fault or []),
         master=master, auth_file=auth_file,

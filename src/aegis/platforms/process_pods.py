@@ -58,6 +58,8 @@ class PodSource(Protocol):
     def grace_s(self) -> float: ...
     @property
     def hang_timeout_s(self) -> float | None: ...
+    @property
+    def health_s(self) -> float: ...
 
 
 S = TypeVar("S", bound=PodSettings)
@@ -76,7 +78,7 @@ def pod_settings(
     return kind(
         nodes=tuple(nodes), spares=tuple(spares), command=source.command, log_dir=log_dir,
         inject=source.inject, grace_s=source.grace_s, hang_timeout_s=source.hang_timeout_s,
-        **more,
+        health_s=source.health_s, **more,
     )  # fmt: skip
 
 

@@ -237,7 +237,6 @@ def local_settings(settings: RunSettings, log_dir: Path) -> LocalSettings:
     return pod_settings(
         LocalSettings, settings, nodes, spares, log_dir,
         heartbeat_s=settings.heartbeat_s,
-        health_s=settings.health_s,
         ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
         prewarm=settings.prewarm,
         slow_from_start=settings.slow_from_start,

@@ -118,6 +118,7 @@ class AgentStep:
     grace_s: float = 5.0
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
     heartbeat_s: float = 1.0
+    health_s: float = 30.0  # between the agent's looks at its GPUs (0: none)
     python: str = field(default=sys.executable)
     job_id: str | None = None  # a step of this Slurm job (a requested node), not the allocation's
     rejoin: bool = False  # the pod placed again in a running job (``aegis agent --rejoin``)
@@ -134,7 +135,8 @@ def srun_argv(step: AgentStep) -> list[str]:
         "--master", step.master, "--namespace", step.namespace, "--job", step.job,
         "--pod", step.pod, "--node", step.node, "--token-file", str(step.token_file),
         "--grace-s", str(step.grace_s), *hang_policy.flag(step.hang_timeout_s),
-        "--heartbeat-s", str(step.heartbeat_s), *(["--rejoin"] if step.rejoin else []),
+        "--heartbeat-s", str(step.heartbeat_s), "--health-s", str(step.health_s),
+        *(["--rejoin"] if step.rejoin else []),
         "--", *step.command,
     ]  # fmt: skip
 
@@ -159,6 +161,7 @@ class SubmitSpec:
     sbatch_options: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()  # NODE:CHECK
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
+    health_s: float = 30.0  # between the agents' looks at their GPUs (0: none)
     python: str = field(default=sys.executable)
     nats_url: str | None = None  # a NATS server the nodes reach (default: one in the batch step)
     advertise: str | None = None  # how the agents reach the batch step's master
@@ -172,7 +175,7 @@ def batch_script(spec: SubmitSpec) -> str:
         spec.python, "-m", "aegis", "slurm", "coordinator",
         "--job", spec.job, "--nodes", str(spec.nodes), "--max-retry", str(spec.max_retry),
         "--state-dir", str(spec.state_dir), *hang_policy.flag(spec.hang_timeout_s),
-        "--status-file", str(spec.state_dir / "status.json"),
+        "--health-s", str(spec.health_s), "--status-file", str(spec.state_dir / "status.json"),
     ]  # fmt: skip
     for item in spec.inject:
         coordinator += ["--inject-fault", item]

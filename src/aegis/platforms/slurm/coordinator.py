@@ -63,6 +63,7 @@ class CoordinatorSettings:
     advertise: str = "127.0.0.1"
     nats_url: str | None = None
     hang_timeout_s: float | None = None  # None: each agent calibrates; 0: off
+    health_s: float = 30.0  # between the agents' looks at their GPUs (0: none; agent.health)
     heartbeat_timeout_s: float = 5.0
     join_timeout_s: float = 600.0  # a pod sent away and not back by then goes elsewhere
     grace_s: float = 5.0

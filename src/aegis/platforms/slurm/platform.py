@@ -135,6 +135,7 @@ class SlurmPlatform(ProcessPods):
             job=self.job, namespace=self.namespace, pod=state.name,
             node=state.node, master=self.master, token_file=token_file, command=s.command,
             grace_s=s.grace_s, hang_timeout_s=s.hang_timeout_s, heartbeat_s=s.heartbeat_s,
+            health_s=s.health_s,
             job_id=self.requested.get(state.node), rejoin=state.incarnation > 1,
         )  # fmt: skip
         with self.pod_log(state, "step").open("ab") as out:
