@@ -26,7 +26,6 @@ import functools
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 
 from aegis.checkpoint import api, layout, nested, process
+from aegis.spawn.ports import free_port
 
 
 def make_state(size_mb: int) -> dict[str, Any]:
@@ -152,9 +152,7 @@ def _bench_dcp(state: dict[str, Any], where: Path, shm: Path) -> dict[str, float
 
     from aegis.checkpoint.dcp import reader, writer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     out: dict[str, float] = {}
     env = {"AEGIS_CKPT_SHM": str(shm), "AEGIS_DCP_DIR": str(where / "aegis-dcp")}

@@ -52,11 +52,12 @@ from typing import Any
 
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec
 from aegis.core.phases import Order, Phase
 from aegis.master.records import submit_job
 from aegis.master.service import STATUS_BUCKET
+from aegis.spawn.ports import free_port
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m
 

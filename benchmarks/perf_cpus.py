@@ -21,10 +21,11 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
+
+from aegis.spawn.ports import free_port
 
 RUN = "from aegis.checks import collective; import sys; sys.exit(collective.main(sys.argv[1:]))"
 MODES = {
@@ -36,15 +37,9 @@ MODES = {
 RATING = re.compile(r"second best of 5 rounds: ([0-9. ]+)\)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def one_run(pods: int, code: str) -> tuple[list[float], bool]:
     """Every pod's rating in one check round, and whether any pod was named slow."""
-    port = _free_port()
+    port = free_port()
     group = ["--world-size", str(pods), "--master-addr", "127.0.0.1", "--master-port", str(port)]
     procs = [
         subprocess.Popen(

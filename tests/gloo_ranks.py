@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from aegis.spawn.ports import free_port
 
 RANK_TIMEOUT_S = 300.0  # a rank left in a collective another skipped would wait for ever
 
@@ -18,9 +19,7 @@ def run_ranks(
     saving DCP checkpoints under ``dcp_root``; each rank's output in ``logs/<name>-rank<r>.log``.
     Their output, once every rank exited 0 (asserted); a rank still running after
     ``RANK_TIMEOUT_S`` is killed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank, shm in enumerate(shms):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(shms)),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aegis.spawn.ports import free_port
 from tests import agent_waits as waits
 from tests.waits import wait_until
 
@@ -250,12 +250,6 @@ def test_agent_reaps_zombies_and_orphans_when_agent_is_pid_1(tmp_path: Path) -> 
     )
     check_orphans_and_zombies(proc, tmp_path, ppid=1)
     assert waits.processes_with(marker) == []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_agent_runs_independently_when_master_does_not_answer() -> None:

@@ -16,7 +16,8 @@ import pytest
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.grpc._generated import aegis_pb2_grpc
 from aegis.adapters.nats_auth import Authority
-from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.spawn.ports import free_port
 from aegis.wire import messages as m
 
 AGENT = [sys.executable, "-m", "aegis", "agent"]

@@ -18,6 +18,7 @@ import pytest
 from aegis.checks import base, group, links, perf, suites
 from aegis.cli import main as cli
 from aegis.core.recovery import CheckType
+from aegis.spawn.ports import free_port
 from aegis.wire.messages import CheckResult
 from tests.waits import async_wait_until
 
@@ -54,14 +55,14 @@ def collective_children() -> list[psutil.Process]:
 
 
 async def test_allreduce_connect_passes_when_three_pods_join() -> None:
-    port = group.free_port()
+    port = free_port()
     results = await asyncio.gather(*(connect(rank, 3, port) for rank in range(3)))
     assert all(r.passed for r in results), results
     assert results[0].result == "all_reduce and all_gather exact across 3 pod(s)"
 
 
 async def test_allreduce_connect_fails_with_timeout_when_one_pod_is_missing() -> None:
-    port = group.free_port()
+    port = free_port()
     results = await asyncio.gather(connect(0, 3, port, 3.0), connect(1, 3, port, 3.0))
     assert [r.passed for r in results] == [False, False]
     assert all(r.result == "timeout after 3 s" for r in results), results
@@ -84,7 +85,7 @@ def duty_cycle(pgid: int, stop: threading.Event, stopped_s: float, period_s: flo
 
 @pytest.mark.timing
 def test_allreduce_perf_names_the_slowed_pod_slow_when_duty_cycled() -> None:
-    port = group.free_port()
+    port = free_port()
     pods = [
         subprocess.Popen(
             [
@@ -149,7 +150,7 @@ def test_pairing_is_a_matching_and_meets_distinct_partners_when_rounds_repeat(wo
 
 
 async def test_troubleshoot_includes_collectives_when_group_is_given(tmp_path: object) -> None:
-    s = settings(0, 1, group.free_port())
+    s = settings(0, 1, free_port())
     results = await suites.troubleshoot(s)
     assert [r.check_type for r in results] == list(suites.TROUBLESHOOT)
     assert all(r.passed for r in results), results
@@ -172,7 +173,7 @@ def test_check_cli_exits_by_verdict_and_rejects_unknown_name(
 
 
 async def test_troubleshoot_skips_perf_when_connect_fails() -> None:
-    s = settings(0, 2, group.free_port(), budget_s=2.0)  # the other pod never comes
+    s = settings(0, 2, free_port(), budget_s=2.0)  # the other pod never comes
     results = {r.check_type: r for r in await suites.troubleshoot(s)}
     assert results[CheckType.ALLREDUCE_CONNECT].result == "timeout after 2 s"
     perf_result = results[CheckType.ALLREDUCE_PERF]
@@ -217,7 +218,7 @@ async def test_a_suspect_whose_node_fails_answers_without_joining_its_peers() ->
     """The suspect's node is checked first: its gpu fails, so it answers at once with the
     collective checks skipped (its peer never comes: it would have waited for the budget)."""
     s = dataclasses.replace(
-        settings(0, 2, group.free_port(), budget_s=120.0), suspect=True, inject=frozenset({"gpu"})
+        settings(0, 2, free_port(), budget_s=120.0), suspect=True, inject=frozenset({"gpu"})
     )
     results = await asyncio.wait_for(suites.troubleshoot(s), timeout=60.0)
     by_type = {r.check_type: r for r in results}
@@ -233,7 +234,7 @@ async def test_a_suspect_whose_node_fails_answers_without_joining_its_peers() ->
 
 
 async def test_a_suspect_whose_node_passes_joins_the_collectives_after_its_own_checks() -> None:
-    s = dataclasses.replace(settings(0, 1, group.free_port()), suspect=True)
+    s = dataclasses.replace(settings(0, 1, free_port()), suspect=True)
     results = await suites.troubleshoot(s)
     order = [r.check_type for r in results]
     assert order[-2:] == [CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF]
@@ -246,7 +247,7 @@ async def test_a_suspect_whose_node_passes_joins_the_collectives_after_its_own_c
 async def test_a_suspect_only_slow_still_joins_the_collectives() -> None:
     """A held-hung suspect fails only its hang check (slow: it leaves at a checkpoint, not now):
     the round waits for its peers, so it must meet them."""
-    s = dataclasses.replace(settings(0, 1, group.free_port()), suspect=True, hung=True)
+    s = dataclasses.replace(settings(0, 1, free_port()), suspect=True, hung=True)
     by_type = {r.check_type: r for r in await suites.troubleshoot(s)}
     assert not by_type[CheckType.HANG].passed
     assert by_type[CheckType.ALLREDUCE_CONNECT].passed
@@ -258,7 +259,7 @@ def test_both_sides_of_a_link_measure_with_the_buffer_the_lower_rank_sized(slow_
     """Each side of a pair has its own view of the link's rate (here one saw 100 kB/s, the
     other nothing yet): the lower rank sizes the buffer and tells its partner, so both move the
     same one (sizes that differ would leave gloo's send and recv waiting on each other)."""
-    port = group.free_port()
+    port = free_port()
     script = os.path.join(os.path.dirname(__file__), "bin", "links_pair.py")
     rates = ["1e5" if rank == slow_side else "none" for rank in range(2)]
     pods = [

@@ -19,6 +19,7 @@ import pytest
 from aegis.agent import reaper
 from aegis.checks import base, env, group, host, suites
 from aegis.core.recovery import CheckType
+from aegis.spawn.ports import free_port
 from tests import forkserver_harness as harness
 from tests.waits import async_wait_until
 
@@ -55,7 +56,7 @@ async def test_troubleshoot_takes_both_collectives_from_one_warm_child_when_host
 ) -> None:
     async with host.CheckHost(the_reaper) as h0, host.CheckHost(the_reaper) as h1:
         assert await h0.ready() and await h1.ready()
-        port = group.free_port()
+        port = free_port()
         rounds = await asyncio.gather(
             suites.troubleshoot(settings(0, 2, port, h0, tmp_path)),
             suites.troubleshoot(settings(1, 2, port, h1, tmp_path)),
@@ -78,7 +79,7 @@ async def test_collective_round_answers_both_checks_from_one_process_when_forked
     the_reaper: reaper.Reaper, tmp_path: Path
 ) -> None:
     async with host.CheckHost(the_reaper) as h0, host.CheckHost(the_reaper) as h1:
-        port = group.free_port()
+        port = free_port()
         pods = [
             group.CheckChildRound(settings(rank, 2, port, h, tmp_path), [CONNECT, PERF])
             for rank, h in enumerate((h0, h1))
@@ -108,7 +109,7 @@ async def test_check_forkserver_stays_single_threaded_without_cuda_when_children
         server = psutil.Process(pid)
         assert "torch" in " ".join(m.path for m in server.memory_maps())  # torch imported
         for _ in range(2):
-            results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))
+            results = await suites.bootcheck(settings(0, 1, free_port(), h, tmp_path))
             assert all(r.passed for r in results), results
         assert len(h.forked) == 2 and all(c.exited.done() for c in h.forked)
         assert server.num_threads() == 1  # the gloo threads lived in the children only
@@ -128,7 +129,7 @@ async def test_collectives_start_cold_and_say_so_once_when_no_forkserver_starts(
     recording = harness.Recording(the_reaper)  # the one waitpid owner in the agent
     async with host.CheckHost(recording, settings=broken) as h:
         for _ in range(2):
-            results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))
+            results = await suites.bootcheck(settings(0, 1, free_port(), h, tmp_path))
             assert all(r.passed for r in results), results
         assert h.disabled and h.forked == [] and await h.ready() is None
     cold = [r for r in caplog.records if "start cold" in r.getMessage()]
@@ -147,7 +148,7 @@ async def test_check_host_replaces_forkserver_when_it_dies_idle(
         await async_wait_until(lambda: h.made == 2, what="a second forkserver")
         second = await h.ready()
         assert second is not None and second != first
-        results = await suites.bootcheck(settings(0, 1, group.free_port(), h, tmp_path))
+        results = await suites.bootcheck(settings(0, 1, free_port(), h, tmp_path))
         assert all(r.passed for r in results), results
         assert len(h.forked) == 1
 
@@ -157,7 +158,7 @@ async def test_warm_child_is_killed_at_budget_and_host_serves_again_when_pod_mis
 ) -> None:
     async with host.CheckHost(the_reaper) as h:
         assert await h.ready()
-        alone = settings(0, 2, group.free_port(), h, tmp_path, budget_s=2.0)  # no rank 1
+        alone = settings(0, 2, free_port(), h, tmp_path, budget_s=2.0)  # no rank 1
         results = {r.check_type: r for r in await suites.troubleshoot(alone)}
         assert results[CONNECT].result == "timeout after 2 s"
         assert results[PERF].not_applicable and "skipped" in results[PERF].result
@@ -166,7 +167,7 @@ async def test_warm_child_is_killed_at_budget_and_host_serves_again_when_pod_mis
         assert gone(child.pid)
         results = {
             r.check_type: r
-            for r in await suites.troubleshoot(settings(0, 1, group.free_port(), h, tmp_path))
+            for r in await suites.troubleshoot(settings(0, 1, free_port(), h, tmp_path))
         }
         assert results[CONNECT].passed and results[PERF].passed
         assert len(h.forked) == 2 and h.made == 1
@@ -178,7 +179,7 @@ async def test_a_runtime_check_past_its_budget_leaves_the_child_to_the_collectiv
     """One child answers a round's runtime and collective checks: a start slower than runtime's
     budget fails runtime only (a slow node), as when runtime ran apart; the child is not killed
     under allreduce_connect, which gets its own budget."""
-    slow = settings(0, 1, group.free_port(), None, tmp_path)
+    slow = settings(0, 1, free_port(), None, tmp_path)
     slow = dataclasses.replace(slow, budgets_s={**slow.budgets_s, CheckType.RUNTIME: 0.001})
     results = {r.check_type: r for r in await suites.bootcheck(slow)}
     assert results[CheckType.RUNTIME].timed_out and not results[CheckType.RUNTIME].passed
@@ -193,14 +194,15 @@ def test_the_checks_that_need_torch_never_import_it_in_the_agent() -> None:
 import asyncio, json, sys, tempfile
 from pathlib import Path
 from aegis.agent import reaper
-from aegis.checks import base, group, host, suites
+from aegis.checks import base, host, suites
+from aegis.spawn.ports import free_port
 
 async def main():
     scratch = Path(tempfile.mkdtemp())
     async with reaper.Reaper() as the_reaper, host.CheckHost(the_reaper) as h:
         rounds = []
         for run in (suites.bootcheck, suites.troubleshoot):
-            info = base.GroupInfo(0, 1, "127.0.0.1", group.free_port())
+            info = base.GroupInfo(0, 1, "127.0.0.1", free_port())
             settings = base.CheckSettings(scratch_dir=scratch, group=info, host=h,
                                           perf=base.PerfSettings(compute_s=0.1))
             rounds.append([[r.check_type.value, r.passed, r.result] for r in await run(settings)])
@@ -223,7 +225,7 @@ asyncio.run(main())
 
 
 def test_collective_child_prints_a_verdict_per_round_from_one_group_when_both_asked() -> None:
-    port = str(group.free_port())
+    port = str(free_port())
     argv = [sys.executable, "-m", "aegis.checks.collective", "connect,perf", "--rank", "0",
             "--world-size", "1", "--master-addr", "127.0.0.1", "--master-port", port,
             "--compute-s", "0.1"]  # fmt: skip

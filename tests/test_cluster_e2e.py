@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from aegis.adapters.nats_server import free_port
+from aegis.spawn.ports import free_port
 from tests.cluster import (
     AEGIS,
     TRAIN,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from aegis import autoprogress, flight, training
-from aegis.adapters.nats_server import free_port
 from aegis.agent import stacks
 from aegis.core import suspects
+from aegis.spawn.ports import free_port
 from tests.waits import wait_until
 
 SCRIPT = Path(__file__).parent / "bin" / "plain_allreduce.py"

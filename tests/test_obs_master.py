@@ -19,10 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from aegis.adapters import lifecycle
-from aegis.adapters.nats_server import free_port
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.platforms.local_run import RunSettings
 from aegis.platforms.replicated_run import ReplicatedRun
+from aegis.spawn.ports import free_port
 from tests.scrape import parse, scrape, value
 from tests.waits import async_wait_until
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aegis.adapters.nats_server import free_port
+from aegis.spawn.ports import free_port
 from tests.scrape import parse, scrape, value
 from tests.waits import wait_until
 

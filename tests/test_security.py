@@ -29,7 +29,7 @@ from aegis.adapters.nats_auth import (
     write_pod_token,
 )
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.agent import link, link_settings
 from aegis.core import events as ev
 from aegis.core.model import InvalidNameError, JobSpec, NodeName, initial_status, name_problem
@@ -41,6 +41,7 @@ from aegis.master.ports import NullPlatform
 from aegis.master.records import submit_job
 from aegis.master.replica import Replica, ReplicaSettings
 from aegis.master.service import STATUS_BUCKET, MasterService, MasterSettings
+from aegis.spawn.ports import free_port
 from aegis.wire import codec, status_json
 from aegis.wire import messages as m
 from aegis.wire.tokens import pod_token

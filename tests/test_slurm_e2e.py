@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from aegis.adapters.nats_server import free_port
 from aegis.core.rendezvous import TORCH_PORT
+from aegis.spawn.ports import free_port
 from tests.agent_waits import processes_with
 from tests.jsonl import json_lines
 from tests.slurm_fixture import ADDRESSES, BRIDGE_ADDR, NODES, SlurmCluster, why_unavailable

@@ -22,12 +22,13 @@ from aegis.adapters import tls
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, free_port
+from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec
 from aegis.core.phases import Phase
 from aegis.master.ports import NullPlatform
 from aegis.master.service import STATUS_BUCKET
 from aegis.platforms.served_job import ServedJob
+from aegis.spawn.ports import free_port
 from aegis.wire.tokens import pod_token
 from tests.tls_helpers import issue, make_ca
 from tests.waits import async_wait_until

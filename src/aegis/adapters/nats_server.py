@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -40,6 +39,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.tls import TlsDir
 from aegis.core.errors import LocalError
+from aegis.spawn.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +71,6 @@ def may_restart(recent: Sequence[float], now: float, *, limit: int, window_s: fl
     """Whether a server that exited may start again, ``recent`` its restarts so far: fewer than
     ``limit`` in the last ``window_s`` (a server that keeps crashing is left down, and said so)."""
     return sum(1 for ts in recent if now - ts < window_s) < limit
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class EmbeddedNats:

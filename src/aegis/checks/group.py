@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from aegis.checks import collective
 from aegis.checks import host as check_host
 from aegis.checks.base import DEFAULT_BUDGETS_S, CheckSettings, GroupInfo, Outcome
 from aegis.core.recovery import CheckType
+from aegis.spawn.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,6 @@ COLLECTIVE = frozenset({CheckType.ALLREDUCE_CONNECT, CheckType.ALLREDUCE_PERF}) 
 EXPECT_CUDA = {want: word for word, want in collective.EXPECT_CUDA.items()}  # its flag
 EXIT_GRACE_S = 2.0  # a child that gave every verdict gets this long to leave on its own
 STDERR_LINES = 20
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def solo_group() -> GroupInfo:

@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from aegis.checks import base, group, suites
+from aegis.checks import base, suites
 from aegis.core.recovery import CheckType
+from aegis.spawn.ports import free_port
 from aegis.wire.messages import CheckResult
 
 
@@ -56,7 +57,7 @@ def check(  # noqa: PLR0913 (a typer command: one parameter per option)
     if rank >= world_size:
         raise typer.BadParameter(f"rank {rank} of a group of {world_size}", param_hint="--rank")
     if check_type in suites.COLLECTIVE:
-        info = base.GroupInfo(rank, world_size, master_addr, master_port or group.free_port())
+        info = base.GroupInfo(rank, world_size, master_addr, master_port or free_port())
     else:
         info = None
     budgets = dict(base.DEFAULT_BUDGETS_S)

@@ -27,7 +27,6 @@ import msgspec
 from aegis.adapters import aio
 from aegis.adapters.aio import answers, cancellations, raise_if_cancelled, sleep_or_done
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
-from aegis.adapters.nats_server import free_port
 from aegis.adapters.ports import Bus, StatusStore, Subscription
 from aegis.core import actions as act
 from aegis.core import events as ev
@@ -54,6 +53,7 @@ from aegis.master.observers import Observers
 from aegis.master.ports import Platform
 from aegis.master.progress import Progress
 from aegis.master.round_orders import RoundOrder
+from aegis.spawn.ports import free_port
 from aegis.wire import eventlog
 from aegis.wire import messages as m
 from aegis.wire.logsafe import one_line

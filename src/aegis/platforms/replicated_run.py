@@ -29,7 +29,7 @@ from aegis.adapters import lifecycle
 from aegis.adapters.aio import to_thread_to_its_end
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, NatsCluster, free_port
+from aegis.adapters.nats_server import EmbeddedNats, NatsCluster
 from aegis.core import events as ev
 from aegis.core.model import JobStatus, PodName, pod_names
 from aegis.core.rendezvous import RendezvousRule
@@ -41,6 +41,7 @@ from aegis.platforms.follow import FollowedJob
 from aegis.platforms.local import SLOW, Hosts, LocalPlatform, SharedHost
 from aegis.platforms.run_settings import RunResult, RunSettings
 from aegis.platforms.served_job import ServedJob
+from aegis.spawn.ports import free_port
 from aegis.wire import status_json
 
 log = logging.getLogger(__name__)
