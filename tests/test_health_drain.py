@@ -18,17 +18,18 @@ import msgspec
 import pytest
 
 from aegis.agent import health
-from aegis.checks import gpu
+from aegis.checks import gpu, xids
 from aegis.core import events as ev
 from aegis.core.model import NodeName, PodName
-from aegis.master import node_drains
+from aegis.master import metrics, node_drains
 from aegis.wire import codec
 from aegis.wire import messages as m
 from tests import fake_pynvml
 from tests.core_helpers import Driver
 from tests.jsonl import json_lines
 from tests.runner_harness import Harness, RecordingPlatform, make_runner, running, to_running
-from tests.waits import async_wait_until
+from tests.scrape import parse, value
+from tests.waits import async_wait_until, wait_until
 
 DATA = Path(__file__).parent / "data"
 PENDING = ["GPU 0: page retirement pending (1 DBE page(s))", "GPU 1: 87 C at/above slowdown 87 C"]
@@ -251,6 +252,8 @@ async def test_the_master_drains_the_node_once_with_no_fault_counted(tmp_path: P
 
     bus, store, platform = memory.MemoryBus(), memory.MemoryStore(), RecordingPlatform()
     runner = make_runner(tmp_path, bus, store, platform)
+    hub = metrics.MasterMetrics()
+    hub.attach(runner)
     async with running(Harness(runner, bus, store, platform)) as h:
         await to_running(h)
         for _ in range(3):  # said at each look while the warnings stand
@@ -259,12 +262,111 @@ async def test_the_master_drains_the_node_once_with_no_fault_counted(tmp_path: P
         assert runner.status.drain_count == 1 and runner.status.recover_count == 0
         assert [e.node for e in runner.status.error_nodes] == ["node-1"]
         assert platform.calls.count(("blacklist", "node-1")) == 1
+        assert runner.drops.counts.get("health_other_node", 0) == 0
         stale = m.HealthData(["x"], "node-1")  # job-0 runs on node-0: not its node
         await h.send("job-0", m.MessageType.CHECKPOINT, stale)
         await h.settle()
         assert runner.status.drain_count == 1 and len(runner.status.error_nodes) == 1
+        assert runner.drops.counts["health_other_node"] == 1  # refused, and counted
+        samples = parse(hub.scrape())
+        assert value(samples, "aegis_health_drains_total") == 1
+        assert value(samples, "aegis_health_drains_total", node="node-1") == 1
+        assert value(samples, "aegis_messages_dropped_total", reason="health_other_node") == 1
     events = json_lines(tmp_path / "events.jsonl")
     downs = [e for e in events if e["type"] == "NodeDown"]
     drains = [e for e in events if e["type"] == "DrainRequested"]
     assert [d["node"] for d in downs] == ["node-1"] and [d["pods"] for d in drains] == [["job-1"]]
     assert "page retirement pending" in drains[0]["reason"] == downs[0]["reason"]
+
+
+# -- Xid events: heard between looks, the program's own no warning -----------------------------
+
+
+def _healthy_a100(monkeypatch: pytest.MonkeyPatch) -> Any:
+    raw = json.loads((DATA / "nvml_a100_healthy.json").read_text())
+    fake = fake_pynvml.module(raw["snapshot"])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+async def test_an_xid_between_looks_is_said_at_the_next_look_and_the_programs_own_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, a look listened 100 ms for Xid events every 30 s: an Xid between looks (nearly
+    all of them) was never heard. Now a listener keeps an event set registered from the first
+    look: GPU 0 falls off the bus (Xid 79) and GPU 1 runs a program's illegal address (Xid 13)
+    while no look runs; the next look says GPU 0's, and goes on saying it; GPU 1's is kept
+    but is no warning sign. The listener frees its event set when stopped."""
+    _healthy_a100(monkeypatch)
+    before = fake_pynvml.open_event_sets()
+    heard = xids.XidListener(wait_ms=20)
+    reader = _Counting(gpu.RealNvml(listener=heard))
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    reports: list[list[str]] = []
+
+    async def report(warnings: list[str]) -> None:
+        reports.append(warnings)
+
+    watching = asyncio.create_task(health.watch(reader, report, 0.05, done))
+    try:
+        await async_wait_until(lambda: fake_pynvml.listening_to(0) and fake_pynvml.listening_to(1),
+                               60, "the listener registered")  # fmt: skip
+        assert reports == []
+        assert gpu.RealNvml(xid_wait_ms=1).read() is not None  # a look of its own meanwhile
+        assert fake_pynvml.xid(1, 13) == 1 and fake_pynvml.xid(0, 79) == 1  # only it hears
+        looks = reader.looks
+        await async_wait_until(lambda: len(reports) >= 2, 60, "two looks that say the Xid")
+        assert reader.looks > looks
+        assert all(r == ["GPU 0: critical Xid 79"] for r in reports), reports
+        snapshot = reader.read()
+        assert snapshot is not None
+        assert [d.xid_events for d in snapshot.devices[:2]] == [[79], [13]]
+    finally:
+        done.set_result(0)
+        await asyncio.wait_for(watching, 30)
+        heard.stop(wait_s=30)
+    assert not heard.listening() and fake_pynvml.open_event_sets() == before
+
+
+def test_the_programs_own_xids_fail_no_gpu_check_and_a_hardware_one_does() -> None:
+    raw = json.loads((DATA / "nvml_a100_healthy.json").read_text())
+    healthy = msgspec.convert(raw["snapshot"], gpu.GpuSnapshot)
+
+    def with_xids(codes: list[int]) -> gpu.GpuSnapshot:
+        first = msgspec.structs.replace(healthy.devices[0], xid_events=codes)
+        return msgspec.structs.replace(healthy, devices=[first, *healthy.devices[1:]])
+
+    assert gpu.judge(with_xids([13, 31, 43, 45]), require_gpu=True, expected=None).passed
+    assert gpu.health_warnings(with_xids([13, 31, 43, 45])) == []
+    outcome = gpu.judge(with_xids([13, 48]), require_gpu=True, expected=None)
+    assert not outcome.passed and "GPU 0: critical Xid 48" in outcome.result
+    assert "13" not in outcome.result.split("critical Xid")[1]
+
+
+def test_a_listener_that_stops_on_an_error_listens_again_at_the_next_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML's wait failing (not a timeout: a GPU lost, a driver reloading) ends the listener;
+    the next look starts it again, with a new event set (the old one freed)."""
+    fake = _healthy_a100(monkeypatch)
+    before = fake_pynvml.open_event_sets()
+    wait, failures = fake.nvmlEventSetWait_v2, [fake_pynvml.NVMLError("GPU is lost")]
+
+    def failing_once(event_set: str, timeout_ms: int) -> object:
+        if failures:
+            raise failures.pop()
+        return wait(event_set, timeout_ms)
+
+    monkeypatch.setattr(fake, "nvmlEventSetWait_v2", failing_once)
+    heard = xids.XidListener(wait_ms=20)
+    try:
+        assert heard.heard(fake) == {}
+        wait_until(lambda: not failures and not heard.listening(), 30, "the listener to stop")
+        assert fake_pynvml.open_event_sets() == before  # freed on the way out
+        heard.heard(fake)
+        wait_until(lambda: fake_pynvml.listening_to(0) == 1, 30, "listening again")
+        assert fake_pynvml.xid(0, 94) == 1
+        wait_until(lambda: heard.heard(fake) == {0: [94]}, 30, "the Xid heard")
+    finally:
+        heard.stop(wait_s=30)
+    assert not heard.listening() and fake_pynvml.open_event_sets() == before

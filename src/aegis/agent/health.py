@@ -3,7 +3,8 @@
 While the pod runs, the agent reads its GPUs every ``health_s`` through the gpu check's NVML
 port (:class:`aegis.checks.gpu.NvmlReader`, in a daemon thread: NVML calls block) and says the
 warning signs it finds (``checks.gpu.health_warnings``: ECC errors, pages or rows pending
-retirement or remapping, a failed remapping, critical Xids, a GPU at its slowdown temperature)
+retirement or remapping, a failed remapping, a GPU at its slowdown temperature, and a hardware
+Xid event heard since the first look: ``checks.xids.XidListener`` keeps listening between looks)
 to the master at each look while they stand (a report lost in a failover is made again). The
 master drains the node: the job's pods there leave at the next checkpoint, no fault counted,
 and the node joins the job's ErrorNodes (``master.node_drains``). A node without NVML

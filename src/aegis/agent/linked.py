@@ -45,7 +45,7 @@ from aegis.agent import (
 )
 from aegis.checkpoint import layout as lay
 from aegis.checkpoint import process
-from aegis.checks import gpu
+from aegis.checks import gpu, xids
 from aegis.checks import host as check_host
 from aegis.wire.logsafe import one_line
 
@@ -89,8 +89,9 @@ async def run_linked(
             terminated.set()
             the_link.finish(128 + signal.SIGTERM)
 
+        heard = xids.XidListener()  # from the watch's first look (none with --health-s 0)
         health_watch = health.watch(
-            gpu.RealNvml(), the_link.unhealthy, settings.health_s, the_link.done
+            gpu.RealNvml(listener=heard), the_link.unhealthy, settings.health_s, the_link.done
         )
         with pid1.signals(sup.send_signal, on_sigterm):
             tasks = [
@@ -111,6 +112,7 @@ async def run_linked(
             try:
                 code = await _wait_done(the_link, [*tasks, *([saver[1]] if saver else [])])
             finally:
+                heard.stop()
                 await _shut_down(the_link, tasks, sup, saver, terminated)
     return code
 

@@ -15,7 +15,9 @@ names follow ``nvidia-smi -q`` (in brackets) and the NVML calls that fill them:
 - ``temperature_c`` / ``slowdown_temp_c``: [Temperature > GPU Current Temp / GPU Slowdown Temp];
   ``nvmlDeviceGetTemperature``, ``nvmlDeviceGetTemperatureThreshold(h, SLOWDOWN)``
 - ``xid_events``: critical Xid errors seen while the check listened
-  (``nvmlDeviceRegisterEvents(h, nvmlEventTypeXidCriticalError)``).
+  (``nvmlDeviceRegisterEvents(h, nvmlEventTypeXidCriticalError)``), or, for the agent's health
+  watch, since its first look (``checks.xids.XidListener``). The program's own Xids
+  (``checks.xids.APPLICATION_XIDS``: an illegal address, a killed process) are no warning sign.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from aegis.checks import xids as xid_codes
 from aegis.checks.base import CheckSettings, Outcome
 
 log = logging.getLogger(__name__)
@@ -91,18 +94,22 @@ def _problems(d: GpuReading) -> list[str]:
         out.append(f"{at}: row remapping failed")
     elif d.remapped_rows_pending:
         out.append(f"{at}: row remapping pending ({d.remapped_rows_uncorrectable} uncorrectable)")
-    if d.xid_events:
-        out.append(f"{at}: critical Xid {', '.join(str(x) for x in d.xid_events)}")
+    if hardware := xid_codes.hardware(d.xid_events):
+        out.append(f"{at}: critical Xid {', '.join(str(x) for x in hardware)}")
     if d.temperature_c is not None and d.slowdown_temp_c and d.temperature_c >= d.slowdown_temp_c:
         out.append(f"{at}: {d.temperature_c} C at/above slowdown {d.slowdown_temp_c} C")
     return out
 
 
 class RealNvml:
-    """Reads NVML through ``pynvml`` (nvidia-ml-py); listens ``xid_wait_ms`` for Xid events."""
+    """Reads NVML through ``pynvml`` (nvidia-ml-py); listens ``xid_wait_ms`` for Xid events, or,
+    with a ``listener``, takes the Xids it heard since the first read (the health watch)."""
 
-    def __init__(self, xid_wait_ms: int = 100) -> None:
+    def __init__(
+        self, xid_wait_ms: int = 100, listener: xid_codes.XidListener | None = None
+    ) -> None:
         self._xid_wait_ms = xid_wait_ms
+        self._listener = listener
 
     def read(self) -> GpuSnapshot | None:
         try:
@@ -115,7 +122,10 @@ class RealNvml:
         try:
             driver = _text(pynvml.nvmlSystemGetDriverVersion())
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_count(pynvml))]
-            xids = self._xids(pynvml, handles)
+            if self._listener is not None:
+                xids = self._listener.heard(pynvml)
+            else:
+                xids = self._xids(pynvml, handles)
             devices = [_reading(pynvml, i, h, xids.get(i, [])) for i, h in enumerate(handles)]
             return GpuSnapshot(driver_version=driver, devices=devices)
         finally:

@@ -191,7 +191,9 @@ class JobRunner:
         self.platform_event(ev.DrainRequested(pods, reason))
 
     def _unhealthy(self, pod: PodName, data: m.HealthData) -> None:
-        if (found := node_drains.health_drain(self.status, pod, data)) is not None:
+        if node_drains.names_another_node(self.status, pod, data):
+            self.drops.add("health_other_node")
+        elif (found := node_drains.health_drain(self.status, pod, data)) is not None:
             log.warning("job %s: %s: the pods there leave", self.spec.job, found.reason)
             self.platform_event(ev.NodeDown(found.node, found.reason))  # kept out, no count
             self.drain(found.pods, found.reason, self.settings.drain_deadline_s)

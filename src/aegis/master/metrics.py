@@ -28,6 +28,7 @@ from aegis.core.incidents import IncidentTracker
 from aegis.core.model import PodName
 from aegis.core.phases import CHECK_PHASES, TERMINAL_PHASES, Phase
 from aegis.core.recovery import LEVEL_NAMES
+from aegis.master import node_drains
 from aegis.master.job_runner import JobRunner
 from aegis.wire import messages as m
 
@@ -138,11 +139,9 @@ class MasterMetrics:
             registry=r,
         )  # fmt: skip
         self.jobs_created = Counter("aegis_jobs_created", "Jobs created", JOB_LABELS, registry=r)
-        self.jobs_succeeded = Counter(
-            "aegis_jobs_succeeded", "Jobs that ended Succeed", JOB_LABELS, registry=r
-        )
-        self.jobs_failed = Counter(
-            "aegis_jobs_failed", "Jobs that ended Failed", JOB_LABELS, registry=r
+        self.jobs_succeeded, self.jobs_failed = (
+            Counter(f"aegis_jobs_{name}", f"Jobs that ended {phase}", JOB_LABELS, registry=r)
+            for name, phase in (("succeeded", "Succeed"), ("failed", "Failed"))
         )
         self.recoveries = Counter(
             "aegis_recoveries", "Incidents recovered, by the highest recovery level used",
@@ -173,8 +172,11 @@ class MasterMetrics:
         self.persist_failures = Counter(
             "aegis_checkpoint_persist_failures", "Failed attempts of a pod's saver daemon to "
             "persist a checkpoint to its durable directory, by errno name (ENOSPC, EROFS, ...; "
-            "other: a number this host has no name for)",
-            ["errno"], registry=r,
+            "other: a number this host has no name for)", ["errno"], registry=r,
+        )  # fmt: skip
+        self.health_drains = Counter(
+            "aegis_health_drains", "Nodes a job moved off because their GPUs showed warning "
+            "signs (the agents' health watch), by node", ["node"], registry=r,
         )  # fmt: skip
         for level in LEVEL_NAMES.values():
             self.recoveries.labels(level)
@@ -224,12 +226,7 @@ class MasterMetrics:
 
     def _on_event(self, job: _Job, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
         runner, now = job.runner, job.runner.clock()
-        if isinstance(event, ev.HangReported) and any(
-            isinstance(a, act.RecordFault) for a in actions
-        ):
-            info = runner.status.pod_infos.get(event.pod)
-            node = str(info.node) if event.blame and info is not None else "none"
-            self.hang_suspects.labels(node).inc()
+        self._count_by_node(job, event, actions)
         for action in actions:
             match action:
                 case act.RecordFault(pod=pod, counted=counted):
@@ -252,6 +249,19 @@ class MasterMetrics:
                 kind = ROUND_NAMES[job.phase]
                 self.round_duration.labels(kind, *job.labels).observe(now - job.phase_since)
             job.phase, job.phase_since = runner.status.phase, now
+
+    def _count_by_node(self, job: _Job, event: ev.Event, actions: tuple[act.Action, ...]) -> None:
+        """The counters by node: hangs judged (the node of the pod named), health drains."""
+        if isinstance(event, ev.HangReported) and any(
+            isinstance(a, act.RecordFault) for a in actions
+        ):
+            info = job.runner.status.pod_infos.get(event.pod)
+            node = str(info.node) if event.blame and info is not None else "none"
+            self.hang_suspects.labels(node).inc()
+        if isinstance(event, ev.NodeDown) and event.reason.startswith(node_drains.HEALTH_REASON):
+            for action in actions:
+                if isinstance(action, act.BlacklistNode):  # (once: ErrorNodes has it now)
+                    self.health_drains.labels(action.node).inc()
 
     @staticmethod
     def _detection(job: _Job, event: ev.Event, pod: PodName) -> tuple[str, float | None]:

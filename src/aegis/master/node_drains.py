@@ -25,6 +25,7 @@ from aegis.wire import messages as m
 from aegis.wire.logsafe import one_line
 
 REASON_CHARS = 300  # what of the warnings a health drain's reason carries
+HEALTH_REASON = "GPU health of "  # how a health drain's reason starts (NodeDown, DrainRequested)
 
 
 @runtime_checkable
@@ -71,13 +72,20 @@ def health_drain(status: JobStatus, pod: PodName, report: m.HealthData) -> Healt
     info = status.pod_infos.get(pod)
     if status.phase in TERMINAL_PHASES or info is None or not info.node:
         return None
-    if (report.node and report.node != info.node) or is_error_node(status.error_nodes, info.node):
+    if names_another_node(status, pod, report) or is_error_node(status.error_nodes, info.node):
         return None
     pods = pods_on(status, {info.node})
     if not pods:
         return None
     said = one_line("; ".join(report.warnings), REASON_CHARS)
-    return HealthDrain(info.node, pods, f"GPU health of {info.node} ({pod}): {said}")
+    return HealthDrain(info.node, pods, f"{HEALTH_REASON}{info.node} ({pod}): {said}")
+
+
+def names_another_node(status: JobStatus, pod: PodName, report: m.HealthData) -> bool:
+    """Whether the report names a node other than the one the master placed ``pod`` on (an
+    agent of an earlier placement, or one that lies): refused, and counted as a drop."""
+    info = status.pod_infos.get(pod)
+    return bool(report.node) and info is not None and report.node != info.node
 
 
 DRAINED = "drained: "  # how a drained node's reason starts in a platform's blacklist
