@@ -343,11 +343,13 @@ def test_the_programs_own_xids_fail_no_gpu_check_and_a_hardware_one_does() -> No
     assert "13" not in outcome.result.split("critical Xid")[1]
 
 
-def test_a_listener_that_stops_on_an_error_listens_again_at_the_next_look(
+def test_a_listener_that_stops_on_an_error_listens_again_at_a_later_look(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """NVML's wait failing (not a timeout: a GPU lost, a driver reloading) ends the listener;
-    the next look starts it again, with a new event set (the old one freed)."""
+    """NVML's wait failing (not a timeout: a GPU lost, a driver reloading) ends the listener; a
+    look ``retry_s`` after it started starts it again, with a new event set (the old one freed,
+    NVML shut down as often as it was started). Before ``retry_s``, it is not started again (a
+    listener that keeps failing is not started at every look)."""
     fake = _healthy_a100(monkeypatch)
     before = fake_pynvml.open_event_sets()
     wait, failures = fake.nvmlEventSetWait_v2, [fake_pynvml.NVMLError("GPU is lost")]
@@ -358,11 +360,14 @@ def test_a_listener_that_stops_on_an_error_listens_again_at_the_next_look(
         return wait(event_set, timeout_ms)
 
     monkeypatch.setattr(fake, "nvmlEventSetWait_v2", failing_once)
-    heard = xids.XidListener(wait_ms=20)
+    heard = xids.XidListener(wait_ms=20, retry_s=3600)
     try:
         assert heard.heard(fake) == {}
         wait_until(lambda: not failures and not heard.listening(), 30, "the listener to stop")
         assert fake_pynvml.open_event_sets() == before  # freed on the way out
+        heard.heard(fake)
+        assert not heard.listening()  # (not before retry_s)
+        heard.retry_s = 0.0
         heard.heard(fake)
         wait_until(lambda: fake_pynvml.listening_to(0) == 1, 30, "listening again")
         assert fake_pynvml.xid(0, 94) == 1
@@ -370,3 +375,48 @@ def test_a_listener_that_stops_on_an_error_listens_again_at_the_next_look(
     finally:
         heard.stop(wait_s=30)
     assert not heard.listening() and fake_pynvml.open_event_sets() == before
+    calls = fake.calls
+    assert calls.count("init") == calls.count("shutdown") == 2  # (two listeners' own)
+
+
+def test_a_gpu_that_takes_no_events_or_fell_off_the_bus_leaves_the_others_heard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 1 refuses Xid events (Not Supported, as some boards): GPU 0's are heard all the
+    same (before, one refusal ended the listener). Then GPU 1 falls off the bus: its handle
+    fails (GPU is lost); the look still reads GPU 0, says GPU 1 unreachable, and says the Xid
+    the listener heard (before, the look failed as a whole and nothing was said)."""
+    fake = _healthy_a100(monkeypatch)
+    register, lost = fake.nvmlDeviceRegisterEvents, set()
+
+    def refusing(h: Any, types_: int, event_set: str) -> None:
+        if h.index == 1:
+            raise fake_pynvml.NVMLError(fake_pynvml.NOT_SUPPORTED)
+        register(h, types_, event_set)
+
+    handle = fake.nvmlDeviceGetHandleByIndex
+
+    def maybe_lost(index: int) -> Any:
+        if index in lost:
+            raise fake_pynvml.NVMLError("GPU is lost")
+        return handle(index)
+
+    monkeypatch.setattr(fake, "nvmlDeviceRegisterEvents", refusing)
+    monkeypatch.setattr(fake, "nvmlDeviceGetHandleByIndex", maybe_lost)
+    heard = xids.XidListener(wait_ms=20)
+    reader = gpu.RealNvml(listener=heard)
+    try:
+        assert gpu.health_warnings(reader.read()) == []
+        wait_until(lambda: fake_pynvml.listening_to(0) == 1, 30, "GPU 0 heard")
+        assert fake_pynvml.listening_to(1) == 0
+        assert fake_pynvml.xid(1, 79) == 0 and fake_pynvml.xid(0, 79) == 1
+        wait_until(lambda: heard.heard(fake) == {0: [79]}, 30, "the Xid heard")
+        lost.add(1)
+        snapshot = reader.read()
+    finally:
+        heard.stop(wait_s=30)
+    assert snapshot is not None and snapshot.devices[0].name != "?"
+    assert gpu.health_warnings(snapshot) == [
+        "GPU 0: critical Xid 79",
+        "GPU 1: unreachable (NVMLError: GPU is lost)",
+    ]

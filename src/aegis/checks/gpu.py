@@ -46,6 +46,7 @@ class GpuReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     remapped_rows_pending: bool | None = None
     remapping_failed: bool | None = None
     xid_events: list[int] = []
+    unreachable: str | None = None  # why NVML could not reach it (its handle or name failed)
 
 
 class GpuSnapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -86,6 +87,8 @@ def health_warnings(snapshot: GpuSnapshot | None) -> list[str]:
 def _problems(d: GpuReading) -> list[str]:
     out = []
     at = f"GPU {d.index}"
+    if d.unreachable is not None:  # (GPU_IS_LOST: fallen off the bus)
+        out.append(f"{at}: unreachable ({d.unreachable})")
     if d.ecc_volatile_uncorrected:
         out.append(f"{at}: {d.ecc_volatile_uncorrected} volatile uncorrected ECC error(s)")
     if d.retired_pages_pending:
@@ -121,12 +124,14 @@ class RealNvml:
             return None
         try:
             driver = _text(pynvml.nvmlSystemGetDriverVersion())
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_count(pynvml))]
+            found = [_device(pynvml, i) for i in range(_count(pynvml))]
             if self._listener is not None:
                 xids = self._listener.heard(pynvml)
             else:
-                xids = self._xids(pynvml, handles)
-            devices = [_reading(pynvml, i, h, xids.get(i, [])) for i, h in enumerate(handles)]
+                xids = self._xids(pynvml, [h for h, _name, _why in found if h is not None])
+            unnamed = xids.get(-1, [])  # an Xid of a GPU NVML could not name: every GPU's
+            devices = [_reading(pynvml, i, device, sorted({*xids.get(i, []), *unnamed}))
+                       for i, device in enumerate(found)]  # fmt: skip
             return GpuSnapshot(driver_version=driver, devices=devices)
         finally:
             pynvml.nvmlShutdown()
@@ -171,7 +176,19 @@ def _optional(fn: Any, *args: Any) -> Any:
         return None
 
 
-def _reading(nvml: Any, index: int, h: Any, xids: list[int]) -> GpuReading:
+def _device(nvml: Any, index: int) -> tuple[Any, str, str]:
+    """GPU ``index``'s handle and name; or None, and why NVML could not reach it."""
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        return h, _text(nvml.nvmlDeviceGetName(h)), ""
+    except Exception as exc:  # GPU_IS_LOST and the like: the look goes on with the others
+        return None, "?", f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _reading(nvml: Any, index: int, device: tuple[Any, str, str], xids: list[int]) -> GpuReading:
+    h, name, why = device
+    if h is None:
+        return GpuReading(index=index, name=name, xid_events=xids, unreachable=why)
     remapped = _optional(nvml.nvmlDeviceGetRemappedRows, h)  # (corr, unc, pending, failed)
     retired = _optional(
         nvml.nvmlDeviceGetRetiredPages, h, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
@@ -179,7 +196,7 @@ def _reading(nvml: Any, index: int, h: Any, xids: list[int]) -> GpuReading:
     pending = _optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
     return GpuReading(
         index=index,
-        name=_text(nvml.nvmlDeviceGetName(h)),
+        name=name,
         temperature_c=_optional(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
         slowdown_temp_c=_optional(
             nvml.nvmlDeviceGetTemperatureThreshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN

@@ -192,7 +192,7 @@ class JobRunner:
 
     def _unhealthy(self, pod: PodName, data: m.HealthData) -> None:
         if node_drains.names_another_node(self.status, pod, data):
-            self.drops.add("health_other_node")
+            self.drops.add("health_other_node", f"{pod} names {data.node!r}, placed elsewhere")
         elif (found := node_drains.health_drain(self.status, pod, data)) is not None:
             log.warning("job %s: %s: the pods there leave", self.spec.job, found.reason)
             self.platform_event(ev.NodeDown(found.node, found.reason))  # kept out, no count
