@@ -7,7 +7,9 @@ the job trains, node-1's GPUs start to show a double-bit ECC page pending retire
 at its slowdown temperature (the V100 recording): node-1's agent says so at its next look, the
 master drains node-1, its pod moves to the spare, and the job goes on to succeed with no fault
 counted. Before, nothing looked at the GPUs between check rounds: the job trained on until the
-GPU failed, then lost the work since its last checkpoint and a fault of its budget.
+GPU failed, then lost the work since its last checkpoint and a fault of its budget. The other
+sign: GPU 0 of node-1 has the program's Xid 13 (nothing) and then Xid 79 (fallen off the bus)
+between two looks; the agent's listener hears it (before, a look listened 100 ms and did not).
 """
 
 from __future__ import annotations
@@ -33,8 +35,20 @@ def _drains(log_dir: Path) -> list[dict[str, object]]:
     return [e for e in events if e["type"] == "DrainRequested"]
 
 
+# what turns node-1 bad: its GPUs' readings (a recording), or an Xid event between two looks
+# (GPU 0 fallen off the bus, heard by the agent's listener: a look's own 100 ms never heard it)
+SIGNS = {
+    "readings": (
+        "GPU 0: page retirement pending (1 DBE page(s))",
+        "GPU 1: 87 C at/above slowdown 87 C",
+    ),
+    "xid": ("GPU 0: critical Xid 79",),
+}
+
+
+@pytest.mark.parametrize("sign", sorted(SIGNS))
 async def test_a_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
-    tmp_path: Path,
+    tmp_path: Path, sign: str
 ) -> None:
     gpus = tmp_path / "gpus"  # <node>.json: that node's GPUs (none: healthy A100s)
     gpus.mkdir()
@@ -43,8 +57,11 @@ async def test_a_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
         del proc
         pod_log = log_dir / "pods" / "h-1.log"
         await async_wait_until(lambda: last_step(pod_log, 1) >= 30, 300, "training")
-        shutil.copy(FAILING, gpus / "node-1.tmp")
-        (gpus / "node-1.tmp").rename(gpus / "node-1.json")  # (never read half written)
+        if sign == "xid":
+            (gpus / "node-1.xids").write_text("0 13\n0 79\n")  # the program's, then the GPU's
+        else:
+            shutil.copy(FAILING, gpus / "node-1.tmp")
+            (gpus / "node-1.tmp").rename(gpus / "node-1.json")  # (never read half written)
         await async_wait_until(lambda: _drains(log_dir), 120, "node-1 drained")
 
     command = plain_ddp(tmp_path / "ckpt", steps=400)
@@ -63,10 +80,9 @@ async def test_a_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
     [drain] = _drains(run.log_dir)
     assert drain["pods"] == ["h-1"], drain
     reason = str(drain["reason"])
-    assert reason.startswith("GPU health of node-1 (h-1): GPU 0: page retirement pending"), reason
-    assert "GPU 1: 87 C at/above slowdown 87 C" in reason
+    assert reason == "GPU health of node-1 (h-1): " + "; ".join(SIGNS[sign]), reason
     agent_log = (run.log_dir / "pods" / "h-1.log").read_text()
-    assert "GPU health: GPU 0: page retirement pending" in agent_log
+    assert f"GPU health: {SIGNS[sign][0]}" in agent_log
     events = json_lines(run.log_dir / "events.jsonl")
     assert not [e for e in events if e["type"] in ("PodErrored", "HangReported", "HeartbeatLost")]
     [down] = [e for e in events if e["type"] == "NodeDown"]  # the job's ErrorNodes: kept out
