@@ -8,8 +8,8 @@ Xid event heard since the first look: ``checks.xids.XidListener`` keeps listenin
 to the master at each look while they stand (a report lost in a failover is made again). The
 master drains the node: the job's pods there leave at the next checkpoint, no fault counted,
 and the node joins the job's ErrorNodes (``master.node_drains``). A node without NVML
-is looked at once, and no more; on one where NVML answered, a failed look is logged and the
-watch goes on.
+is looked at once, and no more; a look that fails or hangs is logged and the watch goes on, on
+its first look too (a GPU whose first NVML call hangs is the one to watch).
 """
 
 from __future__ import annotations
@@ -37,16 +37,18 @@ def said(warnings: list[str]) -> list[str]:
 
 
 LOOK_S = 30.0  # a look at NVML not answered by then is logged as hung (none other meanwhile)
+NO_NVML = "no NVML"
 
 
 async def watch(
     reader: gpu.NvmlReader, report: Report, every_s: float, done: asyncio.Future[int]
 ) -> None:
     """Look every ``every_s`` until ``done``; ``report`` the warnings of each look that has
-    any. Returns at once when ``every_s`` is 0 (off), and after the first look on a node
-    without NVML. Once NVML has answered, a look that fails (NVML gone, a reader error, a call
-    that hangs) is logged and the watch goes on: a driver that answers again is looked at
-    again. Each look runs in a daemon thread: a hung NVML call never holds the agent's exit."""
+    any. Returns at once when ``every_s`` is 0 (off), and when the first look finds no NVML (no
+    library or driver: ``read`` gave None). A look that fails (a reader error, a call that
+    hangs; NVML gone once it had answered) is logged and the watch goes on: a driver that
+    answers again is looked at again. Each look runs in a daemon thread: a hung NVML call never
+    holds the agent's exit."""
     if every_s <= 0:
         return
     loop, logged, answered = asyncio.get_running_loop(), None, False
@@ -60,10 +62,10 @@ async def watch(
         if done.done():
             return
         snapshot, failed = _outcome(look)
-        if failed and not answered:
+        if failed == NO_NVML and not answered:
             log.info("GPU health watch: %s on this node, nothing to watch", failed)
             return
-        answered = True
+        answered = answered or snapshot is not None
         warnings = said(gpu.health_warnings(snapshot))
         if (failed or warnings) != logged:
             log.log(logging.WARNING if failed or warnings else logging.INFO, "GPU health: %s",
@@ -82,7 +84,7 @@ def _outcome(look: asyncio.Future[gpu.GpuSnapshot | None]) -> tuple[gpu.GpuSnaps
     if (error := look.exception()) is not None:
         return None, f"reading NVML failed: {error!r}"
     snapshot = look.result()
-    return snapshot, "" if snapshot is not None else "no NVML"
+    return snapshot, "" if snapshot is not None else NO_NVML
 
 
 def _in_daemon_thread(
