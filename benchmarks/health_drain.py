@@ -1,18 +1,19 @@
 """Work lost to a GPU that fails: with the agents' health watch vs without, side by side.
 
 Usage: python benchmarks/health_drain.py [--trials 2] [--steps 500] [--warning-s 10] [--seed 1]
-[--keep]
+[--sign readings|xid] [--keep]
 
 Each trial runs the same job twice on the emulated cluster (``aegis run --isolate-nodes
 --nodes 2 --spare-nodes 1``; ``tests/bin/plain_ddp.py``, a script that never imports aegis,
 ``torch.save`` every 20 steps of 0.05 s), once with ``--health-s 1`` and once with
 ``--health-s 0``. The agents read their GPUs through the real NVML reader, answered by
 ``tests/bin/nvml/pynvml.py`` from recordings of real GPUs. At a random step node-1's GPUs start
-to show warning signs (the V100 recording: a double-bit ECC page pending retirement, a GPU at
-its slowdown temperature); ``--warning-s`` later the GPU fails and takes the node with it: every
-process in node-1's namespaces is SIGKILLed (a node lost). Reported per mode: the steps done
-twice (a rank's step lines minus its distinct steps, the worst rank), the faults counted
-(``recover_count``), and the run's wall time. Needs root (namespaces).
+to show warning signs (``--sign readings``, the V100 recording: a double-bit ECC page pending
+retirement, a GPU at its slowdown temperature; ``--sign xid``: GPU 0 has an Xid 79 event between
+two looks, heard only by the agent's Xid listener); ``--warning-s`` later the GPU fails and
+takes the node with it: every process in node-1's namespaces is SIGKILLed (a node lost).
+Reported per mode: the steps done twice (a rank's step lines minus its distinct steps, the worst
+rank), the faults counted (``recover_count``), and the run's wall time. Needs root (namespaces).
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ async def one_run(health_s: float, fail_at: int, args: argparse.Namespace) -> Ro
                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     pod_log = log_dir / "pods" / "h-1.log"
     await until(lambda: last_step(pod_log, 1) >= fail_at, 300, f"step {fail_at}")
-    shutil.copy(FAILING, gpus / "node-1.tmp")  # the warning signs (never read half written)
-    (gpus / "node-1.tmp").rename(gpus / "node-1.json")
+    if args.sign == "xid":
+        (gpus / "node-1.xids").write_text("0 79\n")  # an event at the agent's next look
+    else:
+        shutil.copy(FAILING, gpus / "node-1.tmp")  # the warning signs (never read half written)
+        (gpus / "node-1.tmp").rename(gpus / "node-1.json")
     warned = time.time()
     await asyncio.sleep(args.warning_s)  # (the benchmark's clock: the GPU fails this much later)
     victims = in_net_namespace_of(holder_of(log_dir, "node-1"))  # the GPU takes the node
@@ -117,6 +121,12 @@ async def main() -> None:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--warning-s", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--sign",
+        choices=("readings", "xid"),
+        default="readings",
+        help="the warning sign: the GPUs' readings, or an Xid event between looks",
+    )
     p.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -124,7 +134,7 @@ async def main() -> None:
     now = datetime.datetime.now(datetime.UTC)
     print(f"# health drain benchmark, {now:%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.steps} steps of "
-          f"0.05 s, torch.save every 20; warnings at steps {points}, the GPU fails "
+          f"0.05 s, torch.save every 20; {args.sign} warnings at steps {points}, the GPU fails "
           f"{args.warning_s:g} s later")  # fmt: skip
     results: dict[str, list[Row]] = {"watch (1 s)": [], "no watch": []}
     for at in points:

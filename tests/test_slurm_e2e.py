@@ -164,14 +164,17 @@ def test_slurm_node_whose_gpu_shows_warning_signs_is_drained_before_it_fails(
     state, out = tmp_path / "health", tmp_path / "health-out"
     env = {"PYTHONPATH": str(NVML), "AEGIS_TEST_NVML": str(gpus)}
     job_id = _submit(slurm, state, "--health-s", "1", "--wait", env=env)
-    wait_until(lambda: _lines(out / "rank-1.jsonl") == 1, 120, "both ranks running")
-    steps = [p.info["cmdline"] for p in processes_with(str(state)) if "--pod" in p.info["cmdline"]]
-    looks = {cmd[cmd.index("--pod") + 1]: cmd[cmd.index("--health-s") + 1] for cmd in steps}
-    assert looks == {"health-0": "1.0", "health-1": "1.0"}, steps  # each srun step, its agent
-    shutil.copy(FAILING_GPU, gpus / "n2.tmp")
-    (gpus / "n2.tmp").rename(gpus / "n2.json")  # (never read half written)
-    wait_until(lambda: _lines(out / "rank-1.jsonl") == 2, 120, "rank 1 started again elsewhere")
-    (out / "go").touch()
+    try:
+        wait_until(lambda: _lines(out / "rank-1.jsonl") == 1, 120, "both ranks running")
+        steps = [p.info["cmdline"] for p in processes_with(str(state))
+                 if "--pod" in p.info["cmdline"]]  # fmt: skip
+        looks = {cmd[cmd.index("--pod") + 1]: cmd[cmd.index("--health-s") + 1] for cmd in steps}
+        assert looks == {"health-0": "1.0", "health-1": "1.0"}, steps  # each srun step's agent
+        shutil.copy(FAILING_GPU, gpus / "n2.tmp")
+        (gpus / "n2.tmp").rename(gpus / "n2.json")  # (never read half written)
+        wait_until(lambda: _lines(out / "rank-1.jsonl") == 2, 120, "rank 1 started elsewhere")
+    finally:
+        (out / "go").touch()  # (the job ends, whatever failed: nothing left running)
     record = _finished(slurm, state, job_id)
     status = record["status"]
     assert (status["phase"], status["recover_count"]) == ("Succeed", 0), _diagnostics(slurm, state)
