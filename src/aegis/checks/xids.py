@@ -93,7 +93,7 @@ class XidListener:
                 self._wait_once(nvml, event_set)
         except Exception as exc:
             level = logging.DEBUG if self._failed_before else logging.WARNING
-            log.log(level, "Xid events: listening stopped (%r); again at the next look", exc)
+            log.log(level, "Xid events: listening stopped (%r); again at a later look", exc)
             self._failed_before = True
         finally:
             if event_set is not None:
