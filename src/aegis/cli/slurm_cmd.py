@@ -135,8 +135,7 @@ def submit(  # noqa: PLR0913 (a typer command: one parameter per option)
         job=job, nodes=nodes, spare_nodes=spare_nodes, max_retry=max_retry, state_dir=state,
         command=_command(command), sbatch_options=tuple(sbatch_options),
         inject=tuple(inject_fault or ()), hang_timeout_s=hang_timeout_s, health_s=health_s,
-        nats_url=nats,
-        advertise=advertise, master=master,
+        nats_url=nats, advertise=advertise, master=master,
         auth_file=auth_file.resolve() if auth_file is not None else None,
     )  # fmt: skip
     script = commands.batch_script(spec)
