@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import pickle
 import shutil
 import subprocess
 import sys
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import aegis.checkpoint
 from aegis.checkpoint import api, process
+from aegis.checkpoint import layout as lay
 from tests.waits import async_wait_until
 
 PY = sys.executable
@@ -222,3 +228,70 @@ async def test_load_puts_nested_tensors_in_the_template_when_read_from_disk_or_s
         assert got["layers"][1][0].dtype == torch.int32  # moved to the template's dtype
         assert got["layers"][1][0].tolist() == [0, 1, 2] and got["layers"][1][1] == "name"
         assert got["opt"]["m"].shape == (2, 2) and float(got["opt"]["m"].sum()) == 8.0
+
+
+@dataclass(frozen=True)
+class Tag:  # a class of the training's own in its state
+    name: str
+
+
+class Mkdir:
+    """Pickles as ``os.mkdir(path)``: what a hostile meta.pkl would hold."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (str(self.path),)
+
+
+async def test_a_state_with_a_class_not_allowed_fails_at_its_first_save_and_loads_once_allowed(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess
+) -> None:
+    settings = api.SaverSettings(shm_dir=shm, ckpt_dir=tmp_path / "ckpt")
+    state = {"w": torch.ones(3), "tag": Tag("run-1")}
+    with pytest.raises(aegis.checkpoint.UnsafeCheckpointError, match=r"\.Tag is not allowed"):
+        api.Saver(settings).save(1, state)
+    assert not shm.exists() or not list(shm.glob("slot-*"))  # nothing handed off
+    with torch.serialization.safe_globals([Tag]):
+        api.Saver(settings).save(1, state)
+        await committed(daemon, 1)
+        for load in ("load_latest", "load_from_disk"):
+            loaded = getattr(api.Saver(settings), load)()
+            assert loaded is not None and loaded[1]["tag"] == Tag("run-1"), load
+
+
+def plant(ckpt: Path, step: int, payload: Any) -> None:
+    """Replace the step's meta.pkl with ``payload`` pickled, its checksums made to fit (as
+    anyone who can write to the directory can)."""
+    where = ckpt / f"step-{step}"
+    blob = pickle.dumps(payload, protocol=5)
+    (where / "meta.pkl").write_bytes(blob)
+    manifest = json.loads((where / "manifest.json").read_bytes())
+    manifest["meta_crc32"] = zlib.crc32(blob)
+    manifest_bytes = json.dumps(manifest).encode()
+    (where / "manifest.json").write_bytes(manifest_bytes)
+    marker = json.loads((where / "COMMIT").read_bytes())
+    marker["manifest_crc32"] = zlib.crc32(manifest_bytes)
+    (where / "COMMIT").write_bytes(json.dumps(marker).encode())
+
+
+async def test_a_planted_meta_pkl_is_skipped_for_the_copy_before_and_never_run(
+    shm: Path, tmp_path: Path, daemon: process.DaemonProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt, made = tmp_path / "ckpt", tmp_path / "made"
+    saver = api.Saver(api.SaverSettings(shm_dir=shm, ckpt_dir=ckpt))
+    saver.save(1, {"w": torch.full((8,), 1.0)})
+    saver.save(2, {"w": torch.full((8,), 2.0)})
+    await committed(daemon, 2)
+    plant(ckpt, 2, {"w": lay.TensorRef(0), "x": Mkdir(made)})
+    fresh = api.Saver(api.SaverSettings(shm_dir=tmp_path / "empty-shm", ckpt_dir=ckpt))
+    with caplog.at_level(logging.WARNING, logger="aegis.checkpoint.api"):
+        loaded = fresh.load_latest()
+    assert loaded is not None and loaded[0] == 1 and float(loaded[1]["w"][0]) == 1.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step 2 skipped: posix.mkdir is not allowed" in w for w in warnings), warnings
+    plant(ckpt, 1, Mkdir(made))
+    with pytest.raises(aegis.checkpoint.UnsafeCheckpointError, match=r"posix\.mkdir"):
+        fresh.load_latest()  # copies there, none allowed: no fresh start from nothing
+    assert not made.exists()

@@ -14,7 +14,11 @@ shared memory keeps the newest save, which is persisted when the store works aga
 by the environment: ``AEGIS_CKPT_SHM``, ``AEGIS_CKPT_DIR``, ``AEGIS_CKPT_POLICY``,
 ``AEGIS_CKPT_WAIT_S``; where the pod runs several ranks (``LOCAL_WORLD_SIZE`` over 1, as
 under ``torchrun --nproc-per-node``) local rank k uses ``local-<k>/`` of both directories
-(:mod:`aegis.checkpoint.layout`). Importing this package does not import torch.
+(:mod:`aegis.checkpoint.layout`). Importing this package does not import torch. What a state
+holds besides its tensors is loaded with only the globals a checkpoint may name, as
+``torch.load(weights_only=True)`` loads (:mod:`aegis.checkpoint.safe_pickle`): a class of the
+training's own is allowed with ``torch.serialization.add_safe_globals``, else its first save
+raises :class:`UnsafeCheckpointError`.
 
 ``save_if_requested(step, state)``, called every step, saves only when the master asked for a
 checkpoint (a drain, or a slow node's eviction) and the step it named is reached: every rank
@@ -35,6 +39,7 @@ from typing import Any
 from aegis import training
 from aegis.checkpoint import api
 from aegis.checkpoint.api import BusyPolicy, Saver, SaverBusyError, SaverSettings, ShmFullError
+from aegis.checkpoint.safe_pickle import UnsafeCheckpointError
 
 __all__ = [
     "BusyPolicy",
@@ -42,6 +47,7 @@ __all__ = [
     "SaverBusyError",
     "SaverSettings",
     "ShmFullError",
+    "UnsafeCheckpointError",
     "load_latest",
     "save",
     "save_if_requested",

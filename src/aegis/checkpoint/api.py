@@ -22,6 +22,7 @@ import aegis.checkpoint.collective as ckpt_collective
 import aegis.checkpoint.layout as lay
 import aegis.checkpoint.nested as ckpt_nested
 import aegis.checkpoint.outage as ckpt_outage
+import aegis.checkpoint.safe_pickle as ckpt_safe
 import aegis.checkpoint.shm_read as ckpt_shm
 import aegis.checkpoint.store as ckpt_store
 from aegis.core.errors import AegisError
@@ -153,6 +154,8 @@ class Saver:
 
         tensors: list[Any] = []
         skeleton = ckpt_nested.rebuild(state, functools.partial(_to_ref, tensors, torch))
+        blob = pickle.dumps(skeleton, protocol=5)
+        ckpt_safe.loads(blob)  # a state a resume could not load fails here, before any copy
         entries, offset = [], 0
         for t in tensors:
             nbytes = t.numel() * t.element_size()
@@ -167,8 +170,7 @@ class Saver:
                     flat = t.detach().reshape(-1).contiguous().view(torch.uint8)
                     target[e.offset : e.offset + e.nbytes].copy_(flat)
         layout = lay.Layout(step, buffer, offset, tuple(entries), self.settings.incarnation)
-        lay.write_atomic(lay.slot_pkl(shm, step), pickle.dumps(skeleton, protocol=5),
-                         durable=False)  # fmt: skip
+        lay.write_atomic(lay.slot_pkl(shm, step), blob, durable=False)
         lay.write_atomic(lay.slot_json(shm, step), _dumps(layout), durable=False)
 
     def reserve(self, step: int, nbytes: int) -> tuple[int, Any]:
@@ -251,11 +253,17 @@ class Saver:
         ckpt = self.settings.ckpt_dir
         if ckpt is None:
             return None
+        refused: list[ckpt_safe.UnsafeCheckpointError] = []
         for step in reversed(self._at_most_resume(lay.disk_steps(ckpt), at_most)):
             try:
                 return step, ckpt_store.read_committed(ckpt, step)
             except ckpt_store.CorruptCheckpointError as exc:
                 log.warning("checkpoint step %s skipped: %s", exc.step, exc.reason)
+            except ckpt_safe.UnsafeCheckpointError as exc:
+                log.warning("checkpoint step %s skipped: %s", step, exc)
+                refused.append(exc)
+        if refused:  # copies there, none allowed: no fresh start (the training must allow them)
+            raise refused[-1]
         return None
 
     def _read(self, found: Found, template: Any) -> tuple[int, Any]:
@@ -269,7 +277,7 @@ class Saver:
             return step, _build(copy.layout, copy.skeleton, data, template, torch)
         shm = self.settings.shm_dir
         layout = lay.read_layout(shm, step)
-        skeleton = pickle.loads(lay.slot_pkl(shm, step).read_bytes())
+        skeleton = ckpt_safe.loads(lay.slot_pkl(shm, step).read_bytes())
         fd = os.open(lay.buffer_path(shm, layout.buffer), os.O_RDONLY)
         try:
             jobs: list[tuple[int, Any]] = []
@@ -350,7 +358,7 @@ def _to_ref(tensors: list[Any], torch: Any, value: Any, _template: Any) -> Any:
     return lay.TensorRef(len(tensors) - 1)
 
 
-def _build(layout: lay.Layout, skeleton: bytes, data: Any, template: Any, torch: Any) -> Any:
+def _build(layout: lay.Layout, skeleton: Any, data: Any, template: Any, torch: Any) -> Any:
     """The state of a checkpoint read from disk (``data`` its bytes), each tensor put in the place
     of the template's tensor at the same key (:func:`_placed`)."""
     tensors = []
@@ -364,7 +372,7 @@ def _build(layout: lay.Layout, skeleton: bytes, data: Any, template: Any, torch:
             return value
         return _placed(tensors[value.index], like, torch)
 
-    return ckpt_nested.rebuild(pickle.loads(skeleton), place, template)
+    return ckpt_nested.rebuild(skeleton, place, template)
 
 
 def _placed(loaded: Any, template: Any, torch: Any) -> Any:

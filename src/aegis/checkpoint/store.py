@@ -10,8 +10,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aegis.checkpoint.layout as lay  # not through the package: it re-exports api
+import aegis.checkpoint.safe_pickle as ckpt_safe
 from aegis.core.errors import AegisError
 
 CHUNK = 16 * 1024 * 1024
@@ -38,7 +40,7 @@ class CorruptCheckpointError(AegisError):
 @dataclass(frozen=True, slots=True)
 class DiskCopy:
     layout: lay.Layout
-    skeleton: bytes
+    skeleton: Any  # the state, TensorRefs for its tensors (unpickled by safe_pickle)
     data: bytearray
 
 
@@ -110,7 +112,9 @@ def _write_data(source: Path, target: Path, layout: lay.Layout, max_mb_s: float)
 
 
 def read_committed(ckpt: Path, step: int) -> DiskCopy:
-    """The verified content of ``step-<step>/``; raises :class:`CorruptCheckpointError`."""
+    """The verified content of ``step-<step>/``; raises :class:`CorruptCheckpointError`, or
+    :class:`~aegis.checkpoint.safe_pickle.UnsafeCheckpointError` where its state names a
+    global not allowed."""
     where = lay.step_dir(ckpt, step)
     try:
         marker = json.loads((where / lay.COMMIT).read_bytes())
@@ -141,7 +145,13 @@ def read_committed(ckpt: Path, step: int) -> DiskCopy:
             view.release()
             raise CorruptCheckpointError(step, f"checksum mismatch in tensor {number} of data.bin")
     view.release()
-    return DiskCopy(layout, skeleton, data)
+    try:
+        state = ckpt_safe.loads(skeleton)
+    except ckpt_safe.UnsafeCheckpointError:
+        raise
+    except Exception as exc:  # a pickle that matches its checksum and still does not unpickle
+        raise CorruptCheckpointError(step, f"unreadable meta.pkl: {type(exc).__name__}") from None
+    return DiskCopy(layout, state, data)
 
 
 def _read_exact(path: Path, size: int, step: int) -> bytearray:
