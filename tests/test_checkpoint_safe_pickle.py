@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import collections
 import datetime
+import decimal
 import os
 import pickle
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PosixPath, PurePosixPath
 from typing import Any
 
 import pytest
@@ -111,6 +114,9 @@ def test_a_class_of_the_training_loads_only_once_allowed_through_torch() -> None
         assert safe_pickle.loads(data) == {"tag": Tag("x")}
     with pytest.raises(safe_pickle.UnsafeCheckpointError):
         safe_pickle.loads(data)  # the allowance ended with its block
+    amount = pickle.dumps([decimal.Decimal("1.5")], protocol=5)  # a type written in C
+    with torch.serialization.safe_globals([decimal.Decimal]):
+        assert safe_pickle.loads(amount) == [decimal.Decimal("1.5")]
 
 
 def test_a_skeleton_pickled_before_tensor_refs_had_their_own_reduce_still_loads() -> None:
@@ -121,3 +127,74 @@ def test_a_skeleton_pickled_before_tensor_refs_had_their_own_reduce_still_loads(
     assert safe_pickle.loads(earlier) == {"w": lay.TensorRef(3)}
     now = pickle.dumps({"w": lay.TensorRef(3)}, protocol=5)
     assert now != earlier and safe_pickle.loads(now) == {"w": lay.TensorRef(3)}
+
+
+def glob(module: str, name: str) -> bytes:  # GLOBAL: push module.name
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def text(s: str) -> bytes:  # SHORT_BINUNICODE
+    return b"\x8c" + bytes([len(s.encode())]) + s.encode()
+
+
+def sets(target: bytes, pairs: dict[str, bytes]) -> bytes:
+    """BUILD with a state of (None, {name: value}) on ``target``: setattr for each; then POP."""
+    items = b"".join(text(k) + v for k, v in pairs.items())
+    return target + b"N}(" + items + b"u\x86b0"
+
+
+def test_a_load_cannot_redirect_the_files_a_path_names_through_the_classes_it_is_given(
+    tmp_path: Path,
+) -> None:
+    target, evil = tmp_path / "config.txt", tmp_path / "evil.txt"
+    target.write_text("genuine")
+    evil.write_text("attacker's")
+    counter = glob("collections", "Counter")
+    layout = glob("torch.serialization", "_get_layout")
+    posix = glob("pathlib", "PosixPath")
+    # Counter({PosixPath(target): evil}): what the cache would map the path to
+    redirect = counter + b"}" + posix + text(str(target)) + b"\x85R" + text(str(evil)) + b"s\x85R"
+    data = (
+        b"\x80\x04"
+        + sets(counter, {"__missing__": glob("builtins", "str")})
+        + sets(layout, {"cache": redirect})
+        + sets(posix, {"__fspath__": layout, "__str__": glob("builtins", "str")})
+        + b"}."
+    )
+    given = (collections.Counter, torch.serialization._get_layout, PosixPath)
+    before = [dict(vars(g)) for g in given]
+    assert safe_pickle.loads(data) == {}  # what it set, it set on functions of its own
+    assert [dict(vars(g)) for g in given] == before
+    assert Path(target).read_text() == "genuine" and str(Path(target)) == str(target)
+    assert collections.Counter()["missing"] == 0
+    assert safe_pickle.loads(pickle.dumps(torch.strided)) is torch.strided
+
+
+def test_a_load_that_changes_a_class_it_was_given_is_refused_and_the_change_undone() -> None:
+    before = dict(vars(Tag))
+    planted = {"__repr__": glob("builtins", "str"), "planted": glob("builtins", "int")}
+    data = b"\x80\x04" + sets(glob(__name__, "Tag"), planted) + b"}."
+    refused = pytest.raises(safe_pickle.UnsafeCheckpointError, match=r"may not change .*\.Tag")
+    with torch.serialization.safe_globals([Tag]), refused:
+        safe_pickle.loads(data)
+    assert dict(vars(Tag)) == before and repr(Tag("x")) == "Tag(name='x')"
+    ref = glob("aegis.checkpoint.layout", "TensorRef")
+    with pytest.raises(TypeError):  # its __setstate__, called on the class, takes the BUILD
+        safe_pickle.loads(b"\x80\x04" + sets(ref, {"__repr__": glob("builtins", "str")}) + b"}.")
+    assert repr(lay.TensorRef(1)) == "TensorRef(index=1)"
+
+
+def test_a_refused_torch_name_imports_nothing() -> None:
+    code = (
+        "import sys, torch\n"
+        "from aegis.checkpoint import safe_pickle\n"
+        "for name in ('_inductor', '_dynamo', 'onnx', 'has_cuda'):\n"
+        "    try:\n"
+        "        safe_pickle.loads(b'ctorch\\n' + name.encode() + b'\\n.')\n"
+        "    except safe_pickle.UnsafeCheckpointError:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+        "(['torch', '_inductor'], ['torch', '_dynamo'], ['torch', 'onnx'])))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
