@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aegis.agent import runner
 from aegis.spawn.ports import free_port
 from tests import agent_waits as waits
 from tests.waits import wait_until
@@ -274,3 +275,15 @@ def test_agent_reports_fault_class_when_command_fails_with_known_signature() -> 
     assert result.returncode == 1
     assert line in result.stderr  # passed through unchanged
     assert "fault class: cuda_error" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({}, "--job, --pod and --token-file"),
+        ({"job": "j", "pod": "j-0"}, "--token-file"),  # (it said all three before)
+        ({"job": "j"}, "--pod and --token-file"),
+    ],
+)
+def test_an_agent_short_of_flags_names_the_ones_it_lacks(given: dict[str, str], said: str) -> None:
+    assert runner.MasterAddress("127.0.0.1", 1, **given).missing_flags() == said

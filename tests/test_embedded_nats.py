@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.nats_server import EmbeddedNats, NatsServerError, may_restart
+from aegis.adapters.nats_server import EmbeddedNats, NatsServerError, may_restart, owner_line
 from tests.waits import async_wait_until, wait_until
 
 STARTER = """
@@ -45,6 +45,39 @@ def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
     parent.send_signal(signal.SIGKILL)  # aegis run crashing: no cleanup code runs
     parent.wait()
     wait_until(lambda: not server.is_running() or server.status() == "zombie", what="server gone")
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="util-linux setpriv not installed")
+def test_the_directory_a_killed_parent_left_goes_when_the_next_server_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed ``aegis run`` cannot remove its server's directory (its keys' config, its
+    JetStream store with the job's record); the next embedded server made on the host does,
+    and only the directories whose owner is gone. Before, they stayed in /tmp for good."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", STARTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert parent.stdout is not None
+    server = psutil.Process(int(parent.stdout.readline().split()[0]))
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    wait_until(lambda: not server.is_running() or server.status() == "zombie", what="server gone")
+    left = list(tmp_path.glob("aegis-nats-*"))
+    assert len(left) == 1 and (left[0] / "nats.conf").is_file()
+    alive = tmp_path / "aegis-nats-alive"  # a live owner's (this test's)
+    alive.mkdir()
+    (alive / "owner").write_text(owner_line(os.getpid()))
+    unowned = tmp_path / "aegis-nats-unowned"  # no owner file: not judged
+    unowned.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = EmbeddedNats()
+    try:
+        assert not left[0].exists() and alive.is_dir() and unowned.is_dir()
+        assert (made.dir / "owner").read_text() == owner_line(os.getpid())
+    finally:
+        made.stop()
+    assert not made.dir.exists()
 
 
 def _varz(server: EmbeddedNats) -> dict[str, object]:

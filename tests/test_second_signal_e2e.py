@@ -94,14 +94,18 @@ async def test_a_second_ctrl_c_kills_the_pods_without_their_grace_period(
 
 
 def test_on_a_shared_host_the_killed_pods_leave_no_checkpoint_memory(tmp_path: Path) -> None:
-    """Without ``--isolate-nodes`` every pod's checkpoint memory is in this host's ``/dev/shm``,
-    which outlives the run: a killed agent cannot remove its own, and the run removes it."""
+    """Without ``--isolate-nodes`` every pod's checkpoint memory and its agent's progress file
+    are in this host's ``/dev/shm``, which outlives the run: a killed agent cannot remove its
+    own, and the run removes them. (Before, the progress files stayed until another agent
+    started on the host.)"""
     job = f"sh{os.getpid()}"  # (its memory is named after the job: another run's is not it)
     log_dir = tmp_path / "logs"
     argv = [sys.executable, "-m", "aegis.cli.main", "run", "--nodes", "2", "--spare-nodes", "0",
             "--job", job, "--grace-s", "900", "--view", "plain", "--log-dir", str(log_dir),
             "--", sys.executable, str(IGNORE_TERM), str(tmp_path)]  # fmt: skip
     memory = lambda: sorted(Path("/dev/shm").glob(f"aegis-{job}-*"))  # noqa: E731
+    progress = lambda: set(Path("/dev/shm").glob("aegis-progress-*"))  # noqa: E731
+    before = progress()
     with (tmp_path / "out.log").open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -115,6 +119,7 @@ def test_on_a_shared_host_the_killed_pods_leave_no_checkpoint_memory(tmp_path: P
         assert proc.wait(timeout=120) == 128 + signal.SIGINT
         assert "SIGINT again: the pods are killed now" in (tmp_path / "out.log").read_text()
         assert memory() == []
+        assert sorted(progress() - before) == []  # the killed agents' progress files too
         waits.wait_until(lambda: not naming(tmp_path), 30, "nothing of the run left")
     finally:
         if proc.poll() is None:

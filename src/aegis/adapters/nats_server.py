@@ -32,8 +32,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import psutil
 
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
@@ -73,6 +75,47 @@ def may_restart(recent: Sequence[float], now: float, *, limit: int, window_s: fl
     return sum(1 for ts in recent if now - ts < window_s) < limit
 
 
+DIR_PREFIX = "aegis-nats-"
+OWNER = "owner"  # in a directory made here: "<pid> <start time in ms>" of the process that made it
+
+
+def owner_line(pid: int) -> str:
+    return f"{pid} {_started_ms(pid)}"
+
+
+def _started_ms(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).create_time() * 1000)
+    except psutil.Error:
+        return None
+
+
+def abandoned(owner: str, started_ms: Callable[[int], int | None]) -> bool:
+    """Whether a server directory whose owner file says ``owner`` is left over: that process
+    is gone (none with its pid and start time). Its server went with it (PR_SET_PDEATHSIG). An
+    owner line that does not parse is never judged so."""
+    try:
+        pid, started = (int(field) for field in owner.split())
+    except ValueError:
+        return False
+    return started_ms(pid) != started
+
+
+def sweep_abandoned(tmp: Path) -> list[Path]:
+    """Remove the server directories (config, log, JetStream store with its job records) under
+    ``tmp`` that a SIGKILLed owner left; returns them."""
+    removed = []
+    for directory in tmp.glob(DIR_PREFIX + "*"):
+        try:
+            owner = (directory / OWNER).read_text()
+        except OSError:  # none (made elsewhere, or before owner files): not ours to judge
+            continue
+        if abandoned(owner, _started_ms):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
+
+
 class EmbeddedNats:
     """Start with ``start()``, stop with ``stop()``; ``url`` once started."""
 
@@ -93,7 +136,12 @@ class EmbeddedNats:
         self.monitor_port = free_port()
         self._own_port = not port  # chosen here: may be chosen again if it was taken meanwhile
         self._own_dir = store_dir is None
-        self.dir = Path(store_dir or tempfile.mkdtemp(prefix="aegis-nats-"))
+        if store_dir is None:
+            for gone in sweep_abandoned(Path(tempfile.gettempdir())):
+                log.info("removed %s: its owner was killed before it could", gone)
+            store_dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+            (store_dir / OWNER).write_text(owner_line(os.getpid()))
+        self.dir = store_dir
         self.extra_config = extra_config
         self.process: subprocess.Popen[bytes] | None = None
         self._stopped = False

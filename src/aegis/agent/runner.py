@@ -46,6 +46,12 @@ class MasterAddress:
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
     rejoin: bool = False  # a pod placed again in a running job: never run independently
 
+    def missing_flags(self) -> str:
+        """The flags a linked agent needs and this address lacks: ``--pod and --token-file``."""
+        given = (("--job", self.job), ("--pod", self.pod), ("--token-file", self.token_file))
+        missing = [flag for flag, value in given if not value]
+        return " and ".join(missing) if len(missing) < 3 else "--job, --pod and --token-file"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentSettings:
@@ -82,7 +88,7 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
         else:
             print(
                 f"aegis agent: warning: master {master.host}:{master.port} given without "
-                "--job, --pod and --token-file; running the command independently, "
+                f"{master.missing_flags()}; running the command independently, "
                 "without fault tolerance",
                 file=sys.stderr,
                 flush=True,

@@ -19,13 +19,14 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from aegis.adapters import lifecycle
-from aegis.agent import hang_policy, link_settings
+from aegis.agent import hang_policy, link_settings, watchdog
 from aegis.core import events as ev
 from aegis.platforms.process_pods import Pod, PodSettings, ProcessPods
 
@@ -52,6 +53,10 @@ class LocalSettings(PodSettings):
     slow_stop_s: float = 0.4
     slow_period_s: float = 0.5
     slow_from_start: bool = True  # False: injected slow nodes turn slow at ``turn_slow()``
+    # ...or at the first committed checkpoint this long after the first pod started: the pace
+    # watch finds a drop from a pace it measured (a full window at full pace), not a node slow
+    # from before it had one
+    slow_after_s: float = 0.0
 
 
 class Hosts(Protocol):
@@ -112,6 +117,7 @@ class LocalPlatform(ProcessPods):
             for node, faults in settings.inject.items()
             if settings.slow_from_start and SLOW in faults
         }
+        self._first_start: float | None = None  # time.monotonic() of the first pod's start
 
     def turn_slow(self) -> list[str]:
         """The nodes injected ``slow`` turn slow now: every pod running there, and every later
@@ -129,10 +135,21 @@ class LocalPlatform(ProcessPods):
         return nodes
 
     def turn_slow_at_commit(self, event: ev.Event) -> None:
-        """A job's event: injected slow nodes turn slow at its first committed checkpoint (the
-        run has kept its pace for a while, and the master's pace watch sees it drop)."""
-        if isinstance(event, ev.CheckpointCommitted):
+        """A job's event: injected slow nodes turn slow at its first committed checkpoint once
+        ``slow_after_s`` passed since the first pod started (the run has kept its pace for a
+        while, and the master's pace watch sees it drop)."""
+        if isinstance(event, ev.CheckpointCommitted) and slow_due(
+            self._first_start, time.monotonic(), self.settings.slow_after_s
+        ):
             self.turn_slow()
+
+    def never_slowed(self) -> list[str]:
+        """The nodes injected ``slow`` that never turned slow (the job committed no checkpoint
+        late enough)."""
+        return sorted(
+            node for node, faults in self.settings.inject.items()
+            if SLOW in faults and node not in self.slowed
+        )  # fmt: skip
 
     async def blacklist_node(self, job: str, node: str, reason: str) -> None:
         log.warning("node %s blacklisted: %s", node, reason)
@@ -185,6 +202,8 @@ class LocalPlatform(ProcessPods):
         if self.killed:  # (while it started)
             _signal_all(self._members(state.process), signal.SIGKILL)
             return False
+        if self._first_start is None:
+            self._first_start = time.monotonic()
         if state.node in self.slowed:
             self._background(self._slow_down(state.process))
         return True
@@ -231,13 +250,24 @@ class LocalPlatform(ProcessPods):
                 _signal_all(self._members(state.process), signal.SIGKILL)
 
     async def stop_all(self) -> None:
-        """Stop every pod (``ProcessPods.stop_all``), then remove the checkpoint memory that a
-        killed agent left on this host (one that exits removes its own)."""
+        """Stop every pod (``ProcessPods.stop_all``), then remove the checkpoint memory and the
+        progress files that a killed agent left on this host (one that exits removes its own;
+        the next agent to start here would remove the progress files, not the run's end)."""
         await super().stop_all()
+        roots = set()
         for pod, node in set(self.placements):
             prefix = link_settings.memory_prefix(self.namespace, self.job, pod, node)
             if (shm_root := self.hosts.shm_root(node)) is not None:
                 link_settings.forget_memory(shm_root, prefix, f"{pod}'s killed agent")
+                roots.add(shm_root)
+        for root in roots:
+            if removed := watchdog.sweep_dead_owners(str(root)):
+                log.info("removed the progress files killed agents left: %s", ", ".join(removed))
+        after_s = self.settings.slow_after_s
+        for node in self.never_slowed():
+            log.warning("injected fault %s:slow never took effect: no checkpoint was committed "
+                        "%.0f s or more after the first pod started (a script that never "
+                        "imports aegis commits none)", node, after_s)  # fmt: skip
 
     async def _slow_down(self, proc: asyncio.subprocess.Process) -> None:
         """A slow node, really: every process of the pod (agent, training, checks) is stopped
@@ -308,3 +338,9 @@ async def _kill_group(
     _signal_all(members(), signal.SIGKILL)
     if proc.returncode is None:
         await proc.wait()
+
+
+def slow_due(first_start: float | None, now: float, after_s: float) -> bool:
+    """Whether a commit at ``now`` turns the injected slow nodes slow: ``after_s`` after the
+    first pod started (at once when it is 0)."""
+    return after_s <= 0 or (first_start is not None and now - first_start >= after_s)

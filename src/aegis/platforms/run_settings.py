@@ -161,7 +161,8 @@ class RunSettings:
     metrics_port: int = 0  # with masters > 1: master i serves /metrics on metrics_port + i
     metrics_addr: str = "127.0.0.1"
     # the master's pace watch (0 s: off), and when an injected slow node turns slow: at the
-    # job's first committed checkpoint (a node that slows during training), or from the start
+    # job's first committed checkpoint two pace windows after the first pod started (a node that
+    # slows during training), or from the start
     software_restart: bool = True  # False: every fault gets the checks (JobSpec)
     repeat_limit: int = 3  # the same error at the same step this often in a row: stop (0: never)
     pace_window_s: float = 30.0
@@ -240,6 +241,7 @@ def local_settings(settings: RunSettings, log_dir: Path) -> LocalSettings:
         ckpt_dir=settings.ckpt_dir or log_dir / "checkpoints",
         prewarm=settings.prewarm,
         slow_from_start=settings.slow_from_start,
+        slow_after_s=2 * settings.pace_window_s,  # the first window measured at full pace
     )  # fmt: skip
 
 
