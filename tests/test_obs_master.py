@@ -184,11 +184,13 @@ def test_status_says_so_in_one_line_when_the_job_is_not_in_the_store(seen: Seen)
 
 
 def test_status_fails_in_one_line_when_the_server_refuses_the_connection(seen: Seen) -> None:
-    # The server runs in operator mode: without the master's keys it refuses the client.
+    # The server runs in operator mode: without the master's keys it refuses the client; the
+    # line says what to give (it said only "Authorization Violation" before).
     assert seen.wrong_auth is not None
     assert seen.wrong_auth.returncode == 1
     assert seen.wrong_auth.stderr.splitlines() == [
-        f"aegis: error: cannot read the store at {seen.nats_url}: Authorization Violation"
+        f"aegis: error: cannot read the store at {seen.nats_url}: Authorization Violation "
+        "(the server wants credentials: give --auth-file)"
     ]
 
 

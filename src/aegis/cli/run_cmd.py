@@ -168,7 +168,10 @@ ChecksOnEveryFault = Annotated[
         "that restarts every pod in place at once).",
     ),
 ]
-Grace = Annotated[float, typer.Option(min=0)]
+Grace = Annotated[
+    float,
+    typer.Option(min=0, help="Seconds a stopped pod gets between SIGTERM and SIGKILL."),
+]
 Job = Annotated[str, typer.Option(help="Job name (a DNS label).", callback=options.job_name)]
 StatusFile = Annotated[
     Path | None,

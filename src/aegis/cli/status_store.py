@@ -69,6 +69,8 @@ async def _read_record(target: StoreTarget, job: str, timeout_s: float) -> dict[
         raise StoreReadError(f"no answer from {target.nats_url} within {timeout_s} s") from None
     except (OSError, nats_errors.Error, _RefusedError) as exc:
         reason = nats_bus.error_text(exc)
+        if target.creds is None and "authorization" in reason.lower():
+            reason += " (the server wants credentials: give --auth-file)"
         raise StoreReadError(f"cannot read the store at {target.nats_url}: {reason}") from None
 
 
