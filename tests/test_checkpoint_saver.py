@@ -176,6 +176,15 @@ def test_saver_raises_busy_when_previous_save_is_not_persisted(shm: Path, tmp_pa
         waiting.save(2, {"w": torch.ones(3)})
 
 
+def load_from_disk(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[Any, list[str]]:
+    """What a fresh saver (no shared memory: a pod on a new node) loads from ``tmp_path/ckpt``,
+    and the warnings it gave."""
+    fresh = api.Saver(api.SaverSettings(shm_dir=tmp_path / "empty-shm", ckpt_dir=tmp_path / "ckpt"))
+    with caplog.at_level(logging.WARNING, logger="aegis.checkpoint.api"):
+        loaded = fresh.load_latest()
+    return loaded, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
 async def test_loader_falls_back_to_previous_with_warning_when_committed_copy_is_corrupt(
     shm: Path, tmp_path: Path, daemon: process.DaemonProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,11 +199,8 @@ async def test_loader_falls_back_to_previous_with_warning_when_committed_copy_is
     raw[100] ^= 0xFF
     data.write_bytes(bytes(raw))
     (ckpt / "step-2" / "COMMIT").unlink()  # a torn copy: never loaded
-    fresh = api.Saver(api.SaverSettings(shm_dir=tmp_path / "empty-shm", ckpt_dir=ckpt))
-    with caplog.at_level(logging.WARNING, logger="aegis.checkpoint.api"):
-        loaded = fresh.load_latest()
+    loaded, warnings = load_from_disk(tmp_path, caplog)
     assert loaded is not None and loaded[0] == 1 and float(loaded[1]["w"][0]) == 1.0
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("step 3 skipped: checksum mismatch" in w for w in warnings), warnings
     assert any("step 2 skipped: no commit marker" in w for w in warnings), warnings
 
@@ -285,13 +291,10 @@ async def test_a_planted_meta_pkl_is_skipped_for_the_copy_before_and_never_run(
     saver.save(2, {"w": torch.full((8,), 2.0)})
     await committed(daemon, 2)
     plant(ckpt, 2, {"w": lay.TensorRef(0), "x": Mkdir(made)})
-    fresh = api.Saver(api.SaverSettings(shm_dir=tmp_path / "empty-shm", ckpt_dir=ckpt))
-    with caplog.at_level(logging.WARNING, logger="aegis.checkpoint.api"):
-        loaded = fresh.load_latest()
+    loaded, warnings = load_from_disk(tmp_path, caplog)
     assert loaded is not None and loaded[0] == 1 and float(loaded[1]["w"][0]) == 1.0
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("step 2 skipped: posix.mkdir is not allowed" in w for w in warnings), warnings
     plant(ckpt, 1, Mkdir(made))
     with pytest.raises(aegis.checkpoint.UnsafeCheckpointError, match=r"posix\.mkdir"):
-        fresh.load_latest()  # copies there, none allowed: no fresh start from nothing
+        load_from_disk(tmp_path, caplog)  # copies there, none allowed: no fresh start
     assert not made.exists()
