@@ -120,6 +120,31 @@ def error_text(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+class RepeatGate:
+    """Says the first of equal lines, and then one a ``every_s`` with how many it held back: a
+    client retrying an unreachable server every 0.25 s logged each failure (240 lines a
+    minute). Pure: the caller gives the time."""
+
+    KEPT = 64  # different lines remembered at most (a connection's errors are few)
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s = every_s
+        self._seen: dict[str, tuple[float, int]] = {}  # line -> (when said, held back since)
+
+    def say(self, line: str, now: float) -> str | None:
+        """The line to log now (None: hold it back)."""
+        seen = self._seen.get(line)
+        if seen is not None and now - seen[0] < self.every_s:
+            self._seen[line] = (seen[0], seen[1] + 1)
+            return None
+        if seen is None and len(self._seen) >= self.KEPT:
+            self._seen.clear()
+        self._seen[line] = (now, 0)
+        if seen is None or seen[1] == 0:
+            return line
+        return f"{line} (and {seen[1]} more times in the last {now - seen[0]:.0f} s)"
+
+
 class NatsBus:
     """A connected nats-py client. Reconnects forever; errors (e.g. permission violations) are
     logged and passed to ``on_error``. A connection that closes for good without ``close`` (the
@@ -145,9 +170,11 @@ class NatsBus:
         tls_ca: Path | None = None,
     ) -> NatsBus:
         made: list[NatsBus] = []
+        repeats = RepeatGate()
 
         async def error_cb(exc: Exception) -> None:
-            log.warning("nats %s: %s", name, exc)
+            if (line := repeats.say(str(exc), time.monotonic())) is not None:
+                log.warning("nats %s: %s", name, line)
             if on_error is not None:
                 on_error(exc)
 
