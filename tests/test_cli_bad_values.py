@@ -33,6 +33,10 @@ CASES = {
                          "a seed that is no nkey seed"),
     "ctl-file-list": (["ctl", "stop", "j", "--ctl-file", "{ctl}"],
                       "cannot read control file {ctl}: Expected `object`"),
+    "ctl-run-ended": (["ctl", "stop", "j", "--log-dir", "{tmp}"],  # (it repeated the path)
+                      "no live run at {tmp}: no control.json there (the run has ended"),
+    "status-ctl-gone": (["status", "j", "--ctl-file", "{tmp}/control.json"],
+                        "no live run at {tmp}: no control.json there"),
     "status-ctl-type": (["status", "j", "--ctl-file", "{ctl_url}"],
                         "Expected `str`, got `int` - at `$.nats_url`"),
     "agent-signatures": (["agent", "--signatures", "{toml}", "--", "true"],

@@ -48,7 +48,7 @@ def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarge
     try:
         return control.read_control_file(path)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"aegis: error: cannot read control file {path}: {exc}", file=sys.stderr)
+        print(f"aegis: error: {control.unreadable(path, exc)}", file=sys.stderr)
         raise typer.Exit(2) from None
 
 

@@ -103,7 +103,7 @@ def _store_target(
         try:
             target = control.read_control_file(ctl_file)
         except (OSError, ValueError, KeyError) as exc:
-            print(f"aegis: error: cannot read control file {ctl_file}: {exc}", file=sys.stderr)
+            print(f"aegis: error: {control.unreadable(ctl_file, exc)}", file=sys.stderr)
             raise typer.Exit(2) from None
         return status_store.StoreTarget(target.nats_url, target.creds,
                                         namespace or target.namespace)  # fmt: skip

@@ -293,6 +293,15 @@ def read_control_file(path: Path) -> ControlTarget:
     return ControlTarget(body.nats_url, creds, body.namespace, body.job, body.netns)
 
 
+def unreadable(path: Path, exc: Exception) -> str:
+    """One line on a control file that could not be read: one that is not there means no run
+    is live there (a run removes its own as it ends)."""
+    if isinstance(exc, FileNotFoundError):
+        return (f"no live run at {path.parent}: no {path.name} there (the run has ended, or "
+                "this is no run's log directory)")  # fmt: skip
+    return f"cannot read control file {path}: {exc}"
+
+
 def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:
     """The URL and credentials a connected ``NatsBus`` uses (for ``aegis run``'s control
     file). None for a bus that does not say (the in-memory one)."""
