@@ -118,3 +118,11 @@ def test_a_record_without_scores_shows_none_and_a_malformed_one_is_an_error() ->
     row = job_summary.PodRow("p-0", "n-0", "Running", 0, "")
     summary = job_summary.Summary("j", Phase.RUN_COMMAND, 3, 0, 0, False, (), (row,), {})
     assert [c.header for c in status_cmd.pod_table(summary).columns][-1] == "last failure"
+
+
+@pytest.mark.parametrize(("score", "shown"), [(-0.001, "0.00"), (-0.004, "0.00"),
+                                              (-0.006, "-0.01"), (1.5, "1.50")])  # fmt: skip
+def test_a_score_that_rounds_to_zero_shows_no_sign(score: float, shown: str) -> None:
+    summary = job_summary.Summary("j", Phase.RUN_COMMAND, 1, 0, 0, False, (), (), {})
+    row = job_summary.PodRow("j-0", "node-0", "RunCommand", 0, "", straggler_score=score)
+    assert status_cmd.straggler_cell(summary, row) == shown  # (it showed "-0.00")

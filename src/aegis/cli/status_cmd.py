@@ -89,7 +89,8 @@ def straggler_cell(summary: job_summary.Summary, row: job_summary.PodRow) -> str
     if row.straggler_score is None:
         return "-"
     named = " (straggler)" if row.pod == summary.straggler_pod else ""
-    return f"{row.straggler_score:.2f}{named}"
+    score = f"{row.straggler_score:.2f}"
+    return f"{'0.00' if score == '-0.00' else score}{named}"
 
 
 def _store_target(
