@@ -6,6 +6,7 @@ the run half-way: no last line, and the server's directory with its keys left in
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -240,3 +241,23 @@ def test_ctrl_z_stops_the_run_in_the_cluster_namespace_too_and_fg_goes_on() -> N
         if outer.poll() is None:
             outer.kill()
             outer.wait()
+
+
+@pytest.mark.parametrize("ended_first", [False, True])
+def test_each_signal_says_one_line(ended_first: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """(The second said that the pods are killed, then that the run was stopping already.)"""
+    now = [0.0]
+    stop = run_settings.RunStop(None, clock=lambda: now[0])
+    stop.attach(lambda reason: None)
+    stop.on_second(lambda: None)
+    if ended_first:
+        stop.ended()
+    caplog.set_level(logging.WARNING, logger="aegis.platforms.run_settings")
+    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+        stop.heard(sig)
+        now[0] += 1.0
+    said = [r.getMessage() for r in caplog.records]
+    first = "SIGINT: the run is stopping already" if ended_first else "SIGINT: stopping the job"
+    assert said == [first, "SIGINT again: the pods are killed now (what they had not saved is "
+                    "lost)", "SIGTERM again: the pods are killed now (what they had not saved "
+                    "is lost)"], said  # fmt: skip

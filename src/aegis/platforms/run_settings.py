@@ -77,17 +77,19 @@ class RunStop:
             log.info("%s again within %g s: the same stop, sent twice", sig.name, ECHO_S)
             return
         self._stops += 1
-        if self._stops >= 2 and self._hurry is not None:  # (a pod that started since, too)
+        hurry = self._hurry if self._stops >= 2 else None  # (a pod that started since, too)
+        if hurry is not None:
             log.warning("%s again: the pods are killed now (what they had not saved is lost)",
                         sig.name)  # fmt: skip
-            self._hurry()
+            hurry()
+        say = log.warning if hurry is None else log.debug  # one line a signal
         if self._ended or self._cancelled:  # the run's own clean-up is never cut short
-            log.warning("%s: the run is stopping already", sig.name)
+            say("%s: the run is stopping already", sig.name)
             return
         if self.stopped_by is None:
             self.stopped_by = int(sig)
         if self._quit is not None:
-            log.warning("%s: stopping the job", sig.name)
+            say("%s: stopping the job", sig.name)
             self._quit(f"aegis run got {sig.name}")
         else:
             log.warning("%s: stopping the run (it has no job yet)", sig.name)
