@@ -242,7 +242,8 @@ def run(  # noqa: PLR0913 (a typer command: one parameter per option)
     isolate_nodes: IsolateNodes = False,
 ) -> None:
     """Run CMD on --nodes local pods under Aegis; exit 0 when the job Succeeds, 1 when it Fails,
-    128 + the signal when Ctrl-C, SIGTERM or SIGHUP stopped it (130, 143, 129)."""
+    128 + the signal when Ctrl-C, SIGTERM or SIGHUP stopped it (130, 143, 129), 2 for a bad
+    option or a command not on this machine (before anything starts)."""
     preflight.exit_without_torch(tuple(["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd))
     if isolate_nodes:
         metrics_addr = _enter_cluster(nats, metrics_addr, metrics_port, masters)
