@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aegis.adapters import memory
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
-from aegis.adapters.nats_bus import server_list
+from aegis.adapters.nats_text import server_list
 from aegis.core.model import JobSpec, initial_status
 from aegis.core.phases import Phase
 from aegis.master.job_runner import Clocks, JobRunner, JobSettings

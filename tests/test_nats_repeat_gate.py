@@ -10,7 +10,8 @@ import logging
 
 import pytest
 
-from aegis.adapters.nats_bus import NatsBus, RepeatGate
+from aegis.adapters.nats_bus import NatsBus
+from aegis.adapters.nats_text import RepeatGate
 from aegis.spawn.ports import free_port
 from tests.waits import async_wait_until
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from aegis.adapters.nats_bus import server_list
+from aegis.adapters.nats_text import server_list
 from aegis.core.model import NAME_MAX, name_problem
 from aegis.master.metrics import MasterMetrics, MetricsServer
 from aegis.master.pace import PaceSettings
