@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any
 
 import pytest
 
-from aegis.adapters.aio import raise_if_cancelled
+from aegis.adapters.aio import cancellable, raise_if_cancelled
 from aegis.adapters.memory import MemoryLeaseStore
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
@@ -166,3 +167,65 @@ async def test_a_store_call_whose_reply_swallowed_the_cancellation_raises_it(
             await stops_when_cancelled(call, swallower)
     finally:
         await bus.close()
+
+
+async def test_a_connect_that_swallowed_its_cancellation_still_ends_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nats-py's connect retries for ever a server that takes the connection and never speaks,
+    and waits for each TCP connection with 3.11's ``wait_for``. A cancellation that arrived as
+    a connection was made was lost, and the connect went on: in CI an ``aegis run --nats`` at
+    such a socket did not end in the 120 s after its SIGTERM. Here the cancellation arrives
+    exactly then, twice (the second for the retry of it); the connect must end, cancelled,
+    and leave no task behind."""
+    real = asyncio.open_connection
+    victims: list[asyncio.Future[NatsBus]] = []
+
+    async def open_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        made = await real(*args, **kwargs)
+        for victim in victims:
+            victim.cancel()  # as the reply came: wait_for returns it, and the cancel is lost
+        victims.clear()
+        return made
+
+    monkeypatch.setattr(asyncio, "open_connection", open_then_cancel)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+        connecting = asyncio.ensure_future(NatsBus.connect(url, connect_timeout_s=0.2))
+        victims.append(connecting)
+        done, _ = await asyncio.wait({connecting}, timeout=30)
+        if not done:
+            connecting.get_coro().close()  # type: ignore[union-attr]
+            raise AssertionError("the connect went on after its cancellation")
+    assert connecting.cancelled()
+    assert not victims  # the cancellation came as the connection was made
+    assert asyncio.all_tasks() == {asyncio.current_task()}  # the retry loop ended too
+
+
+async def test_cancellable_cancels_until_the_work_ends_and_discards_what_it_made() -> None:
+    """The work swallows the first cancellations (a result ready as each arrived) and makes its
+    result all the same: the caller hears its cancellation at once, and the result is discarded."""
+    swallowed, discarded = [], []
+    started = asyncio.Event()
+
+    async def work() -> str:
+        started.set()
+        while len(swallowed) < 2:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+                raise AssertionError("never cancelled")
+            swallowed.append("one")
+        return "client"
+
+    async def discard(made: str) -> None:
+        discarded.append(made)
+
+    caller = asyncio.ensure_future(cancellable(work(), discard))
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 30)
+    assert (swallowed, discarded) == (["one", "one"], ["client"])
+    assert asyncio.all_tasks() == {asyncio.current_task()}

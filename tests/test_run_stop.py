@@ -74,6 +74,20 @@ async def test_a_quit_with_no_job_yet_cancels_the_run_as_a_stop() -> None:
     assert stopped is not None and stopped.signo == signal.SIGINT
 
 
+async def test_a_run_that_lost_its_cancellation_stops_the_job_it_makes() -> None:
+    """The signal's cancellation was swallowed on the way (3.11's ``wait_for`` in a NATS call):
+    the run went on and made a job. The job is asked to end as it is attached, not run for
+    hours with the user's stop forgotten."""
+    main = asyncio.create_task(asyncio.Event().wait())
+    stop, asked = run_settings.RunStop(main), []
+    stop.heard(signal.SIGTERM)  # no job yet: the run is cancelled (and, here, it is lost)
+    stop.attach(asked.append)
+    assert asked == ["aegis run got SIGTERM"]
+    assert stop.stopped_by == signal.SIGTERM
+    with pytest.raises(asyncio.CancelledError):
+        await main
+
+
 def test_a_cancellation_not_made_by_a_signal_is_no_stop() -> None:
     stop = run_settings.RunStop(None)
     stop.attach(lambda reason: None)

@@ -14,19 +14,23 @@ job runner's loop is such a loop too: a swallowed cancellation left a master dec
 service had closed (in 7 runs of 26 of one test, here). The status bucket (``KvStore``) checks
 too, after each write and read: one whose reply swallowed the caller's cancellation raises it
 (the write may have landed, as with any cancelled write). Aegis' own timed waits use
-``asyncio.timeout``, which keeps both kinds of cancellation apart in 3.11.
+``asyncio.timeout``, which keeps both kinds of cancellation apart in 3.11. nats-py's connect
+retries for ever and checks nothing: it is awaited through ``cancellable``, which ends the
+caller's wait at its cancellation whatever the connect does with its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from aegis.adapters.ports import Bus
 
 T = TypeVar("T")
+
+RECANCEL_S = 0.5  # how often ``cancellable`` cancels again a task that swallowed a cancellation
 
 
 def cancellations() -> int:
@@ -73,12 +77,37 @@ async def to_thread_to_its_end(fn: Callable[[], T]) -> T:
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError as cancelled:
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([task])
+        await _until_ended(task, recancel=False)  # a thread is not cancelled: it ends
         if not task.cancelled():
             task.exception()  # retrieved: the cancellation is what the caller hears
         raise cancelled from None
+
+
+async def cancellable(work: Coroutine[Any, Any, T], discard: Callable[[T], Awaitable[object]]) -> T:
+    """``await work``, except that a cancellation of the caller always ends the wait: ``work``
+    runs in a task of its own, awaited through ``asyncio.shield``. On the caller's cancellation
+    that task is cancelled every :data:`RECANCEL_S` until it has ended (3.11's ``wait_for``
+    inside it may swallow each one: nats-py's connect went on retrying a server that never
+    answered, and ``aegis run`` was deaf to its SIGTERM), and what it made all the same goes
+    to ``discard`` (a client to close). Then the cancellation is raised."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError as cancelled:
+        await _until_ended(task, recancel=True)
+        if not task.cancelled() and task.exception() is None:
+            await discard(task.result())
+        raise cancelled from None
+
+
+async def _until_ended(task: asyncio.Future[T], *, recancel: bool) -> None:
+    """Until ``task`` has ended, whatever cancels the caller meanwhile (the caller's clean-up
+    needs it ended); ``recancel``: cancel it each :data:`RECANCEL_S` meanwhile."""
+    while not task.done():
+        if recancel:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task], timeout=RECANCEL_S if recancel else None)
 
 
 async def until_set_or_failed(done: asyncio.Event, task: asyncio.Task[None] | None) -> bool:

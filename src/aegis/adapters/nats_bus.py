@@ -40,7 +40,7 @@ from nats.js.errors import (
 )
 
 from aegis.adapters import tls
-from aegis.adapters.aio import cancellations, raise_if_cancelled
+from aegis.adapters.aio import cancellable, cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import UserCreds
 from aegis.adapters.nats_text import RepeatGate, server_list
 from aegis.adapters.ports import Handler, StoreConflictError
@@ -156,8 +156,8 @@ class NatsBus:
             options["inbox_prefix"] = creds.inbox_prefix.encode()
         if tls_ca is not None:
             options["tls"] = tls.client_context(tls_ca)
-        try:
-            client = await nats.connect(**options)  # type: ignore[arg-type]
+        try:  # a cancellation ends the wait, whatever nats-py's retry loop does with it
+            client = await cancellable(nats.connect(**options), Client.close)  # type: ignore[arg-type]
         except NoServersError as exc:  # every server refused (and no reconnecting for ever)
             raise ConnectionRefusedError(f"no NATS server answers at {url}") from exc
         made.append(cls(client, url, creds))

@@ -102,8 +102,16 @@ class RunStop:
             self._main.cancel()
 
     def attach(self, quit_job: Callable[[str], None]) -> None:
-        """The run has a job now: a signal from now on asks ``quit_job`` to end it."""
+        """The run has a job now: a signal from now on asks ``quit_job`` to end it. A signal
+        that cancelled the run before, and still finds it making a job, asks at once: the
+        cancellation was lost on the way (3.11's ``wait_for`` in a NATS call swallows one)."""
         self._quit = quit_job
+        if self._cancelled and self.stopped_by is not None:
+            name = signal.Signals(self.stopped_by).name
+            log.warning(
+                "%s: the run went on after it (a lost cancellation): stopping the job", name
+            )
+            quit_job(f"aegis run got {name}")
 
     def on_second(self, hurry: Callable[[], None]) -> None:
         """The run has pods: the second signal, and each one after it, calls ``hurry`` to kill
