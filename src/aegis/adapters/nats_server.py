@@ -35,12 +35,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import psutil
-
 from aegis.adapters import lifecycle
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.tls import TlsDir
 from aegis.core.errors import LocalError
+from aegis.spawn import owners
 from aegis.spawn.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -80,14 +79,7 @@ OWNER = "owner"  # in a directory made here: "<pid> <start time in ms>" of the p
 
 
 def owner_line(pid: int) -> str:
-    return f"{pid} {_started_ms(pid)}"
-
-
-def _started_ms(pid: int) -> int | None:
-    try:
-        return int(psutil.Process(pid).create_time() * 1000)
-    except psutil.Error:
-        return None
+    return f"{pid} {owners.started_ms(pid)}"
 
 
 def abandoned(owner: str, started_ms: Callable[[int], int | None]) -> bool:
@@ -98,7 +90,7 @@ def abandoned(owner: str, started_ms: Callable[[int], int | None]) -> bool:
         pid, started = (int(field) for field in owner.split())
     except ValueError:
         return False
-    return started_ms(pid) != started
+    return owners.gone(pid, started, started_ms)
 
 
 def sweep_abandoned(tmp: Path) -> list[Path]:
@@ -110,7 +102,7 @@ def sweep_abandoned(tmp: Path) -> list[Path]:
             owner = (directory / OWNER).read_text()
         except OSError:  # none (made elsewhere, or before owner files): not ours to judge
             continue
-        if abandoned(owner, _started_ms):
+        if abandoned(owner, owners.started_ms):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed

@@ -23,6 +23,7 @@ import psutil
 
 from aegis import training as progress
 from aegis.agent import hang_policy, ports
+from aegis.spawn import owners
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,7 @@ def stale(
     that pid and start time). Only files of this pid namespace are judged (a host's
     ``/dev/shm`` shared with pods that have their own pids)."""
     ns, pid, started = owner
-    return ns == pid_ns and started_ms(pid) != started
-
-
-def _started_ms(pid: int) -> int | None:
-    try:
-        return int(psutil.Process(pid).create_time() * 1000)
-    except psutil.Error:
-        return None
+    return ns == pid_ns and owners.gone(pid, started, started_ms)
 
 
 def _pid_ns() -> int:
@@ -74,7 +68,7 @@ def sweep_dead_owners(directory: str) -> list[str]:
     pid_ns = _pid_ns()
     for name in os.listdir(directory):
         owner = owner_of(name)
-        if owner is None or not stale(owner, pid_ns, _started_ms):
+        if owner is None or not stale(owner, pid_ns, owners.started_ms):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))
@@ -99,7 +93,7 @@ class ProgressFile:
             log.info("removed %d progress file(s) of agents gone: %s", len(removed),
                      ", ".join(sorted(removed)))  # fmt: skip
         pid = os.getpid()
-        prefix = f"{PROGRESS_PREFIX}{_pid_ns()}-{pid}-{_started_ms(pid)}-"
+        prefix = f"{PROGRESS_PREFIX}{_pid_ns()}-{pid}-{owners.started_ms(pid)}-"
         fd, self.path = tempfile.mkstemp(prefix=prefix, dir=directory)
         try:
             os.ftruncate(fd, progress.SIZE)

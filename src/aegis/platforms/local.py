@@ -122,10 +122,7 @@ class LocalPlatform(ProcessPods):
     def turn_slow(self) -> list[str]:
         """The nodes injected ``slow`` turn slow now: every pod running there, and every later
         one. Returns the nodes that turned slow just now."""
-        nodes = [
-            node for node, faults in self.settings.inject.items()
-            if SLOW in faults and node not in self.slowed
-        ]  # fmt: skip
+        nodes = self.never_slowed()
         for node in nodes:
             self.slowed.add(node)
             log.warning("injected fault: node %s turns slow", node)
