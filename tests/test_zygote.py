@@ -81,6 +81,15 @@ def test_prewarm_settings_follow_env_when_parsed(
     assert warm.settings_from(value) == expected
 
 
+@pytest.mark.parametrize("value", ["torch numpy", "torch,3d", "torch;os", "a..b", "torch,."])
+def test_prewarm_that_names_no_module_is_refused(value: str) -> None:
+    with pytest.raises(warm.PrewarmError, match="not a module name"):
+        warm.settings_from(value)
+    assert warm.settings_from("torch.nn, _private,é") == warm.PrewarmSettings(
+        modules=("torch.nn", "_private", "é")
+    )
+
+
 @pytest.mark.parametrize(
     ("action", "status"),
     [(["exit", "3"], 3), (["raise"], 1), (["kill", "9"], 137), (["exit", "0"], 0)],

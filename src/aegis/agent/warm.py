@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aegis.agent import pycmd, reaper
+from aegis.core.errors import AegisError
 from aegis.spawn import forkclient
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.p
 FORK_TIMEOUT_S = 10.0
 MAX_FAILURES = 3
 _OFF = frozenset({"0", "off", "no", "false", "none"})
+_MODULE = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")  # a dotted Python name
 _NATIVE = re.compile(r"/(?:site|dist)-packages/([A-Za-z_][A-Za-z0-9_]*)(?:/|\.[^/]*\.so)")
 
 
@@ -47,14 +49,25 @@ class PrewarmSettings:
     ready_timeout_s: float = 120.0  # wait this long for a zygote to import its modules
 
 
+class PrewarmError(AegisError, ValueError):
+    """``--prewarm`` names something that is no module name (a module that is not there is
+    only known in the zygote, which may run another interpreter: it is skipped there)."""
+
+
 def settings_from(value: str | None) -> PrewarmSettings | None:
-    """``--prewarm``/``AEGIS_PREWARM``: unset, ``auto`` or ``1``: auto; ``0``: off; else a list."""
+    """``--prewarm``/``AEGIS_PREWARM``: unset, ``auto`` or ``1``: auto; ``0``: off; else a list
+    of modules, comma-separated (``PrewarmError`` if one is no dotted Python name)."""
     text = (value or "").strip()
     if text.lower() in _OFF:
         return None
     if text.lower() in ("", "auto", "1", "on", "yes", "true"):
         return PrewarmSettings()
-    return PrewarmSettings(modules=tuple(m.strip() for m in text.split(",") if m.strip()))
+    modules = tuple(m.strip() for m in text.split(",") if m.strip())
+    for name in modules:
+        if not _MODULE.fullmatch(name):
+            raise PrewarmError(f"not a module name: {name!r} (give auto, 0, or modules "
+                               "separated by commas, e.g. torch,numpy)")  # fmt: skip
+    return PrewarmSettings(modules=modules)
 
 
 def native_packages(pids: Iterable[int]) -> set[str]:

@@ -82,6 +82,7 @@ Prewarm = Annotated[
         help="Restart a Python command warm from a zygote that imported these modules "
         "('torch,numpy'); 'auto' (default): the script's imports and the native packages of "
         "its first run; '0': cold restarts. Only under --master (restarts come from it).",
+        callback=options.prewarm,
     ),
 ]
 NoPrewarm = Annotated[

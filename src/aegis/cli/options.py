@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from aegis.adapters.nats_text import server_list
+from aegis.agent import warm
 from aegis.core.model import NAME_MAX, name_problem
 from aegis.master.metrics import MasterMetrics, MetricsServer
 from aegis.master.pace import PaceSettings
@@ -97,3 +98,13 @@ def serve_metrics(hub: MasterMetrics, port: int, addr: str) -> MetricsServer:
             f"cannot serve /metrics on {addr}:{port}: {exc.strerror or exc}",
             param_hint="--metrics-port",
         ) from None
+
+
+def prewarm(value: str | None) -> str | None:
+    """A typer callback: ``--prewarm`` (or ``AEGIS_PREWARM``) that names no module is a usage
+    error, not a warning in every pod's log later."""
+    try:
+        warm.settings_from(value)
+    except warm.PrewarmError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value

@@ -195,7 +195,11 @@ Masters = Annotated[
     int, typer.Option(min=1, max=5, help="Master replicas (own processes, leader election).")
 ]
 Prewarm = Annotated[
-    str, typer.Option(help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.")
+    str,
+    typer.Option(
+        help="Warm restarts: auto, 0 (cold) or modules, e.g. torch,numpy.",
+        callback=options.prewarm,
+    ),
 ]
 MetricsAddr = Annotated[str, typer.Option(help="Address of /metrics.")]
 View = Annotated[str, typer.Option(help="auto (live table on a terminal), live or plain.")]
