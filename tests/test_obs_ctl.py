@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import stat
 import sys
@@ -19,6 +20,8 @@ from aegis.cli import run_cmd
 from aegis.core.phases import Phase
 from aegis.master import control
 from aegis.master.job_runner import JobRunner
+from aegis.master.lease import LeaseSettings
+from aegis.master.replica import Replica, ReplicaSettings
 from aegis.platforms import local_run
 from aegis.platforms.local import LocalPlatform
 from tests.waits import async_wait_until
@@ -149,3 +152,38 @@ async def test_ctl_refused_by_the_server_is_one_line_and_exit_1(tmp_path: Path) 
     assert proc.returncode == 1, (out, err)
     lines = err.decode().strip().splitlines()
     assert lines == [f"aegis: error: {server.url} refused: Authorization Violation"], lines
+
+
+@pytest.mark.parametrize("successor", [False, True])
+async def test_a_master_replica_takes_its_control_file_with_its_lead(
+    tmp_path: Path, successor: bool
+) -> None:
+    """A standalone ``aegis master`` writes ``control.json`` (its credentials) as it leads. A
+    SIGTERM (its run cancelled) left the file, and ``aegis ctl`` waited on a master that was
+    gone. Now the file goes with the lead, except one that a successor wrote since into the
+    same directory (replicas share it): that one stays."""
+    authority = Authority()
+    server = EmbeddedNats(authority)
+    await asyncio.to_thread(server.start)
+    path = tmp_path / "control.json"
+    try:
+        settings = ReplicaSettings(
+            replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=0.05, log_dir=tmp_path
+        )
+        task = asyncio.create_task(Replica(authority, server.url, settings).run())
+        await async_wait_until(path.exists, 60, "the leader's control file")
+        assert control.read_control_file(path).creds is not None
+        theirs = control.ControlTarget(server.url, authority.master_creds(), "default", "")
+        if successor:
+            control.write_control_file(path, theirs)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert path.exists() is successor
+    if successor:
+        assert control.read_control_file(path).creds == dataclasses.replace(
+            theirs.creds,
+            expires_at=None,  # type: ignore[type-var]
+        )

@@ -223,9 +223,25 @@ async def serve_leader(
 
     sub = await serve_control(bus, resolve, platforms, lambda: list(runners().values()))
     target = bus_target(bus, "default", "")
-    if log_dir is not None and target is not None:
-        write_control_file(log_dir / CONTROL_FILE, target)
-    return sub
+    if log_dir is None or target is None:
+        return sub
+    write_control_file(log_dir / CONTROL_FILE, target)
+    return _Leading(sub, log_dir / CONTROL_FILE, target)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leading:
+    """A leader's control channel: its end also removes the control file it wrote (its
+    credentials; ``aegis ctl`` says "no live run" rather than wait on a master that is gone),
+    unless a successor leading by now replaced it with its own (replicas share a directory)."""
+
+    sub: Subscription
+    path: Path
+    target: ControlTarget
+
+    async def unsubscribe(self) -> None:
+        await self.sub.unsubscribe()
+        remove_control_file(self.path, self.target)
 
 
 async def request(
@@ -274,6 +290,22 @@ def write_control_file(path: Path, target: ControlTarget) -> None:
     with os.fdopen(fd, "w") as out:
         json.dump(body, out)
     os.replace(tmp, path)
+
+
+def remove_control_file(path: Path, target: ControlTarget) -> None:
+    """Remove the control file at ``path`` if it names ``target`` still (the same server,
+    credentials and job); one that names another, or cannot be read, stays."""
+    try:
+        there = read_control_file(path)
+    except (OSError, ValueError):
+        return
+    if _names(there) == _names(target):
+        path.unlink(missing_ok=True)
+
+
+def _names(target: ControlTarget) -> tuple[str, str, str, str]:
+    jwt = target.creds.jwt if target.creds is not None else ""
+    return (target.nats_url, jwt, target.namespace, target.job)
 
 
 class _ControlFile(msgspec.Struct):
