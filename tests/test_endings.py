@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from aegis.core import events as ev
-from aegis.core.endings import Ending, ending
+from aegis.core.endings import Ending, ending, restarts
 from aegis.core.phases import Phase
 from tests.core_helpers import Driver
 
@@ -72,3 +72,24 @@ def test_a_failed_status_without_should_quit_is_only_failed() -> None:
     d = Driver()
     broken = dataclasses.replace(d.status, phase=Phase.FAILED, recover_count=1)
     assert ending(d.spec, broken) is Ending.FAILED
+
+
+@pytest.mark.parametrize(
+    ("max_retry", "crashes", "restarted"),
+    [
+        (10, 3, 2),  # stopped by the repeat rule at its third fault: two restarts
+        (3, 3, 2),  # the same, with a budget that the third fault just reached
+        (2, 3, 2),  # the third spent the budget: two restarts, the budget's all
+        (10, 2, 2),  # still running after two restarts
+    ],
+)
+def test_restarted_counts_the_faults_that_were_restarted(
+    max_retry: int, crashes: int, restarted: int
+) -> None:
+    """The seed's "restarted M times" (``aegis status``, an AegisJob's message). A job that the
+    repeat rule stopped at its third fault said "restarted 3 times" after two restarts."""
+    d = Driver(max_retry=max_retry)
+    d.to_running()
+    for _ in range(crashes):
+        _crash(d, 150)
+    assert restarts(d.spec, d.status) == restarted

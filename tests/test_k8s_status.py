@@ -168,7 +168,8 @@ def test_a_job_stopped_by_the_repeat_rule_says_so_and_why() -> None:
     out = crd_status.cr_status(record, now=T0)
     assert conditions(out)["Failed"] == ("True", "RepeatedFault")
     failed = next(c for c in out["conditions"] if c["type"] == "Failed")
-    assert failed["message"].startswith(f"{verdict}; max restarts 2, restarted 2 times")
+    # the fault that stopped it was counted, and not restarted
+    assert failed["message"].startswith(f"{verdict}; max restarts 2, restarted 1 times")
     assert out["ended"] == verdict
     running = crd_status.cr_status(record_of(started()), now=T0)
     assert running["ended"] == "" and conditions(running)["Failed"] == ("False", "Pending")

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from aegis.cli.run_view import WatchedJob
 from aegis.core import actions as act
+from aegis.core import endings
 from aegis.core import events as ev
 from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
@@ -80,7 +81,7 @@ def action_text(action: act.Action) -> tuple[str, str] | None:
 
 
 def user_line(spec: JobSpec, status: JobStatus, hardware: int) -> str:
-    restarted = min(status.recover_count, spec.max_retry)
+    restarted = endings.restarts(spec, status)
     return (
         f"max restarts {spec.max_retry}, restarted {restarted} times; "
         f"hardware problems rescheduled {hardware} times"

@@ -35,3 +35,12 @@ def ending(spec: JobSpec, status: JobStatus) -> Ending | None:
     if spec.repeat_limit and status.repeat_count >= spec.repeat_limit:
         return Ending.REPEATED_FAULT
     return Ending.STOPPED
+
+
+def restarts(spec: JobSpec, status: JobStatus) -> int:
+    """The recoveries the fault budget paid for (the seed's "restarted M times"): every counted
+    fault but one that ended the job. Past the budget the status holds ``max_retry + 1``; a job
+    stopped by the repeat rule counted the fault that stopped it, and restarted none for it."""
+    if ending(spec, status) is Ending.REPEATED_FAULT:
+        return max(0, min(status.recover_count - 1, spec.max_retry))
+    return min(status.recover_count, spec.max_retry)

@@ -2,9 +2,10 @@
 hardware problems rescheduled K times" (``aegis status``, and the ``.status`` the master writes
 back to an AegisJob).
 
-M is the number of recoveries the budget paid for: ``min(recover_count, max_retry)`` (in
-``Failed`` after an exhausted budget the status holds ``max_retry + 1``: the last fault was not
-followed by a restart). K counts level-3 evictions (a pod moved off a bad node).
+M is the number of recoveries the budget paid for (``aegis.core.endings.restarts``): the
+counted faults but one that ended the job (in ``Failed`` after an exhausted budget the status
+holds ``max_retry + 1``; a job stopped by the repeat rule counted the fault that stopped it).
+K counts level-3 evictions (a pod moved off a bad node).
 
 ``summarize`` is pure; ``from_record`` reads a master's store record (the job's record in the
 status bucket, as a running ``aegis master`` persists it). A record carries K as
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aegis.core.endings import Ending, ending
+from aegis.core.endings import Ending, ending, restarts
 from aegis.core.model import JobSpec, JobStatus, PodName, pods_by_rank
 from aegis.core.phases import Phase
 from aegis.wire import status_json
@@ -131,7 +132,7 @@ def summarize(
         job=spec.job,
         phase=status.phase,
         max_restarts=spec.max_retry,
-        restarted=min(status.recover_count, spec.max_retry),
+        restarted=restarts(spec, status),
         hardware_rescheduled=hardware_rescheduled,
         should_quit=status.should_quit,
         error_nodes=tuple(str(e.node) for e in status.error_nodes),
