@@ -148,6 +148,23 @@ def test_plain_run_logs_no_line_that_repeats_the_view_unless_verbose() -> None:
     assert len(verbose.getvalue().splitlines()) == len(run_view.SHOWN_BY_THE_VIEW) + 1
 
 
+def test_plain_run_logs_in_the_views_own_shape() -> None:
+    """The platform's warnings came in Python logging's shape ("2026-12-07 10:05:47,407
+    WARNING aegis.platforms.local: ...") between the view's lines ("10:05:47.150 aegis: phase
+    Succeed ..."); now in the view's, with the logger's name only under --verbose."""
+    lines = {}
+    for flag in (False, True):
+        out = io.StringIO()
+        handler = run_cmd.log_handler(run_view.PlainView(io.StringIO()), verbose=flag)
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(out)
+        _emit_warnings(handler)
+        lines[flag] = out.getvalue().splitlines()
+    clock = r"\d\d:\d\d:\d\d\.\d{3}"
+    assert re.fullmatch(f"{clock} aegis: WARNING job demo: demo silent for 5.0 s", lines[False][0])
+    assert all(re.match(f"{clock} aegis: WARNING aegis\\.[a-z_.]+: ", line) for line in lines[True])
+
+
 def test_live_run_logs_through_the_live_console_above_the_table() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=100, record=True)
     view = live_view.LiveView(console)

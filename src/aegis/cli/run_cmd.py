@@ -129,6 +129,10 @@ def choose_view(
     return run_view.PlainView(sys.stdout)
 
 
+LOG_FORMAT = "%(asctime)s.%(msecs)03d aegis: %(levelname)s %(message)s"
+LOG_FORMAT_VERBOSE = "%(asctime)s.%(msecs)03d aegis: %(levelname)s %(name)s: %(message)s"
+
+
 def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool) -> logging.Handler:
     """Where this process's log lines go: through the live view's console while it is shown
     (above the table), else to stderr; without ``--verbose``, not those that say again what the
@@ -140,6 +144,10 @@ def log_handler(view: run_view.PlainView | live_view.LiveView, *, verbose: bool)
     )
     if not verbose:
         handler.addFilter(run_view.NotShownByTheView())
+    # the view's own lines' shape ("10:05:47.407 aegis: ..."), the logger's name if verbose
+    handler.setFormatter(
+        logging.Formatter(LOG_FORMAT_VERBOSE if verbose else LOG_FORMAT, "%H:%M:%S")
+    )
     return handler
 
 
@@ -291,7 +299,6 @@ def _view_and_logging(
     logging.basicConfig(
         handlers=[log_handler(the_view, verbose=verbose)],
         level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     return the_view
 
