@@ -188,8 +188,10 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
     tmp_path: Path,
 ) -> None:
     """A new job of the same name on the same node never loads what a killed agent of an
-    earlier submission left in shared memory (its directory is removed); other pods' stay."""
+    earlier submission left in shared memory (its directory is removed); other pods' stay, and
+    so does that of a run alongside whose agent lives (it was removed under its training)."""
     from aegis.agent import link_settings, linked
+    from aegis.spawn import owners
 
     def settings(token: str, pod: str = "j-0") -> link_settings.LinkSettings:
         return link_settings.LinkSettings(
@@ -202,13 +204,22 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
     assert first is not None and other_pod is not None
     assert first.shm_dir != other_pod.shm_dir and first.ckpt_dir == tmp_path / "ckpt" / "j-0"
     for made in (first, other_pod):
-        made.shm_dir.mkdir()
+        assert made.shm_dir.is_dir()  # made, and claimed by its agent (this process)
         (made.shm_dir / "slot-0").write_bytes(b"state")
     again = linked._saver_settings(settings("token-1"), shm_root=tmp_path)
     assert again is not None and again.shm_dir == first.shm_dir and first.shm_dir.exists()
-    second = linked._saver_settings(settings("token-2"), shm_root=tmp_path)
+    # Another run on this host with the same names, its agent alive: its memory stays (the
+    # other run's training lost it, and its agent's saver failed).
+    concurrent = linked._saver_settings(settings("token-2"), shm_root=tmp_path)
+    assert concurrent is not None and concurrent.shm_dir != first.shm_dir
+    assert (first.shm_dir / "slot-0").exists()
+    killed = f"{owners.pid_ns()} {os.getpid()} 1\n"  # a pid of another start time: gone
+    for dead in (first, concurrent):
+        (dead.shm_dir / owners.OWNER).write_text(killed)
+    second = linked._saver_settings(settings("token-3"), shm_root=tmp_path)
     assert second is not None and second.shm_dir != first.shm_dir
     assert not first.shm_dir.exists()  # the earlier submission's memory is gone
+    assert not concurrent.shm_dir.exists()
     assert (other_pod.shm_dir / "slot-0").exists()  # another pod's is not touched
 
 

@@ -6,6 +6,7 @@ only theirs. (The whole path: ``tests/test_second_signal_e2e.py``.)"""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from aegis.agent import link_settings, linked
 from aegis.core import events as ev
 from aegis.platforms import local
 from aegis.platforms.local import LocalPlatform, LocalSettings
+from aegis.spawn import owners
 from tests.waits import async_wait_until
 
 
@@ -61,8 +63,9 @@ def test_a_killed_pods_memory_is_found_by_the_agents_own_name_and_only_its_own(
         )  # fmt: skip
         daemon = linked._saver_settings(s, shm_root=tmp_path)
         assert daemon is not None
-        daemon.shm_dir.mkdir()
         (daemon.shm_dir / "slot-0").write_bytes(b"state")
+        gone = f"{owners.pid_ns()} {os.getpid()} 1\n"  # its agent killed (another start time)
+        (daemon.shm_dir / owners.OWNER).write_text(gone)
         return daemon.shm_dir
 
     killed, other_pod, elsewhere = made("k-0"), made("k-1"), made("k-0", node="node-1")

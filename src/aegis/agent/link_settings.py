@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aegis.checks import config as checks_config
+from aegis.spawn import owners
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ def forget_memory(
     shm_root: Path, prefix: str, whose: str, keep: Path | None = None, level: int = logging.INFO
 ) -> None:
     """Remove the checkpoint memory named ``<shm_root>/<prefix>*`` but ``keep``: what a killed
-    agent left (one that exits removes its own); ``whose`` says which, in the log."""
+    agent left (one that exits removes its own); ``whose`` says which, in the log. Memory held
+    by a live agent (:func:`aegis.spawn.owners.held`) stays: on a shared host another run's
+    pod of the same job, pod and node names has that prefix too."""
     for path in shm_root.glob(glob.escape(prefix) + "*"):
-        if path != keep:
+        if path != keep and not owners.held(path):
             log.log(level, "removing the checkpoint memory %s left: %s", whose, path)
             shutil.rmtree(path, ignore_errors=True)

@@ -47,6 +47,7 @@ from aegis.checkpoint import layout as lay
 from aegis.checkpoint import process
 from aegis.checks import gpu, xids
 from aegis.checks import host as check_host
+from aegis.spawn import owners
 from aegis.wire.logsafe import one_line
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ def _saver_settings(
     link_settings.forget_memory(
         shm_root, prefix, "an earlier submission", keep=shm_dir, level=logging.WARNING
     )
+    owners.claim(shm_dir)  # this agent's now (a live one's is never removed as left over)
     return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
 
 

@@ -49,13 +49,6 @@ def stale(
     return ns == pid_ns and owners.gone(pid, started, started_ms)
 
 
-def _pid_ns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
 def progress_dir() -> str:
     """Where progress files live: ``/dev/shm`` (memory), else the temporary directory."""
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -65,7 +58,7 @@ def sweep_dead_owners(directory: str) -> list[str]:
     """Remove the progress files whose agent is gone (a SIGKILLed agent cannot remove its own,
     and on a shared host ``/dev/shm`` outlives it); returns their names."""
     removed = []
-    pid_ns = _pid_ns()
+    pid_ns = owners.pid_ns()
     for name in os.listdir(directory):
         owner = owner_of(name)
         if owner is None or not stale(owner, pid_ns, owners.started_ms):
@@ -93,7 +86,7 @@ class ProgressFile:
             log.info("removed %d progress file(s) of agents gone: %s", len(removed),
                      ", ".join(sorted(removed)))  # fmt: skip
         pid = os.getpid()
-        prefix = f"{PROGRESS_PREFIX}{_pid_ns()}-{pid}-{owners.started_ms(pid)}-"
+        prefix = f"{PROGRESS_PREFIX}{owners.pid_ns()}-{pid}-{owners.started_ms(pid)}-"
         fd, self.path = tempfile.mkstemp(prefix=prefix, dir=directory)
         try:
             os.ftruncate(fd, progress.SIZE)
