@@ -82,6 +82,23 @@ def test_a_log_level_that_is_none_is_a_warning_not_a_crash(
     assert "AEGIS_LOG_LEVEL='verbose' is no log level" in result.stderr
 
 
+@pytest.mark.parametrize("flags", [[], ["--no-prewarm"], ["--master", "127.0.0.1:{port}"]])
+def test_a_prewarm_that_names_no_module_in_the_environment_is_a_warning_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str]
+) -> None:
+    """``AEGIS_PREWARM`` comes from the pod's environment (under ``aegis run``, from the
+    user's shell, and it wins over ``--prewarm``): one that names no module exited the agent
+    2, and the run waited on a pod that never came. Now the pod runs (cold restarts); the
+    agent warns only where warm restarts would be used (under --master)."""
+    monkeypatch.setenv("AEGIS_PREWARM", "torch numpy")
+    port = free_port()
+    args = [f.format(port=port) for f in flags]
+    result = run_agent(*args, "--connect-timeout-s", "0.5", "--", "echo trained")
+    assert (result.returncode, result.stdout) == (0, "trained\n"), result.stderr
+    warned = "AEGIS_PREWARM: not a module name: 'torch numpy'" in result.stderr
+    assert warned is ("--master" in flags), result.stderr
+
+
 def test_agent_exits_127_when_command_is_missing() -> None:
     result = run_agent("--", "/nonexistent/train", "--epochs", "3")
     assert result.returncode == 127

@@ -229,3 +229,34 @@ async def test_cancellable_cancels_until_the_work_ends_and_discards_what_it_made
         await asyncio.wait_for(caller, 30)
     assert (swallowed, discarded) == (["one", "one"], ["client"])
     assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+async def test_cancellable_discards_to_the_end_and_still_raises_the_cancellation() -> None:
+    """What the work made is discarded to the end, even when the caller is cancelled again
+    meanwhile (a client's close cut short left its socket open); a ``discard`` that fails is
+    logged, and the caller still hears its cancellation (it heard the close's error)."""
+    started, closing, release, closed = asyncio.Event(), asyncio.Event(), asyncio.Event(), []
+
+    async def work() -> str:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)  # the first cancellation: swallowed, as a reply came
+        return "client"
+
+    async def discard(made: str) -> None:
+        closing.set()
+        await release.wait()
+        closed.append(made)
+        raise ConnectionResetError("the server went first")
+
+    caller = asyncio.ensure_future(cancellable(work(), discard))
+    async with asyncio.timeout(30):
+        await started.wait()
+    caller.cancel()
+    async with asyncio.timeout(30):
+        await closing.wait()
+    caller.cancel()  # again, while it closes what was made
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 30)
+    assert closed == ["client"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import stat
 import sys
@@ -154,15 +153,17 @@ async def test_ctl_refused_by_the_server_is_one_line_and_exit_1(tmp_path: Path) 
     assert lines == [f"aegis: error: {server.url} refused: Authorization Violation"], lines
 
 
+@pytest.mark.parametrize("secure", [True, False])
 @pytest.mark.parametrize("successor", [False, True])
 async def test_a_master_replica_takes_its_control_file_with_its_lead(
-    tmp_path: Path, successor: bool
+    tmp_path: Path, successor: bool, secure: bool
 ) -> None:
     """A standalone ``aegis master`` writes ``control.json`` (its credentials) as it leads. A
     SIGTERM (its run cancelled) left the file, and ``aegis ctl`` waited on a master that was
     gone. Now the file goes with the lead, except one that a successor wrote since into the
-    same directory (replicas share it): that one stays."""
-    authority = Authority()
+    same directory (replicas share it): that one stays, even where the two files say the same
+    (``--insecure`` replicas on one server have no credentials of their own)."""
+    authority = Authority() if secure else None
     server = EmbeddedNats(authority)
     await asyncio.to_thread(server.start)
     path = tmp_path / "control.json"
@@ -172,18 +173,14 @@ async def test_a_master_replica_takes_its_control_file_with_its_lead(
         )
         task = asyncio.create_task(Replica(authority, server.url, settings).run())
         await async_wait_until(path.exists, 60, "the leader's control file")
-        assert control.read_control_file(path).creds is not None
-        theirs = control.ControlTarget(server.url, authority.master_creds(), "default", "")
-        if successor:
-            control.write_control_file(path, theirs)
+        mine = control.read_control_file(path)
+        assert (mine.creds is not None) is secure
+        if successor:  # what the next leader writes, as this one is stopped
+            control.write_control_file(path, mine, writer="the successor")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
     finally:
         await asyncio.to_thread(server.stop)
     assert path.exists() is successor
-    if successor:
-        assert control.read_control_file(path).creds == dataclasses.replace(
-            theirs.creds,
-            expires_at=None,  # type: ignore[type-var]
-        )
+    assert [p.name for p in tmp_path.glob("control.json*")] == ["control.json"] * successor

@@ -88,6 +88,32 @@ async def test_a_run_that_lost_its_cancellation_stops_the_job_it_makes() -> None
         await main
 
 
+async def test_a_replicated_run_that_lost_its_cancellation_ends_the_job_once_served() -> None:
+    """A replicated run attaches its quit before it starts; a signal then, with no job served
+    yet, cancels the run. Lost on the way (``KvStore.open`` swallowed it), the run served its
+    job and ran it to the end, exit 0. Asked again once served, the job ends."""
+    main = asyncio.create_task(asyncio.Event().wait())
+    stop, asked, served = run_settings.RunStop(main), [], []
+
+    def quit_job(reason: str) -> None:
+        if served:
+            asked.append(reason)
+        else:
+            stop.cancel_run()
+
+    stop.attach(quit_job)
+    stop.ask_again()  # nothing heard: nothing asked
+    stop.heard(signal.SIGTERM)  # no job served: the run is cancelled (and here it is lost)
+    served.append("the job")
+    stop.ask_again()
+    assert asked == ["aegis run got SIGTERM"]
+    stop.ended()
+    stop.ask_again()  # the job ended: nothing more to ask
+    assert asked == ["aegis run got SIGTERM"]
+    with pytest.raises(asyncio.CancelledError):
+        await main
+
+
 def test_a_cancellation_not_made_by_a_signal_is_no_stop() -> None:
     stop = run_settings.RunStop(None)
     stop.attach(lambda reason: None)

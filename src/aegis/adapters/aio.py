@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from aegis.adapters.ports import Bus
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 RECANCEL_S = 0.5  # how often ``cancellable`` cancels again a task that swallowed a cancellation
 
@@ -89,14 +92,18 @@ async def cancellable(work: Coroutine[Any, Any, T], discard: Callable[[T], Await
     that task is cancelled every :data:`RECANCEL_S` until it has ended (3.11's ``wait_for``
     inside it may swallow each one: nats-py's connect went on retrying a server that never
     answered, and ``aegis run`` was deaf to its SIGTERM), and what it made all the same goes
-    to ``discard`` (a client to close). Then the cancellation is raised."""
+    to ``discard`` (a client to close), to its end. Then the cancellation is raised, whatever
+    ``discard`` raised (logged)."""
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError as cancelled:
         await _until_ended(task, recancel=True)
         if not task.cancelled() and task.exception() is None:
-            await discard(task.result())
+            discarding = asyncio.ensure_future(discard(task.result()))
+            await _until_ended(discarding, recancel=False)  # (a second cancellation waits)
+            if not discarding.cancelled() and (failed := discarding.exception()) is not None:
+                log.warning("discarding what a cancelled task made failed: %r", failed)
         raise cancelled from None
 
 

@@ -82,7 +82,6 @@ Prewarm = Annotated[
         help="Restart a Python command warm from a zygote that imported these modules "
         "('torch,numpy'); 'auto' (default): the script's imports and the native packages of "
         "its first run; '0': cold restarts. Only under --master (restarts come from it).",
-        callback=options.prewarm,
     ),
 ]
 NoPrewarm = Annotated[
@@ -130,7 +129,7 @@ def agent(  # noqa: PLR0913 (a typer command: one parameter per option)
         supervisor=supervisor.SupervisorSettings(
             grace_s=grace_s, hang_timeout_s=hang_timeout_s, keep_lines=keep_lines,
             signatures=table, foreground=True,
-            prewarm=None if no_prewarm or master is None else warm.settings_from(prewarm),
+            prewarm=_prewarm(prewarm, off=no_prewarm or master is None),
         ),
         master=master_settings,
     )  # fmt: skip
@@ -146,6 +145,21 @@ def _signatures(signature_file: Path | None) -> tuple[signatures.Signature, ...]
         return signatures.load(signature_file)
     except signatures.SignatureConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--signatures") from exc
+
+
+def _prewarm(value: str | None, *, off: bool) -> warm.PrewarmSettings | None:
+    """The warm restarts' settings, where used. A ``--prewarm`` that names no module is a usage
+    error; such an ``AEGIS_PREWARM`` (the pod's environment: under ``aegis run``, the user's
+    shell) turns them off with a warning, and the pod runs."""
+    if off:
+        return None
+    try:
+        return warm.settings_from(value)
+    except warm.PrewarmError as exc:
+        if os.environ.get(warm.ENV_VAR) != value:  # given on the command line
+            raise typer.BadParameter(str(exc), param_hint="--prewarm") from None
+        print(f"aegis agent: warning: {warm.ENV_VAR}: {exc}; cold restarts", file=sys.stderr)
+        return None
 
 
 def _log_to_stderr() -> None:

@@ -101,8 +101,8 @@ def serve_metrics(hub: MasterMetrics, port: int, addr: str) -> MetricsServer:
 
 
 def prewarm(value: str | None) -> str | None:
-    """A typer callback: ``--prewarm`` (or ``AEGIS_PREWARM``) that names no module is a usage
-    error, not a warning in every pod's log later."""
+    """A typer callback: ``aegis run --prewarm`` that names no module is a usage error, not a
+    warning in every pod's log later."""
     try:
         warm.settings_from(value)
     except warm.PrewarmError as exc:

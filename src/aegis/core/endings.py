@@ -38,9 +38,11 @@ def ending(spec: JobSpec, status: JobStatus) -> Ending | None:
 
 
 def restarts(spec: JobSpec, status: JobStatus) -> int:
-    """The recoveries the fault budget paid for (the seed's "restarted M times"): every counted
-    fault but one that ended the job. Past the budget the status holds ``max_retry + 1``; a job
-    stopped by the repeat rule counted the fault that stopped it, and restarted none for it."""
+    """The recoveries the fault budget paid for (the seed's "restarted M times"): the counted
+    faults, but not one that ended the job by the budget (the status then holds
+    ``max_retry + 1``) or by the repeat rule (it counted the fault that stopped it). A job
+    stopped from outside between a counted fault and its restart (a check round, a pod
+    awaiting its replacement) still counts that fault: the status does not say it."""
     if ending(spec, status) is Ending.REPEATED_FAULT:
         return max(0, min(status.recover_count - 1, spec.max_retry))
     return min(status.recover_count, spec.max_retry)

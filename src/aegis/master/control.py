@@ -225,8 +225,9 @@ async def serve_leader(
     target = bus_target(bus, "default", "")
     if log_dir is None or target is None:
         return sub
-    write_control_file(log_dir / CONTROL_FILE, target)
-    return _Leading(sub, log_dir / CONTROL_FILE, target)
+    writer = secrets.token_hex(8)  # this lead's, in the file (insecure replicas' are alike)
+    write_control_file(log_dir / CONTROL_FILE, target, writer=writer)
+    return _Leading(sub, log_dir / CONTROL_FILE, writer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,11 +238,11 @@ class _Leading:
 
     sub: Subscription
     path: Path
-    target: ControlTarget
+    writer: str
 
     async def unsubscribe(self) -> None:
         await self.sub.unsubscribe()
-        remove_control_file(self.path, self.target)
+        remove_control_file(self.path, self.writer)
 
 
 async def request(
@@ -277,35 +278,31 @@ class ControlTarget:
     netns: str = ""  # the emulated cluster's network namespace, entered to reach nats_url
 
 
-def write_control_file(path: Path, target: ControlTarget) -> None:
-    """Owner-only (0600) from the first byte: it holds the master's credentials."""
+def write_control_file(path: Path, target: ControlTarget, *, writer: str = "") -> None:
+    """Owner-only (0600) from the first byte: it holds the master's credentials. ``writer``
+    names who wrote it (:func:`remove_control_file`)."""
     body = {"nats_url": target.nats_url, "namespace": target.namespace, "job": target.job,
             "jwt": target.creds.jwt if target.creds else "",
             "seed": target.creds.seed.decode() if target.creds else "",
             "inbox_prefix": target.creds.inbox_prefix if target.creds else "_INBOX",
-            "netns": target.netns}  # fmt: skip
+            "netns": target.netns, "writer": writer}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # (replicas write into one directory)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(body, out)
     os.replace(tmp, path)
 
 
-def remove_control_file(path: Path, target: ControlTarget) -> None:
-    """Remove the control file at ``path`` if it names ``target`` still (the same server,
-    credentials and job); one that names another, or cannot be read, stays."""
+def remove_control_file(path: Path, writer: str) -> None:
+    """Remove the control file at ``path`` if ``writer`` wrote it; one another wrote since (a
+    successor leading by now), or one that cannot be read, stays."""
     try:
-        there = read_control_file(path)
+        there = msgspec.json.decode(path.read_bytes(), type=_ControlFile)
     except (OSError, ValueError):
         return
-    if _names(there) == _names(target):
+    if writer and there.writer == writer:
         path.unlink(missing_ok=True)
-
-
-def _names(target: ControlTarget) -> tuple[str, str, str, str]:
-    jwt = target.creds.jwt if target.creds is not None else ""
-    return (target.nats_url, jwt, target.namespace, target.job)
 
 
 class _ControlFile(msgspec.Struct):
@@ -316,6 +313,7 @@ class _ControlFile(msgspec.Struct):
     seed: str = ""
     inbox_prefix: str = "_INBOX"
     netns: str = ""
+    writer: str = ""  # who wrote it: a leader's lead (none: aegis run, a Slurm coordinator)
 
 
 def read_control_file(path: Path) -> ControlTarget:

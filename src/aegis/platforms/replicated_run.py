@@ -89,6 +89,7 @@ async def _run(
         stop.on_second(kill_pods)
         try:
             await replicated.start()
+            stop.ask_again()  # the job is served now: a stop whose cancellation was lost ends it
             await replicated.served.wait()
             stop.ended()  # what is left is taking down what the run started
             return await replicated.finish()

@@ -102,16 +102,20 @@ class RunStop:
             self._main.cancel()
 
     def attach(self, quit_job: Callable[[str], None]) -> None:
-        """The run has a job now: a signal from now on asks ``quit_job`` to end it. A signal
-        that cancelled the run before, and still finds it making a job, asks at once: the
-        cancellation was lost on the way (3.11's ``wait_for`` in a NATS call swallows one)."""
+        """The run has a job now: a signal from now on asks ``quit_job`` to end it (and one
+        whose cancellation was lost asks at once: :meth:`ask_again`)."""
         self._quit = quit_job
-        if self._cancelled and self.stopped_by is not None:
-            name = signal.Signals(self.stopped_by).name
-            log.warning(
-                "%s: the run went on after it (a lost cancellation): stopping the job", name
-            )
-            quit_job(f"aegis run got {name}")
+        self.ask_again()
+
+    def ask_again(self) -> None:
+        """The run can end its job now (it has made it): a signal that cancelled the run
+        before, and still finds it going, asks the job to end. The cancellation was lost on
+        the way (3.11's ``wait_for`` in a NATS call swallows one)."""
+        if self._quit is None or not self._cancelled or self.stopped_by is None or self._ended:
+            return
+        name = signal.Signals(self.stopped_by).name
+        log.warning("%s: the run went on after it (a lost cancellation): stopping the job", name)
+        self._quit(f"aegis run got {name}")
 
     def on_second(self, hurry: Callable[[], None]) -> None:
         """The run has pods: the second signal, and each one after it, calls ``hurry`` to kill
