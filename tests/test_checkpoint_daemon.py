@@ -223,6 +223,22 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
     assert (other_pod.shm_dir / "slot-0").exists()  # another pod's is not touched
 
 
+def test_an_agent_that_cannot_claim_its_shared_memory_still_starts(tmp_path: Path) -> None:
+    """Naming the agent the owner of its memory writes a file there: where that fails (a full
+    /dev/shm, here no directory can be made) the agent starts all the same, as it did before
+    owners were named (its saves then say what is wrong)."""
+    from aegis.agent import link_settings, linked
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_bytes(b"")
+    s = link_settings.LinkSettings(
+        grpc_target="127.0.0.1:1", namespace="ns", job="j", pod="j-0", token="t",
+        node="node-0", ckpt_dir=tmp_path,
+    )  # fmt: skip
+    made = linked._saver_settings(s, shm_root=not_a_dir)
+    assert made is not None and made.shm_dir.parent == not_a_dir
+
+
 def _local(shm: Path, ckpt: Path, rank: int) -> api.SaverSettings:
     """A rank's saver settings in a pod whose command runs two ranks (torchrun's environment)."""
     env = {"AEGIS_CKPT_SHM": str(shm), "AEGIS_CKPT_DIR": str(ckpt),

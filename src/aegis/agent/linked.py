@@ -187,7 +187,10 @@ def _saver_settings(
     link_settings.forget_memory(
         shm_root, prefix, "an earlier submission", keep=shm_dir, level=logging.WARNING
     )
-    owners.claim(shm_dir)  # this agent's now (a live one's is never removed as left over)
+    try:  # this agent's now (a live one's is never removed as left over)
+        owners.claim(shm_dir)
+    except OSError as exc:  # a full /dev/shm: the saves say so; a run beside may remove it
+        log.warning("cannot name this agent the owner of %s: %s", shm_dir, exc)
     return process.DaemonSettings(shm_dir=shm_dir, ckpt_dir=settings.ckpt_dir / settings.pod)
 
 
