@@ -42,7 +42,7 @@ class Swallower:
         self.calls += 1
         self.called.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             if self.result is NO_RESULT:
                 raise TimeoutError from None
@@ -214,7 +214,7 @@ async def test_cancellable_cancels_until_the_work_ends_and_discards_what_it_made
         started.set()
         while len(swallowed) < 2:
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(3600)
+                await asyncio.Event().wait()
                 raise AssertionError("never cancelled")
             swallowed.append("one")
         return "client"
@@ -240,7 +240,7 @@ async def test_cancellable_discards_to_the_end_and_still_raises_the_cancellation
     async def work() -> str:
         started.set()
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.sleep(3600)  # the first cancellation: swallowed, as a reply came
+            await asyncio.Event().wait()  # the first cancellation: swallowed, as a reply came
         return "client"
 
     async def discard(made: str) -> None:

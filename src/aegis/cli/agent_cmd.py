@@ -153,11 +153,11 @@ def _prewarm(value: str | None, *, off: bool) -> warm.PrewarmSettings | None:
     shell) turns them off with a warning, and the pod runs."""
     if off:
         return None
+    if os.environ.get(warm.ENV_VAR) != value:  # given on the command line
+        return options.prewarm_settings(value)
     try:
         return warm.settings_from(value)
     except warm.PrewarmError as exc:
-        if os.environ.get(warm.ENV_VAR) != value:  # given on the command line
-            raise typer.BadParameter(str(exc), param_hint="--prewarm") from None
         print(f"aegis agent: warning: {warm.ENV_VAR}: {exc}; cold restarts", file=sys.stderr)
         return None
 

@@ -100,11 +100,16 @@ def serve_metrics(hub: MasterMetrics, port: int, addr: str) -> MetricsServer:
         ) from None
 
 
+def prewarm_settings(value: str | None) -> warm.PrewarmSettings | None:
+    """``--prewarm``'s settings; one that names no module is a usage error."""
+    try:
+        return warm.settings_from(value)
+    except warm.PrewarmError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prewarm") from None
+
+
 def prewarm(value: str | None) -> str | None:
     """A typer callback: ``aegis run --prewarm`` that names no module is a usage error, not a
     warning in every pod's log later."""
-    try:
-        warm.settings_from(value)
-    except warm.PrewarmError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    prewarm_settings(value)
     return value
