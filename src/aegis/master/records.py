@@ -11,7 +11,7 @@ from typing import Literal
 
 from aegis.adapters.grpc.creds import JobAccess
 from aegis.adapters.ports import StatusStore
-from aegis.core.errors import AegisError
+from aegis.core.errors import AegisError, SetupError
 from aegis.core.model import JobSpec, JobStatus, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES, Phase
 from aegis.master import job_record
@@ -36,6 +36,24 @@ async def submit_job(
     status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
     record = job_record.build(spec, status, job_record.JobNotes(token=token, nodes=list(nodes)))
     return await store.put(status_key(spec), job_record.encode(record), expected_revision=None)
+
+
+class JobExistsError(SetupError):
+    """A job of that name is in the status store and not over: a new one is refused."""
+
+
+def still_held(raw: bytes) -> str | None:
+    """Why a stored record keeps its name from a new job (a submission under the name of one
+    that has ended replaces it): the job is not over, or the record is none this version can
+    read (perhaps a newer version's job); None when it may be replaced."""
+    try:
+        _, _, status = decode_record(raw)
+    except MalformedRecordError as exc:
+        return f"holds a record this version cannot read ({exc})"
+    if status.phase in TERMINAL_PHASES:
+        return None
+    return (f"is not over (phase {status.phase.value}): another run leads it, or one was "
+            "killed before its end")  # fmt: skip
 
 
 def decode_record(raw: bytes) -> tuple[job_record.JobRecord, JobSpec, JobStatus]:

@@ -15,12 +15,13 @@ from grpc import aio
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.ports import Bus, StatusStore
+from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
 from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import job_builder
+from aegis.master import job_builder, records
 from aegis.master.job_runner import JobRunner, JobSettings
+from aegis.master.job_settings import status_key
 from aegis.master.ports import Platform
 
 log = logging.getLogger(__name__)
@@ -125,17 +126,41 @@ class MasterService:
         check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)
         if key in self.jobs:
-            raise ValueError(f"job {spec.namespace}/{spec.job} exists")
+            raise records.JobExistsError(f"job {spec.namespace}/{spec.job} exists")
+        await self._claim_name(spec)
         token = token or secrets.token_urlsafe(24)
         status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
         runner = self.builder.new(spec, status, platform, log_dir)
         self.jobs[key], self.tokens[key] = runner, token
-        await runner.start(nodes, pod_ips)
+        try:
+            await runner.start(nodes, pod_ips)
+        except StoreConflictError:  # another submission took the name since the claim
+            del self.jobs[key], self.tokens[key]
+            raise self._exists(spec, "was submitted meanwhile by another run") from None
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task
         self._tasks.add(task)
         task.add_done_callback(self._job_task_done)
         return runner, token
+
+    async def _claim_name(self, spec: JobSpec) -> None:
+        """Raises ``JobExistsError`` while the store holds a job of this name that is not over
+        (``records.still_held``); removes one that has ended (the new job replaces it)."""
+        found = await self.store.get(key := status_key(spec))
+        if found is None:
+            return
+        raw, revision = found
+        if (why := records.still_held(raw)) is not None:
+            raise self._exists(spec, why)
+        if not await self.store.remove(key, revision):
+            raise self._exists(spec, "was submitted meanwhile by another run")
+        log.info("job %s/%s: the ended job of that name is replaced", spec.namespace, spec.job)
+
+    def _exists(self, spec: JobSpec, why: str) -> records.JobExistsError:
+        return records.JobExistsError(
+            f"job {spec.namespace}/{spec.job} in the status store of {self.nats_url} {why}; "
+            "run it under another --job"
+        )
 
     def _job_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

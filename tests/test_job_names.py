@@ -1,0 +1,108 @@
+"""A job's name in the status store: a new job under the name of one that is not over is refused
+(one readable error, nothing created); under the name of one that ended, it replaces it. Two
+masters on one real nats-server (as two ``aegis run --nats URL --job NAME`` are)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_server import EmbeddedNats
+from aegis.core import events as ev
+from aegis.core.errors import SetupError
+from aegis.core.model import JobSpec, NodeName, initial_status
+from aegis.core.phases import Phase
+from aegis.master import job_record, records
+from aegis.master.job_runner import JobSettings
+from aegis.master.job_settings import status_key
+from aegis.master.ports import NullPlatform
+from aegis.master.service import MasterService, MasterSettings
+from tests.waits import async_wait_until
+
+QUIET = JobSettings(heartbeat_timeout_s=60.0, order_resend_s=60.0)
+SPEC = JobSpec("same", "default", 1, 1)
+
+
+@contextlib.asynccontextmanager
+async def master(server: EmbeddedNats, authority: Authority) -> AsyncIterator[MasterService]:
+    service = await MasterService.connect(authority, server.url, MasterSettings(job=QUIET))
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
+async def create(service: MasterService, node: str) -> None:
+    await service.create_job(SPEC, [node], NullPlatform(), log_dir=None)
+
+
+async def stored(service: MasterService) -> tuple[str, str]:
+    """The stored job's phase, and the node of its pod (which submission it is)."""
+    found = await service.store.get(status_key(SPEC))
+    assert found is not None
+    _, _, status = records.decode_record(found[0])
+    return status.phase.value, str(status.pod_infos["same-0"].node)
+
+
+def _record(phase: Phase) -> bytes:
+    status = dataclasses.replace(initial_status(SPEC, [NodeName("node-0")]), phase=phase)
+    return job_record.encode(job_record.build(SPEC, status, job_record.JobNotes(token="t")))
+
+
+@pytest.mark.parametrize(
+    ("raw", "held"),
+    [
+        (_record(Phase.SUCCEED), None),
+        (_record(Phase.FAILED), None),
+        (_record(Phase.RUN_COMMAND), "is not over (phase RunCommand)"),
+        (_record(Phase.PENDING), "is not over (phase Pending)"),
+        (b"not json", "holds a record this version cannot read"),
+    ],
+)
+def test_only_an_ended_jobs_record_gives_up_its_name(raw: bytes, held: str | None) -> None:
+    why = records.still_held(raw)
+    assert why is None if held is None else (why is not None and why.startswith(held)), why
+
+
+async def test_a_name_in_use_is_refused_and_an_ended_jobs_name_is_taken_over(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    async with master(nats_server, authority) as first, master(nats_server, authority) as second:
+        await create(first, "node-1")
+        with pytest.raises(records.JobExistsError) as refused:
+            await create(second, "node-2")
+        assert isinstance(refused.value, SetupError)  # the CLI says it in one line
+        said = str(refused.value)
+        assert said.startswith(f"job default/same in the status store of {nats_server.url} "
+                               "is not over (phase Pending)"), said  # fmt: skip
+        assert said.endswith("run it under another --job")
+        assert second.jobs == {} and await stored(second) == ("Pending", "node-1")
+
+        [runner] = first.jobs.values()
+        runner.platform_event(ev.QuitRequested("the user stopped it"))
+        await runner.wait_done()
+
+        async def ended() -> bool:
+            return (await stored(second))[0] == "Failed"
+
+        await async_wait_until(ended, what="the ended job's record")
+
+        await create(second, "node-2")  # the ended job's record is replaced
+        assert await stored(first) == ("Pending", "node-2")
+        with pytest.raises(records.JobExistsError, match="exists"):  # and in one master: once
+            await create(second, "node-3")
+
+
+async def test_a_record_this_version_cannot_read_keeps_its_name(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    async with master(nats_server, authority) as service:
+        await service.store.put(status_key(SPEC), b'{"spec": 1}', expected_revision=None)
+        with pytest.raises(records.JobExistsError, match="holds a record this version cannot"):
+            await create(service, "node-4")
+        assert service.jobs == {}
+        assert await service.store.get(status_key(SPEC)) is not None  # nothing lost

@@ -1,0 +1,95 @@
+"""End to end: ``aegis run --nats URL`` under a job name already used on that NATS server (its
+status store keeps every job's record). A plain script that never imports aegis.
+
+- While a run of that name is not over, a second one is refused in one line (exit 1), having
+  started nothing; the first one goes on to its end.
+- Once it has ended, the name is free: the next run of it replaces the ended job's record (it
+  crashed with the store's conflict before).
+
+About the shared-host mode itself: the emulated cluster runs its own NATS (``--isolate-nodes``
+refuses ``--nats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aegis.adapters.nats_server import EmbeddedNats
+from tests.cluster import AEGIS, PLAIN_DDP, leftovers
+from tests.waits import async_wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def open_nats() -> Iterator[EmbeddedNats]:
+    """A nats-server with JetStream and no auth, as a team's own server would be."""
+    server = EmbeddedNats(None)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _argv(url: str, where: Path, *script: str) -> list[str]:
+    return [*AEGIS, "run", "--nats", url, "--job", "same", "--nodes", "1", "--view", "plain",
+            "--log-dir", str(where / "logs"), "--status-file", str(where / "status.json"), "--",
+            sys.executable, str(PLAIN_DDP), "--steps", "5", "--step-time-s", "0",
+            "--ckpt-dir", str(where / "ckpt"), *script]  # fmt: skip
+
+
+def _run(url: str, where: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_argv(url, where), capture_output=True, text=True, timeout=240,
+                          check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def _phase(where: Path) -> str:
+    return str(json.loads((where / "status.json").read_text())["status"]["phase"])
+
+
+async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_end(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    gate = tmp_path / "go"  # the first run's script waits for it before training
+    said = tmp_path / "first.out"
+    with said.open("wb") as out:
+        running = await asyncio.create_subprocess_exec(
+            *_argv(open_nats.url, first, "--prepare-until", str(gate)),
+            stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        await async_wait_until(lambda: "phase RunCommand" in said.read_text(), 180,
+                               "the first run's script started", seen=said.read_text)  # fmt: skip
+
+        refused = await asyncio.to_thread(_run, open_nats.url, second)
+        assert refused.returncode == 1, refused
+        assert refused.stderr.splitlines() == [
+            f"aegis: error: job default/same in the status store of {open_nats.url} is not over "
+            "(phase RunCommand): another run leads it, or one was killed before its end; run it "
+            "under another --job"
+        ], refused.stderr
+        assert not (second / "logs" / "pods").exists()  # no pod of it started
+        assert leftovers(second / "logs") == []
+
+        gate.touch()
+        assert await asyncio.wait_for(running.wait(), 240) == 0
+    finally:
+        if running.returncode is None:
+            running.kill()
+            await running.wait()
+    assert _phase(first) == "Succeed"
+
+    again = await asyncio.to_thread(_run, open_nats.url, third)  # the name is free again
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr
+    assert _phase(third) == "Succeed"
+    assert leftovers(first / "logs") == leftovers(third / "logs") == []
