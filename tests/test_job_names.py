@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from aegis.adapters.nats_auth import Authority
@@ -21,6 +24,7 @@ from aegis.master.job_runner import JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
 from aegis.master.service import MasterService, MasterSettings
+from aegis.spawn import owners
 from tests.waits import async_wait_until
 
 QUIET = JobSettings(heartbeat_timeout_s=60.0, order_resend_s=60.0)
@@ -48,23 +52,31 @@ async def stored(service: MasterService) -> tuple[str, str]:
     return status.phase.value, str(status.pod_infos["same-0"].node)
 
 
-def _record(phase: Phase) -> bytes:
+def _record(phase: Phase, creator: str = "") -> bytes:
     status = dataclasses.replace(initial_status(SPEC, [NodeName("node-0")]), phase=phase)
-    return job_record.encode(job_record.build(SPEC, status, job_record.JobNotes(token="t")))
+    notes = job_record.JobNotes(token="t", creator=creator)
+    return job_record.encode(job_record.build(SPEC, status, notes))
+
+
+GONE, LIVE = "boot 1 100 5", "boot 1 200 5"  # two masters' names: one gone, one running
 
 
 @pytest.mark.parametrize(
     ("raw", "held"),
     [
         (_record(Phase.SUCCEED), None),
-        (_record(Phase.FAILED), None),
+        (_record(Phase.FAILED, LIVE), None),
         (_record(Phase.RUN_COMMAND), "is not over (phase RunCommand)"),
         (_record(Phase.PENDING), "is not over (phase Pending)"),
+        (_record(Phase.RUN_COMMAND, LIVE), "is not over (phase RunCommand)"),
+        (_record(Phase.RUN_COMMAND, GONE), None),  # its master was killed: nobody leads it
         (b"not json", "holds a record this version cannot read"),
     ],
 )
-def test_only_an_ended_jobs_record_gives_up_its_name(raw: bytes, held: str | None) -> None:
-    why = records.still_held(raw)
+def test_a_record_gives_up_its_name_once_its_job_ended_or_its_master_is_gone(
+    raw: bytes, held: str | None
+) -> None:
+    why = records.still_held(raw, lambda creator: creator == GONE)
     assert why is None if held is None else (why is not None and why.startswith(held)), why
 
 
@@ -106,3 +118,29 @@ async def test_a_record_this_version_cannot_read_keeps_its_name(
             await create(service, "node-4")
         assert service.jobs == {}
         assert await service.store.get(status_key(SPEC)) is not None  # nothing lost
+
+
+async def test_the_record_of_a_master_that_is_gone_gives_up_its_name(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """Its creator named in the record (a killed ``aegis run`` on this host leaves its job
+    RunCommand for ever): a new job takes the name; while that master runs, it keeps it."""
+    async with master(nats_server, authority) as first, master(nats_server, authority) as second:
+        await create(first, "node-1")
+        found = await first.store.get(status_key(SPEC))
+        assert found is not None
+        record, _, _ = records.decode_record(found[0])
+        assert record.creator == owners.process_name()  # this process: it runs
+        with pytest.raises(records.JobExistsError):
+            await create(second, "node-2")
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = owners.process_name(child.pid)
+    child.wait()
+    left = msgspec.structs.replace(record, creator=dead)
+    async with master(nats_server, authority) as third:
+        now = await third.store.get(status_key(SPEC))  # as the first master left it
+        assert now is not None
+        await third.store.put(status_key(SPEC), job_record.encode(left), expected_revision=now[1])
+        await create(third, "node-3")
+        assert await stored(third) == ("Pending", "node-3")

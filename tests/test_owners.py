@@ -31,3 +31,20 @@ def test_a_directory_is_held_only_by_a_live_owner_of_this_pid_namespace(tmp_path
         assert owners.held(mine) is held, text
     assert not owners.held(tmp_path / "none")  # no owner file (or no directory)
     assert owners.gone(pid, 1) and not owners.gone(pid, owners.started_ms(pid) or 0)
+
+
+def test_a_process_named_for_any_host_is_known_gone_only_on_this_hosts_boot_and_namespace() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    named = owners.process_name(child.pid)
+    boot, ns, pid, started = named.split()
+    assert (boot, int(ns), int(pid)) == (owners.boot_id(), owners.pid_ns(), child.pid)
+    assert boot and not owners.process_gone(owners.process_name())  # this one runs
+    child.wait()
+    assert owners.process_gone(named)
+    for other in (
+        f"{'0' * 8}-{boot[9:]} {ns} {pid} {started}",  # another host, or boot: not judged
+        f"{boot} {int(ns) + 1} {pid} {started}",  # another pid namespace (a container)
+        f" {ns} {pid} {started}",  # no boot id known
+        "not a process",
+    ):
+        assert not owners.process_gone(other), other

@@ -55,27 +55,37 @@ def _phase(where: Path) -> str:
     return str(json.loads((where / "status.json").read_text())["status"]["phase"])
 
 
+async def _start_waiting(url: str, where: Path, gate: Path) -> asyncio.subprocess.Process:
+    """A run whose script waits for ``gate`` before training; returned once it is started."""
+    said = where.with_suffix(".out")
+    with said.open("wb") as out:
+        running = await asyncio.create_subprocess_exec(
+            *_argv(url, where, "--prepare-until", str(gate)),
+            stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        await async_wait_until(lambda: "phase RunCommand" in said.read_text(), 180,
+                               "the run's script started", seen=said.read_text)  # fmt: skip
+    except BaseException:
+        running.kill()
+        await running.wait()
+        raise
+    return running
+
+
 async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_end(
     tmp_path: Path, open_nats: EmbeddedNats
 ) -> None:
     first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
     gate = tmp_path / "go"  # the first run's script waits for it before training
-    said = tmp_path / "first.out"
-    with said.open("wb") as out:
-        running = await asyncio.create_subprocess_exec(
-            *_argv(open_nats.url, first, "--prepare-until", str(gate)),
-            stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
+    running = await _start_waiting(open_nats.url, first, gate)
     try:
-        await async_wait_until(lambda: "phase RunCommand" in said.read_text(), 180,
-                               "the first run's script started", seen=said.read_text)  # fmt: skip
-
         refused = await asyncio.to_thread(_run, open_nats.url, second)
         assert refused.returncode == 1, refused
         assert refused.stderr.splitlines() == [
             f"aegis: error: job default/same in the status store of {open_nats.url} is not over "
-            "(phase RunCommand): another run leads it, or one was killed before its end; run it "
-            "under another --job"
+            "(phase RunCommand): another run leads it, or one on another host or container was "
+            "killed before its end; run it under another --job"
         ], refused.stderr
         assert not (second / "logs" / "pods").exists()  # no pod of it started
         assert leftovers(second / "logs") == []
@@ -93,3 +103,21 @@ async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_e
     assert "Traceback" not in again.stderr
     assert _phase(third) == "Succeed"
     assert leftovers(first / "logs") == leftovers(third / "logs") == []
+
+
+async def test_the_name_of_a_killed_runs_job_is_free_once_the_run_is_gone(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    """A SIGKILLed run cannot end its job's record (RunCommand for ever): the next run of the
+    name on this host sees that the master which created it is gone, and replaces it."""
+    killed, after = tmp_path / "killed", tmp_path / "after"
+    running = await _start_waiting(open_nats.url, killed, tmp_path / "never")
+    running.kill()
+    await running.wait()
+    await async_wait_until(lambda: leftovers(killed / "logs") == [], 60, "its pods gone",
+                           seen=lambda: leftovers(killed / "logs"))  # fmt: skip
+
+    again = await asyncio.to_thread(_run, open_nats.url, after)
+    assert again.returncode == 0, again.stderr
+    assert _phase(after) == "Succeed"
+    assert leftovers(after / "logs") == []

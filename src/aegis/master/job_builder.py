@@ -37,10 +37,15 @@ class JobBuilder:
     after_persist: AfterPersist | None = None  # a failover test's hook (``job_settings``)
 
     def new(
-        self, spec: JobSpec, status: JobStatus, platform: Platform, log_dir: Path | None
+        self,
+        spec: JobSpec,
+        status: JobStatus,
+        platform: Platform,
+        log_dir: Path | None,
+        notes: job_record.JobNotes | None = None,
     ) -> JobRunner:
         """A job this master starts (``JobRunner.start`` writes its first record)."""
-        return self._runner(spec, status, platform, log_dir)
+        return self._runner(spec, status, platform, log_dir, _Stored(notes=notes))
 
     def adopt(
         self,

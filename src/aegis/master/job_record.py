@@ -35,6 +35,9 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     watchdogs: dict[str, str] = msgspec.field(default_factory=dict)  # pod -> hang timeout
     # the straggler scores of the round (``pace.StragglerWatch.summary``; empty: none yet)
     stragglers: dict[str, Any] = msgspec.field(default_factory=dict)
+    # the process of the master that created the job (``spawn.owners.process_name``; "" none:
+    # submitted to replicas): a new job may take the name once it is known to be gone
+    creator: str = ""
     ended: str = ""  # why the job ended, in the master's words (the EndJob reason; "": it runs)
     # ended, and the end's orders and platform call maybe not carried out yet (a new leader
     # carries them out: the old one may have died between the write and the acts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,18 +43,20 @@ class JobExistsError(SetupError):
     """A job of that name is in the status store and not over: a new one is refused."""
 
 
-def still_held(raw: bytes) -> str | None:
-    """Why a stored record keeps its name from a new job (a submission under the name of one
-    that has ended replaces it): the job is not over, or the record is none this version can
-    read (perhaps a newer version's job); None when it may be replaced."""
+def still_held(raw: bytes, creator_gone: Callable[[str], bool]) -> str | None:
+    """Why a stored record keeps its name from a new job: the job is not over, or the record
+    is none this version can read (perhaps a newer version's job). None when a new job may
+    replace it: the job has ended, or the master that created it (``JobNotes.creator``; a
+    killed ``aegis run``) is known to be gone (``creator_gone``; a job submitted to replicas
+    names none)."""
     try:
-        _, _, status = decode_record(raw)
+        record, _, status = decode_record(raw)
     except MalformedRecordError as exc:
         return f"holds a record this version cannot read ({exc})"
-    if status.phase in TERMINAL_PHASES:
+    if status.phase in TERMINAL_PHASES or (record.creator and creator_gone(record.creator)):
         return None
-    return (f"is not over (phase {status.phase.value}): another run leads it, or one was "
-            "killed before its end")  # fmt: skip
+    return (f"is not over (phase {status.phase.value}): another run leads it, or one on "
+            "another host or container was killed before its end")  # fmt: skip
 
 
 def decode_record(raw: bytes) -> tuple[job_record.JobRecord, JobSpec, JobStatus]:

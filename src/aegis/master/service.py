@@ -19,10 +19,11 @@ from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
 from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import job_builder, records
+from aegis.master import job_builder, job_record, records
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import Platform
+from aegis.spawn import owners
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class MasterService:
         await self._claim_name(spec)
         token = token or secrets.token_urlsafe(24)
         status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-        runner = self.builder.new(spec, status, platform, log_dir)
+        creator = job_record.JobNotes(creator=owners.process_name())  # (``_claim_name``)
+        runner = self.builder.new(spec, status, platform, log_dir, creator)
         self.jobs[key], self.tokens[key] = runner, token
         try:
             await runner.start(nodes, pod_ips)
@@ -145,16 +147,18 @@ class MasterService:
 
     async def _claim_name(self, spec: JobSpec) -> None:
         """Raises ``JobExistsError`` while the store holds a job of this name that is not over
-        (``records.still_held``); removes one that has ended (the new job replaces it)."""
+        (``records.still_held``); removes one that has ended, or whose master (a killed run on
+        this host) is gone: the new job replaces it."""
         found = await self.store.get(key := status_key(spec))
         if found is None:
             return
         raw, revision = found
-        if (why := records.still_held(raw)) is not None:
+        if (why := records.still_held(raw, owners.process_gone)) is not None:
             raise self._exists(spec, why)
         if not await self.store.remove(key, revision):
             raise self._exists(spec, "was submitted meanwhile by another run")
-        log.info("job %s/%s: the ended job of that name is replaced", spec.namespace, spec.job)
+        log.info("job %s/%s: the record of the job of that name (ended, or left by a master "
+                 "that is gone) is replaced", spec.namespace, spec.job)  # fmt: skip
 
     def _exists(self, spec: JobSpec, why: str) -> records.JobExistsError:
         return records.JobExistsError(

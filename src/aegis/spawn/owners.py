@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 OWNER = "OWNER"  # the file in a directory that names its owner: "<pid ns> <pid> <start ms>\n"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # a new one each boot, and on each host
 
 
 def started_ms(pid: int) -> int | None:
@@ -54,3 +55,29 @@ def held(directory: Path, started_of: Callable[[int], int | None] = started_ms) 
     except (OSError, ValueError):
         return False
     return ns == pid_ns() and not gone(pid, started, started_of)
+
+
+def boot_id() -> str:
+    """This host's boot ("" where /proc does not say)."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_name(pid: int | None = None) -> str:
+    """Process ``pid`` (this one) named for any host: ``<boot id> <pid ns> <pid> <start ms>``."""
+    pid = os.getpid() if pid is None else pid
+    return f"{boot_id()} {pid_ns()} {pid} {started_ms(pid)}"
+
+
+def process_gone(name: str, started_of: Callable[[int], int | None] = started_ms) -> bool:
+    """Whether the process :func:`process_name` named is known to be gone: one of this host's
+    boot and pid namespace that no longer runs. One of another host, boot or pid namespace (it
+    cannot be judged here), or a name that does not parse: not known gone."""
+    try:
+        boot, ns, pid, started = name.split()
+        judged = bool(boot) and boot == boot_id() and int(ns) == pid_ns()
+        return judged and gone(int(pid), int(started), started_of)
+    except ValueError:
+        return False
