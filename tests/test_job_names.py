@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from aegis.adapters import memory
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
 from aegis.core.errors import SetupError
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
-from aegis.master import job_record, records
+from aegis.master import job_builder, job_record, records
 from aegis.master.job_runner import JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
@@ -52,13 +53,16 @@ async def stored(service: MasterService) -> tuple[str, str]:
     return status.phase.value, str(status.pod_infos["same-0"].node)
 
 
-def _record(phase: Phase, creator: str = "") -> bytes:
+def _record(phase: Phase, creator: str = "", *, epoch: int = 0, end_pending: bool = False) -> bytes:
     status = dataclasses.replace(initial_status(SPEC, [NodeName("node-0")]), phase=phase)
-    notes = job_record.JobNotes(token="t", creator=creator)
-    return job_record.encode(job_record.build(SPEC, status, notes))
+    notes = job_record.JobNotes(token="t", creator=creator, end_pending=end_pending)
+    return job_record.encode(job_record.build(SPEC, status, notes, epoch=epoch))
 
 
-GONE, LIVE = "boot 1 100 5", "boot 1 200 5"  # two masters' names: one gone, one running
+GONE, LIVE = (
+    "boot=b ns=1 pid=100 ticks=5",
+    "boot=b ns=1 pid=200 ticks=5",
+)  # two masters' names: one gone, one running
 
 
 @pytest.mark.parametrize(
@@ -70,6 +74,12 @@ GONE, LIVE = "boot 1 100 5", "boot 1 200 5"  # two masters' names: one gone, one
         (_record(Phase.PENDING), "is not over (phase Pending)"),
         (_record(Phase.RUN_COMMAND, LIVE), "is not over (phase RunCommand)"),
         (_record(Phase.RUN_COMMAND, GONE), None),  # its master was killed: nobody leads it
+        # adopted by a replica (a new epoch): its leader is not the creator any more
+        (_record(Phase.RUN_COMMAND, GONE, epoch=2), "is not over (phase RunCommand)"),
+        # ended, but the end's orders maybe not carried out yet: its leader still has work
+        (_record(Phase.FAILED, LIVE, end_pending=True), "is ending (Failed"),
+        (_record(Phase.SUCCEED, end_pending=True), "is ending (Succeed"),
+        (_record(Phase.SUCCEED, GONE, end_pending=True), None),  # nobody left to carry it out
         (b"not json", "holds a record this version cannot read"),
     ],
 )
@@ -78,6 +88,22 @@ def test_a_record_gives_up_its_name_once_its_job_ended_or_its_master_is_gone(
 ) -> None:
     why = records.still_held(raw, lambda creator: creator == GONE)
     assert why is None if held is None else (why is not None and why.startswith(held)), why
+
+
+async def test_a_replica_that_adopts_a_job_leads_it_in_the_creators_place() -> None:
+    """The record it writes names no creator: a gone ``aegis run`` frees no name it leads."""
+    store, bus = memory.MemoryStore(), memory.MemoryBus()
+    raw = _record(Phase.RUN_COMMAND, GONE)
+    revision = await store.put(status_key(SPEC), raw, expected_revision=None)
+    record, _, _ = records.decode_record(raw)
+    builder = job_builder.JobBuilder(bus, store, QUIET)
+    runner = builder.adopt(record, revision, NullPlatform(), None, epoch=2, fence=lambda: None)
+    await runner.takeover()
+    written = await store.get(status_key(SPEC))
+    assert written is not None and written[1] > revision
+    assert job_record.decode(written[0]).creator == ""
+    assert records.still_held(written[0], lambda creator: True) is not None
+    await runner.unsubscribe()
 
 
 async def test_a_name_in_use_is_refused_and_an_ended_jobs_name_is_taken_over(
@@ -96,7 +122,8 @@ async def test_a_name_in_use_is_refused_and_an_ended_jobs_name_is_taken_over(
 
         [runner] = first.jobs.values()
         runner.platform_event(ev.QuitRequested("the user stopped it"))
-        await runner.wait_done()
+        assert runner.task is not None
+        await runner.task  # its loop's end: the end carried out, and written
 
         async def ended() -> bool:
             return (await stored(second))[0] == "Failed"

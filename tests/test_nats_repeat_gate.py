@@ -1,6 +1,7 @@
 """A client retrying an unreachable NATS server every 0.25 s logs the failure once, then once
 every 30 s with how many it held back (a master started before its server logged 240 lines a
-minute); every error still reaches ``on_error``."""
+minute); every error still reaches ``on_error``. A server's URL in a message shows no
+credentials."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import pytest
 
 from aegis.adapters.nats_bus import NatsBus
-from aegis.adapters.nats_text import RepeatGate
+from aegis.adapters.nats_text import RepeatGate, shown
 from aegis.spawn.ports import free_port
 from tests.waits import async_wait_until
 
@@ -50,3 +51,15 @@ async def test_a_client_retrying_a_dead_server_logs_its_failure_once(
             await connecting
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("nats early:")]
     assert len(said) == 1, said  # (each of the six before)
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        ("nats://user:secret@h:1,nats://h2:2", "nats://***@h:1,nats://h2:2"),
+        ("tls://a-token@h:4222", "tls://***@h:4222"),
+    ],
+)
+def test_a_url_in_a_message_shows_no_credentials(url: str, said: str) -> None:
+    assert shown(url) == said

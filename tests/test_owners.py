@@ -36,15 +36,37 @@ def test_a_directory_is_held_only_by_a_live_owner_of_this_pid_namespace(tmp_path
 def test_a_process_named_for_any_host_is_known_gone_only_on_this_hosts_boot_and_namespace() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     named = owners.process_name(child.pid)
-    boot, ns, pid, started = named.split()
-    assert (boot, int(ns), int(pid)) == (owners.boot_id(), owners.pid_ns(), child.pid)
+    boot, ns, pid = owners.boot_id(), owners.pid_ns(), child.pid
+    ticks = owners.start_ticks(child.pid)  # since boot: no wall clock
+    assert named == f"boot={boot} ns={ns} pid={pid} ticks={ticks}"
     assert boot and not owners.process_gone(owners.process_name())  # this one runs
     child.wait()
     assert owners.process_gone(named)
+    other_boot = f"{'f' if boot[0] != 'f' else 'e'}{boot[1:]}"
     for other in (
-        f"{'0' * 8}-{boot[9:]} {ns} {pid} {started}",  # another host, or boot: not judged
-        f"{boot} {int(ns) + 1} {pid} {started}",  # another pid namespace (a container)
-        f" {ns} {pid} {started}",  # no boot id known
+        f"boot={other_boot} ns={ns} pid={pid} ticks={ticks}",  # another host, or boot
+        f"boot={boot} ns={ns + 1} pid={pid} ticks={ticks}",  # another pid namespace (a container)
+        f"boot= ns={ns} pid={pid} ticks={ticks}",  # no boot id known
+        f"boot={boot} ns={ns} pid=0 ticks={ticks}",  # no process's pid
+        f"{boot} {ns} {pid} {ticks}",  # another form (another version's): not judged
         "not a process",
     ):
         assert not owners.process_gone(other), other
+
+
+def test_a_process_whose_start_cannot_be_read_is_not_known_gone() -> None:
+    """Another user's process where /proc hides it (``hidepid``): it exists (signalling it is
+    refused, not failed) but its start is unreadable: not gone. Its pid reused: gone."""
+    me = owners.process_name()
+    hidden = owners.process_gone(me, exists_now=lambda pid: True, ticks_of=lambda pid: None)
+    assert not hidden
+    reused = owners.process_gone(me, exists_now=lambda pid: True, ticks_of=lambda pid: 1)
+    assert reused
+    assert owners.process_gone(me, exists_now=lambda pid: False)
+    assert owners.exists(os.getpid()) and not owners.exists(_a_gone_pid())
+
+
+def _a_gone_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

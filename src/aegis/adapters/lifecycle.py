@@ -25,14 +25,22 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """If started by an Aegis parent, get ``sig`` when it dies (and go now if it is gone)."""
+def die_with_parent(sig: int = signal.SIGTERM) -> int | None:
+    """If started by an Aegis parent, get ``sig`` when it dies (and go now if it is gone);
+    returns that parent's pid (None: not started by one)."""
     expected = os.environ.pop(PARENT_ENV, "")
     if not expected.isdigit():
-        return
+        return None
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != int(expected):  # the parent died before the prctl
         os.kill(os.getpid(), sig)
+    return int(expected)
+
+
+def parent_gone(parent: int | None) -> bool:
+    """Whether the Aegis parent :func:`die_with_parent` returned has died (this process was
+    given to another since)."""
+    return parent is not None and os.getppid() != parent
 
 
 def pdeath_argv(argv: Sequence[str], sig: str = "KILL") -> list[str]:

@@ -29,6 +29,18 @@ def server_list(url: str) -> list[str]:
     return urls
 
 
+def shown(url: str) -> str:
+    """``url`` (one server or several, comma-separated) fit for a message: a user and password
+    in it are replaced by ``***``."""
+    parts = []
+    for one in url.split(","):
+        parsed = urllib.parse.urlsplit(one.strip())
+        if "@" in parsed.netloc:
+            parsed = parsed._replace(netloc=f"***@{parsed.netloc.rsplit('@', 1)[1]}")
+        parts.append(urllib.parse.urlunsplit(parsed))
+    return ",".join(parts)
+
+
 class RepeatGate:
     """Says the first of equal lines, and then one a ``every_s`` with how many it held back: a
     client retrying an unreachable server every 0.25 s logged each failure (240 lines a

@@ -38,6 +38,9 @@ class LinkSettings:
     decline_after_s: float = 5.0  # a script silent this long after a checkpoint request
     tls_ca: Path | None = None  # TLS to the master and NATS, trusting this CA only
     rejoin: bool = False  # a pod placed again in a running job: never run independently
+    # the process that started this agent and leads its job (``aegis run``; None: another
+    # platform's): once it is gone nothing is sent, as another run may lead a job of the name
+    parent: int | None = None
 
 
 def training_env(settings: LinkSettings, rank: int, world_size: int) -> dict[str, str]:

@@ -72,13 +72,14 @@ async def master_answers(master: MasterAddress) -> bool:
     return True
 
 
-async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
-    """Supervise ``argv`` until it ends; return the exit status to leave with."""
+async def run(settings: AgentSettings, argv: Sequence[str], parent: int | None = None) -> int:
+    """Supervise ``argv`` until it ends; return the exit status to leave with (``parent``: the
+    run that started this agent, ``LinkSettings.parent``)."""
     if settings.master is not None:
         master = settings.master
         if master.job and master.pod and master.token_file:
             try:
-                link_settings = _link_settings(master)
+                link_settings = _link_settings(master, parent)
             except ValueError as exc:  # a misconfigured job: say so, do not run half-configured
                 print(f"aegis agent: error: {exc}", file=sys.stderr, flush=True)
                 return 2
@@ -114,7 +115,7 @@ async def run(settings: AgentSettings, argv: Sequence[str]) -> int:
     return report.exit_status
 
 
-def _link_settings(master: MasterAddress) -> link_settings.LinkSettings:
+def _link_settings(master: MasterAddress, parent: int | None) -> link_settings.LinkSettings:
     assert master.job and master.pod and master.token_file
     return link_settings.LinkSettings(
         grpc_target=f"{master.host}:{master.port}",
@@ -131,9 +132,10 @@ def _link_settings(master: MasterAddress) -> link_settings.LinkSettings:
         inject=link_settings.inject_from_env(),
         checks=checks_config.from_env(os.environ),
         ckpt_dir=Path(os.environ["AEGIS_CKPT_DIR"]) if os.environ.get("AEGIS_CKPT_DIR") else None,
+        parent=parent,
     )
 
 
 def main(settings: AgentSettings, argv: Sequence[str]) -> int:
-    lifecycle.die_with_parent(signal.SIGTERM)  # under a local platform: stop with it
-    return asyncio.run(run(settings, argv))
+    parent = lifecycle.die_with_parent(signal.SIGTERM)  # under a local platform: stop with it
+    return asyncio.run(run(settings, argv, parent))

@@ -16,7 +16,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
-from aegis.adapters import nats_auth
+from aegis.adapters import lifecycle, nats_auth
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_bus import BusClosedError, NatsBus
 from aegis.agent import link_settings, tasks
@@ -82,8 +82,14 @@ class Transport:
         await self.bus.flush()
 
     async def publish(self, msg: m.Message) -> None:
-        """Out on this pod's worker subject; nothing goes while the connection is closed."""
+        """Out on this pod's worker subject; nothing goes while the connection is closed, nor
+        once the run that started this agent and led its job is gone (``LinkSettings.parent``:
+        a new run of the job's name may lead it now, and take this agent's words as its pod's
+        while the agent stops)."""
         if self.bus is None or self.creds is None:
+            return
+        if lifecycle.parent_gone(self.settings.parent):
+            log.debug("not sent, the run that led the job is gone: %s %s", msg.type, msg.id)
             return
         try:
             subject = nats_auth.worker_subject(self.creds.subject_prefix, self.settings.pod)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core.model import JobSpec, JobStatus
@@ -60,7 +62,8 @@ class JobBuilder:
         """A job read back from the store by the leader of ``epoch`` (``JobRunner.takeover``
         continues it); ``KeyError``/``ValueError``/``TypeError`` for a record of another shape."""
         spec, status = record.job()
-        stored = _Stored(revision, epoch, fence, record.notes, tuple(record.orders))
+        notes = msgspec.structs.replace(record.notes, creator="")  # led by this replica now
+        stored = _Stored(revision, epoch, fence, notes, tuple(record.orders))
         return self._runner(spec, status, platform, log_dir, stored)
 
     def _runner(

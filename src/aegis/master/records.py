@@ -44,17 +44,24 @@ class JobExistsError(SetupError):
 
 
 def still_held(raw: bytes, creator_gone: Callable[[str], bool]) -> str | None:
-    """Why a stored record keeps its name from a new job: the job is not over, or the record
-    is none this version can read (perhaps a newer version's job). None when a new job may
-    replace it: the job has ended, or the master that created it (``JobNotes.creator``; a
-    killed ``aegis run``) is known to be gone (``creator_gone``; a job submitted to replicas
-    names none)."""
+    """Why a stored record keeps its name from a new job: the job is not over, or its end is
+    still being carried out (``end_pending``), or the record is none this version can read
+    (perhaps a newer version's job). None when a new job may replace it: the job has ended,
+    or the master that created and still leads it (``JobNotes.creator``, epoch 0: a killed
+    ``aegis run``) is known to be gone (``creator_gone``). A job submitted to replicas names
+    no creator, and one a replica adopted has a new epoch: their leader is judged by its
+    lease, not here."""
     try:
         record, _, status = decode_record(raw)
     except MalformedRecordError as exc:
         return f"holds a record this version cannot read ({exc})"
-    if status.phase in TERMINAL_PHASES or (record.creator and creator_gone(record.creator)):
+    ended = status.phase in TERMINAL_PHASES
+    if ended and not record.end_pending:
         return None
+    if record.creator and record.epoch == 0 and creator_gone(record.creator):
+        return None
+    if ended:
+        return f"is ending ({status.phase.value}, its end still being carried out)"
     return (f"is not over (phase {status.phase.value}): another run leads it, or one on "
             "another host or container was killed before its end")  # fmt: skip
 

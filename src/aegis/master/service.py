@@ -12,6 +12,7 @@ from typing import Protocol
 
 from grpc import aio
 
+from aegis.adapters import nats_text
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_bus import KvStore, NatsBus
@@ -82,6 +83,7 @@ class MasterService:
         self.grpc_port = 0
         self._server: object = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._claiming: set[tuple[str, str]] = set()  # names being created (``create_job``)
 
     @classmethod
     async def connect(
@@ -126,19 +128,26 @@ class MasterService:
         outside the one rule (``core.model.check_names``)."""
         check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)
-        if key in self.jobs:
-            raise records.JobExistsError(f"job {spec.namespace}/{spec.job} exists")
-        await self._claim_name(spec)
-        token = token or secrets.token_urlsafe(24)
-        status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
-        creator = job_record.JobNotes(creator=owners.process_name())  # (``_claim_name``)
-        runner = self.builder.new(spec, status, platform, log_dir, creator)
-        self.jobs[key], self.tokens[key] = runner, token
+        if key in self.jobs or key in self._claiming:
+            raise records.JobExistsError(f"job {spec.namespace}/{spec.job} exists in this master")
+        self._claiming.add(key)  # (while the store is asked, no other call here takes it)
         try:
-            await runner.start(nodes, pod_ips)
-        except StoreConflictError:  # another submission took the name since the claim
-            del self.jobs[key], self.tokens[key]
-            raise self._exists(spec, "was submitted meanwhile by another run") from None
+            await self._claim_name(spec)
+            token = token or secrets.token_urlsafe(24)
+            status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
+            creator = job_record.JobNotes(creator=owners.process_name())  # (``_claim_name``)
+            runner = self.builder.new(spec, status, platform, log_dir, creator)
+            self.jobs[key], self.tokens[key] = runner, token
+            try:
+                await runner.start(nodes, pod_ips)
+            except BaseException as exc:  # no job: forget it, and its log's file
+                del self.jobs[key], self.tokens[key]
+                runner.events.close()
+                if isinstance(exc, StoreConflictError):  # the name was taken since the claim
+                    raise self._exists(spec, "was taken meanwhile by another run") from None
+                raise
+        finally:
+            self._claiming.discard(key)
         task = asyncio.create_task(runner.run(), name=f"job:{spec.job}")
         runner.task = task
         self._tasks.add(task)
@@ -156,13 +165,15 @@ class MasterService:
         if (why := records.still_held(raw, owners.process_gone)) is not None:
             raise self._exists(spec, why)
         if not await self.store.remove(key, revision):
-            raise self._exists(spec, "was submitted meanwhile by another run")
+            raise self._exists(spec, "changed as this run looked at it (written by its leader, "
+                               "or by another run taking the name)")  # fmt: skip
         log.info("job %s/%s: the record of the job of that name (ended, or left by a master "
                  "that is gone) is replaced", spec.namespace, spec.job)  # fmt: skip
 
     def _exists(self, spec: JobSpec, why: str) -> records.JobExistsError:
+        where = nats_text.shown(self.nats_url)
         return records.JobExistsError(
-            f"job {spec.namespace}/{spec.job} in the status store of {self.nats_url} {why}; "
+            f"job {spec.namespace}/{spec.job} in the status store of {where} {why}; "
             "run it under another --job"
         )
 

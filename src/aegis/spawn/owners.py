@@ -65,19 +65,53 @@ def boot_id() -> str:
         return ""
 
 
-def process_name(pid: int | None = None) -> str:
-    """Process ``pid`` (this one) named for any host: ``<boot id> <pid ns> <pid> <start ms>``."""
-    pid = os.getpid() if pid is None else pid
-    return f"{boot_id()} {pid_ns()} {pid} {started_ms(pid)}"
-
-
-def process_gone(name: str, started_of: Callable[[int], int | None] = started_ms) -> bool:
-    """Whether the process :func:`process_name` named is known to be gone: one of this host's
-    boot and pid namespace that no longer runs. One of another host, boot or pid namespace (it
-    cannot be judged here), or a name that does not parse: not known gone."""
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s field 22:
+    unlike a wall-clock start time it never moves within a boot, whatever the clock does);
+    None where it cannot be read (no such process, or hidden: ``hidepid``)."""
     try:
-        boot, ns, pid, started = name.split()
-        judged = bool(boot) and boot == boot_id() and int(ns) == pid_ns()
-        return judged and gone(int(pid), int(started), started_of)
-    except ValueError:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts, even where /proc hides
+    it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_name(pid: int | None = None) -> str:
+    """Process ``pid`` (this one) named for any host: ``boot=<boot id> ns=<pid ns> pid=<pid>
+    ticks=<start in ticks since boot>``."""
+    pid = os.getpid() if pid is None else pid
+    return f"boot={boot_id()} ns={pid_ns()} pid={pid} ticks={start_ticks(pid)}"
+
+
+def process_gone(
+    name: str,
+    exists_now: Callable[[int], bool] = exists,
+    ticks_of: Callable[[int], int | None] = start_ticks,
+) -> bool:
+    """Whether the process :func:`process_name` named is known to be gone: one of this host's
+    boot and pid namespace, and no process has its pid, or the one that has it started at
+    another time. One of another host, boot or pid namespace, one whose start cannot be read
+    (another user's, where /proc hides it), or a name of another form: not known gone."""
+    try:
+        fields = dict(field.split("=", 1) for field in name.split())
+        boot, ns_ino = fields["boot"], int(fields["ns"])
+        pid, ticks = int(fields["pid"]), int(fields["ticks"])
+    except (ValueError, KeyError):
+        return False
+    if not boot or boot != boot_id() or ns_ino != pid_ns() or pid <= 0:
+        return False
+    if not exists_now(pid):
+        return True
+    now = ticks_of(pid)
+    return now is not None and now != ticks
