@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server per test (free ports, operator-mode auth, JetStream), and
+"""Shared fixtures: a real nats-server per test (free ports, operator-mode auth, JetStream;
+``open_nats``: one with no auth, as a team's own server and ``aegis run --nats`` are), and
 ``harness``: the master's job runner under test (``tests.runner_harness``)."""
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def authority() -> Authority:
 @pytest.fixture
 def nats_server(authority: Authority) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(authority)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def open_nats() -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(None)
     server.start()
     try:
         yield server

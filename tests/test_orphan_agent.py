@@ -8,9 +8,6 @@ A real nats-server (no auth, as ``--nats`` servers are) and the agent's real tra
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-
-import pytest
 
 from aegis.adapters import lifecycle
 from aegis.adapters.grpc.creds import WorkerCreds
@@ -31,16 +28,6 @@ def _ack(incarnation: str) -> m.Message:
     return m.Message(job="same", namespace="default", pod="same-0", type=m.MessageType.ACK,
                      phase=Phase.PENDING, seq=0, ts=0.0, data=m.AckData(incarnation=incarnation),
                      id=f"same-0/{incarnation}/0")  # fmt: skip
-
-
-@pytest.fixture
-def open_nats() -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(None)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def _transport(url: str, parent: int | None) -> Transport:

@@ -16,7 +16,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,17 +25,6 @@ from tests.cluster import AEGIS, PLAIN_DDP, leftovers
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def open_nats() -> Iterator[EmbeddedNats]:
-    """A nats-server with JetStream and no auth, as a team's own server would be."""
-    server = EmbeddedNats(None)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _argv(url: str, where: Path, *script: str) -> list[str]:
