@@ -4,6 +4,7 @@ masters on one real nats-server (as two ``aegis run --nats URL --job NAME`` are)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import subprocess
@@ -171,3 +172,46 @@ async def test_the_record_of_a_master_that_is_gone_gives_up_its_name(
         await third.store.put(status_key(SPEC), job_record.encode(left), expected_revision=now[1])
         await create(third, "node-3")
         assert await stored(third) == ("Pending", "node-3")
+
+
+class _HeldLastWrite(memory.MemoryStore):
+    """The store; the write that says an ended job's end was carried out waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.release = asyncio.Event(), asyncio.Event()
+
+    async def put(self, key: str, value: bytes, *, expected_revision: int | None) -> int:
+        record = job_record.decode(value)
+        if record.status["phase"] in ("Succeed", "Failed") and not record.end_pending:
+            self.holding.set()
+            await self.release.wait()
+        return await super().put(key, value, expected_revision=expected_revision)
+
+
+async def test_a_closing_master_lets_an_ended_jobs_last_write_finish() -> None:
+    """``aegis run`` closes its master once the job is done, which is before the loop writes
+    that the end was carried out: cancelled there, the record said ``end_pending`` for ever,
+    and kept the name from every later run of it (from another host or container)."""
+    store = _HeldLastWrite()
+    service = MasterService(None, "nats://127.0.0.1:4222", memory.MemoryBus(), store,
+                            MasterSettings(job=QUIET))  # fmt: skip
+    runner, _ = await service.create_job(SPEC, ["node-0"], NullPlatform(), log_dir=None)
+    runner.platform_event(ev.QuitRequested("the user stopped it"))
+    await runner.wait_done()
+    await store.holding.wait()  # the loop writes that the end was carried out
+    started = asyncio.Event()
+
+    async def close() -> None:
+        started.set()
+        await service.close()  # runs up to its first wait before this test goes on
+
+    closing = asyncio.ensure_future(close())
+    await started.wait()
+    store.release.set()
+    await asyncio.wait_for(closing, 60)
+    found = await store.get(status_key(SPEC))
+    assert found is not None
+    record = job_record.decode(found[0])
+    assert record.status["phase"] == "Failed" and not record.end_pending
+    assert records.still_held(found[0], lambda creator: False) is None  # the name is free

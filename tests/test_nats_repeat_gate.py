@@ -59,6 +59,9 @@ async def test_a_client_retrying_a_dead_server_logs_its_failure_once(
         ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
         ("nats://user:secret@h:1,nats://h2:2", "nats://***@h:1,nats://h2:2"),
         ("tls://a-token@h:4222", "tls://***@h:4222"),
+        ("user:secret@h:4222", "nats://***@h:4222"),  # no scheme: nats:// (as connected)
+        ("tok@h:4222", "nats://***@h:4222"),
+        ("h:4222", "nats://h:4222"),
     ],
 )
 def test_a_url_in_a_message_shows_no_credentials(url: str, said: str) -> None:

@@ -40,8 +40,10 @@ def test_a_process_named_for_any_host_is_known_gone_only_on_this_hosts_boot_and_
     ticks = owners.start_ticks(child.pid)  # since boot: no wall clock
     assert named == f"boot={boot} ns={ns} pid={pid} ticks={ticks}"
     assert boot and not owners.process_gone(owners.process_name())  # this one runs
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not collected yet
+    assert owners.zombie(child.pid) and owners.process_gone(named)  # gone all the same
     child.wait()
-    assert owners.process_gone(named)
+    assert not owners.zombie(child.pid) and owners.process_gone(named)
     other_boot = f"{'f' if boot[0] != 'f' else 'e'}{boot[1:]}"
     for other in (
         f"boot={other_boot} ns={ns} pid={pid} ticks={ticks}",  # another host, or boot

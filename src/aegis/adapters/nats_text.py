@@ -34,7 +34,8 @@ def shown(url: str) -> str:
     in it are replaced by ``***``."""
     parts = []
     for one in url.split(","):
-        parsed = urllib.parse.urlsplit(one.strip())
+        one = one.strip()  # noqa: PLW2901 (the part, as ``server_list`` reads it)
+        parsed = urllib.parse.urlsplit(one if "://" in one else f"nats://{one}")
         if "@" in parsed.netloc:
             parsed = parsed._replace(netloc=f"***@{parsed.netloc.rsplit('@', 1)[1]}")
         parts.append(urllib.parse.urlunsplit(parsed))

@@ -29,6 +29,7 @@ from aegis.spawn import owners
 log = logging.getLogger(__name__)
 
 STATUS_BUCKET = "aegis-jobs"
+LAST_WRITE_S = 10.0  # how long a closing master lets an ended job's loop finish its writes
 
 
 class CredsServerSettings(Protocol):
@@ -183,6 +184,12 @@ class MasterService:
             log.error("job task %s crashed", task.get_name(), exc_info=task.exception())
 
     async def close(self) -> None:
+        """Stop every job's loop; one whose job has ended first finishes its last write, for
+        ``LAST_WRITE_S`` at most (the record then says its end was carried out: a record left
+        ``end_pending`` keeps the job's name from the next run of it, ``records.still_held``)."""
+        ending = [r.task for r in self.jobs.values() if r.done.is_set() and r.task is not None]
+        if pending := [task for task in ending if not task.done()]:
+            await asyncio.wait(pending, timeout=LAST_WRITE_S)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

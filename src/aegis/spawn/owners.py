@@ -101,8 +101,9 @@ def process_gone(
 ) -> bool:
     """Whether the process :func:`process_name` named is known to be gone: one of this host's
     boot and pid namespace, and no process has its pid, or the one that has it started at
-    another time. One of another host, boot or pid namespace, one whose start cannot be read
-    (another user's, where /proc hides it), or a name of another form: not known gone."""
+    another time, or it has ended and waits for its parent to collect it (a zombie). One of
+    another host, boot or pid namespace, one whose start cannot be read (another user's,
+    where /proc hides it), or a name of another form: not known gone."""
     try:
         fields = dict(field.split("=", 1) for field in name.split())
         boot, ns_ino = fields["boot"], int(fields["ns"])
@@ -114,4 +115,12 @@ def process_gone(
     if not exists_now(pid):
         return True
     now = ticks_of(pid)
-    return now is not None and now != ticks
+    return (now is not None and now != ticks) or zombie(pid)
+
+
+def zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended and only waits for its parent to collect it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
