@@ -62,6 +62,14 @@ class ClusterRun:
     def events(self) -> list[dict[str, Any]]:
         return json_lines(self.log_dir / "events.jsonl")
 
+    def story(self) -> str:
+        """What the run's phase log reported and decided, a line each: an assertion's message
+        that says why a run went another way (its output may be long, its events terse)."""
+        lines = json_lines(self.log_dir / "faults.jsonl")
+        told = [f"{e['phase']} {e['pod'] or '-'}: {e['message'][:300]}" for e in lines
+                if e.get("kind") in ("report", "decision")]  # fmt: skip
+        return "\n".join(told)
+
 
 Scenario = Callable[[asyncio.subprocess.Process, Path], Awaitable[None]]
 

@@ -13,6 +13,7 @@ import pytest
 import aegis
 from aegis import training as progress
 from aegis.agent import ports, reaper, stacks, watchdog
+from aegis.spawn import owners
 
 
 def test_progress_does_nothing_when_not_under_agent() -> None:
@@ -76,15 +77,25 @@ def test_a_killed_agents_progress_file_is_removed_by_the_next_agent_and_a_live_o
 
 
 def test_a_progress_file_is_stale_only_when_its_agent_of_this_pid_namespace_is_gone() -> None:
-    name = f"{watchdog.PROGRESS_PREFIX}4026531836-812-1764662400123-x1y2"
-    assert watchdog.owner_of(name) == (4026531836, 812, 1764662400123)
+    """A name says the agent by pid namespace, pid and start in ticks since boot (an older
+    version's, by its start in ms since the epoch: still judged, as it was)."""
+    name = f"{watchdog.PROGRESS_PREFIX}4026531836-812-t59012-x1y2"
+    assert watchdog.owner_of(name) == (4026531836, 812, 59012, True)
+    older = f"{watchdog.PROGRESS_PREFIX}4026531836-812-1764662400123-x1y2"
+    assert watchdog.owner_of(older) == (4026531836, 812, 1764662400123, False)
     assert watchdog.owner_of(f"{watchdog.PROGRESS_PREFIX}q9ncvy54") is None  # an older name
     assert watchdog.owner_of("aegis-drain-0-abc") is None
-    owner = (7, 812, 1000)
-    assert watchdog.stale(owner, 7, lambda pid: None)  # no such process
-    assert watchdog.stale(owner, 7, lambda pid: 2000)  # the pid is another process's now
-    assert not watchdog.stale(owner, 7, lambda pid: 1000)  # its agent lives
-    assert not watchdog.stale(owner, 8, lambda pid: None)  # another pid namespace: not ours
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ns, pid, ticks = owners.pid_ns(), child.pid, owners.start_ticks(child.pid) or 0
+    started = owners.started_ms(pid) or 0
+    assert not watchdog.stale(watchdog.Owner(ns, pid, ticks, True))  # its agent lives
+    assert not watchdog.stale(watchdog.Owner(ns, pid, started, False))
+    assert watchdog.stale(watchdog.Owner(ns, pid, ticks + 1, True))  # the pid: another's now
+    child.wait()
+    assert watchdog.stale(watchdog.Owner(ns, pid, ticks, True))  # no such process
+    assert watchdog.stale(watchdog.Owner(ns, pid, started, False))
+    assert not watchdog.stale(watchdog.Owner(ns + 1, pid, ticks, True))  # not of our namespace
+    assert not watchdog.stale(watchdog.Owner(ns + 1, pid, started, False))
 
 
 def test_progress_is_callable_in_process_when_module_is_imported() -> None:

@@ -213,7 +213,7 @@ def test_each_submission_gets_its_own_shared_memory_and_an_old_ones_is_removed(
     concurrent = linked._saver_settings(settings("token-2"), shm_root=tmp_path)
     assert concurrent is not None and concurrent.shm_dir != first.shm_dir
     assert (first.shm_dir / "slot-0").exists()
-    killed = f"{owners.pid_ns()} {os.getpid()} 1\n"  # a pid of another start time: gone
+    killed = owners.process_name().rsplit("=", 1)[0] + "=1\n"  # a pid of another start time: gone
     for dead in (first, concurrent):
         (dead.shm_dir / owners.OWNER).write_text(killed)
     second = linked._saver_settings(settings("token-3"), shm_root=tmp_path)

@@ -6,7 +6,6 @@ only theirs. (The whole path: ``tests/test_second_signal_e2e.py``.)"""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def test_a_killed_pods_memory_is_found_by_the_agents_own_name_and_only_its_own(
         daemon = linked._saver_settings(s, shm_root=tmp_path)
         assert daemon is not None
         (daemon.shm_dir / "slot-0").write_bytes(b"state")
-        gone = f"{owners.pid_ns()} {os.getpid()} 1\n"  # its agent killed (another start time)
+        gone = owners.process_name().rsplit("=", 1)[0] + "=1\n"  # its agent killed: another start
         (daemon.shm_dir / owners.OWNER).write_text(gone)
         return daemon.shm_dir
 

@@ -227,7 +227,7 @@ async def _drain_at_the_next_own_save(tmp_path: Path, *script_args: str) -> Clus
     assert drained and drained[0].startswith("0: "), drained
     assert run.rc == 0, run.output
     status = run.status["status"]
-    assert status["phase"] == "Succeed" and status["recover_count"] == 0, status
+    assert status["phase"] == "Succeed" and status["recover_count"] == 0, run.story()
     assert status["error_nodes"] == [] and run.pods["dr-1"]["node"] == "spare-0", status
     events = run.events()
     assert not any(e["type"] == "DrainForced" for e in events), events

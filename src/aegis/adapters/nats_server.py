@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from aegis.adapters import lifecycle
@@ -75,22 +75,25 @@ def may_restart(recent: Sequence[float], now: float, *, limit: int, window_s: fl
 
 
 DIR_PREFIX = "aegis-nats-"
-OWNER = "owner"  # in a directory made here: "<pid> <start time in ms>" of the process that made it
+OWNER = "owner"  # in a directory made here: the process that made it (owners.process_name)
 
 
 def owner_line(pid: int) -> str:
-    return f"{pid} {owners.started_ms(pid)}"
+    return owners.process_name(pid)
 
 
-def abandoned(owner: str, started_ms: Callable[[int], int | None]) -> bool:
+def abandoned(owner: str) -> bool:
     """Whether a server directory whose owner file says ``owner`` is left over: that process
-    is gone (none with its pid and start time). Its server went with it (PR_SET_PDEATHSIG). An
-    owner line that does not parse is never judged so."""
+    is gone (owners.process_gone; of an earlier boot of this host too). Its server went with
+    it (PR_SET_PDEATHSIG). An owner line that does not parse is never judged so; an older
+    version's ("<pid> <start ms>") is judged as it was."""
+    if "=" in owner:
+        return owners.process_gone(owner, local=True)
     try:
         pid, started = (int(field) for field in owner.split())
     except ValueError:
         return False
-    return owners.gone(pid, started, started_ms)
+    return owners.legacy_gone(pid, started)
 
 
 def sweep_abandoned(tmp: Path) -> list[Path]:
@@ -102,7 +105,7 @@ def sweep_abandoned(tmp: Path) -> list[Path]:
             owner = (directory / OWNER).read_text()
         except OSError:  # none (made elsewhere, or before owner files): not ours to judge
             continue
-        if abandoned(owner, owners.started_ms):
+        if abandoned(owner):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed

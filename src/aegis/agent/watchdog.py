@@ -18,6 +18,7 @@ import re
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import psutil
 
@@ -29,24 +30,32 @@ log = logging.getLogger(__name__)
 
 
 PROGRESS_PREFIX = "aegis-progress-"
-_OWNED = re.compile(re.escape(PROGRESS_PREFIX) + r"(\d+)-(\d+)-(\d+)-")
+# "<prefix><pid ns>-<pid>-t<start ticks since boot>-"; older versions: "...-<start ms>-"
+_OWNED = re.compile(re.escape(PROGRESS_PREFIX) + r"(\d+)-(\d+)-(t?)(\d+)-")
 
 
-def owner_of(name: str) -> tuple[int, int, int] | None:
-    """The (pid namespace, pid, start time in ms) of the agent a progress file's name says
-    made it; None for any other name."""
+class Owner(NamedTuple):
+    """The agent a progress file's name says made it."""
+
+    ns: int  # its pid namespace
+    pid: int
+    start: int  # in clock ticks since boot; an older version's name: ms since the epoch
+    ticks: bool  # start is in ticks
+
+
+def owner_of(name: str) -> Owner | None:
+    """The agent a progress file's name says made it; None for any other name."""
     m = _OWNED.match(name)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+    return Owner(int(m[1]), int(m[2]), int(m[4]), bool(m[3])) if m else None
 
 
-def stale(
-    owner: tuple[int, int, int], pid_ns: int, started_ms: Callable[[int], int | None]
-) -> bool:
+def stale(owner: Owner) -> bool:
     """Whether a progress file of ``owner`` is left over: its agent is gone (no process with
-    that pid and start time). Only files of this pid namespace are judged (a host's
-    ``/dev/shm`` shared with pods that have their own pids)."""
-    ns, pid, started = owner
-    return ns == pid_ns and owners.gone(pid, started, started_ms)
+    that pid and start). Only files of this pid namespace are judged (a host's ``/dev/shm``
+    shared with pods that have their own pids)."""
+    if owner.ticks:
+        return owners.gone_here(owner.ns, owner.pid, owner.start)
+    return owner.ns == owners.pid_ns() and owners.legacy_gone(owner.pid, owner.start)
 
 
 def progress_dir() -> str:
@@ -58,10 +67,9 @@ def sweep_dead_owners(directory: str) -> list[str]:
     """Remove the progress files whose agent is gone (a SIGKILLed agent cannot remove its own,
     and on a shared host ``/dev/shm`` outlives it); returns their names."""
     removed = []
-    pid_ns = owners.pid_ns()
     for name in os.listdir(directory):
         owner = owner_of(name)
-        if owner is None or not stale(owner, pid_ns, owners.started_ms):
+        if owner is None or not stale(owner):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))
@@ -86,7 +94,7 @@ class ProgressFile:
             log.info("removed %d progress file(s) of agents gone: %s", len(removed),
                      ", ".join(sorted(removed)))  # fmt: skip
         pid = os.getpid()
-        prefix = f"{PROGRESS_PREFIX}{owners.pid_ns()}-{pid}-{owners.started_ms(pid)}-"
+        prefix = f"{PROGRESS_PREFIX}{owners.pid_ns()}-{pid}-t{owners.start_ticks(pid)}-"
         fd, self.path = tempfile.mkstemp(prefix=prefix, dir=directory)
         try:
             os.ftruncate(fd, progress.SIZE)
