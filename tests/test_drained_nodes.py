@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -71,12 +72,16 @@ class Master:
     bus: NatsBus
     store: KvStore
     replica: Replica
+    log_dir: Path
 
     async def ctl(self, command: control.Command, node: str) -> control.ControlReply:
+        """``aegis ctl`` as it is sent: to the leader's subject, from its control file."""
+
         def build(inbox: str) -> control.ControlRequest:
             return control.ControlRequest(command, inbox, nodes=[node], reason="bios update")
 
-        return await control.request(self.bus, build, inbox_prefix="_INBOX")
+        subject = control.read_control_file(self.log_dir / control.CONTROL_FILE).subject
+        return await control.request(self.bus, build, inbox_prefix="_INBOX", subject=subject)
 
     async def submit(
         self, job: str, nodes: tuple[str, str] = ("node-0", "node-1")
@@ -98,17 +103,18 @@ class Master:
 
 
 @pytest.fixture
-async def master() -> AsyncIterator[Master]:
+async def master(tmp_path: Path) -> AsyncIterator[Master]:
     server = EmbeddedNats(None)
     await asyncio.to_thread(server.start)
-    replica = Replica(None, server.url, ReplicaSettings(
-        replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=0.05))  # fmt: skip
+    settings = ReplicaSettings(replica_id="m1", lease=LeaseSettings(lease_s=2.0), poll_s=0.05,
+                               log_dir=tmp_path)  # fmt: skip
+    replica = Replica(None, server.url, settings)
     task = asyncio.create_task(replica.run())
     bus = await NatsBus.connect(server.url)
     try:
         async with asyncio.timeout(30):
             await replica.leading.wait()
-        yield Master(bus, await KvStore.open(bus, STATUS_BUCKET), replica)
+        yield Master(bus, await KvStore.open(bus, STATUS_BUCKET), replica, tmp_path)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

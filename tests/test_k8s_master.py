@@ -51,6 +51,7 @@ class Cluster:
     bus: NatsBus
     store: KvStore
     api: cluster.KubernetesCluster
+    log_dir: Path  # the leader's control file
 
     def job(self) -> dict[str, Any]:
         for (resource, namespace, name), obj in self.emulator.objects.items():
@@ -82,7 +83,8 @@ class Cluster:
             return control.ControlRequest(command, inbox, nodes=[node], reason="bios update",
                                           deadline_s=0.5)  # fmt: skip
 
-        return await control.request(self.bus, build, inbox_prefix="_INBOX")
+        subject = control.read_control_file(self.log_dir / control.CONTROL_FILE).subject
+        return await control.request(self.bus, build, inbox_prefix="_INBOX", subject=subject)
 
 
 def scheduled(rank: int, node: str, uid: str, created: str) -> dict[str, Any]:
@@ -106,7 +108,7 @@ async def running(
     replica = Replica(None, server.url, ReplicaSettings(
         replica_id="m1", lease=LeaseSettings(lease_s=2.0),
         job=JobSettings(heartbeat_timeout_s=1.0, rendezvous=manifests.RENDEZVOUS_RULE),
-        poll_s=0.1))  # fmt: skip
+        poll_s=0.1, log_dir=tmp_path / "master"))  # fmt: skip
     bus = await NatsBus.connect(server.url)
     store = await KvStore.open(bus, STATUS_BUCKET)
     api = cluster.KubernetesCluster(cluster.load_config())
@@ -118,7 +120,7 @@ async def running(
     try:
         async with asyncio.timeout(30):
             await replica.leading.wait()  # it serves aegis ctl from then on
-        yield Cluster(kmock, bus, store, api)
+        yield Cluster(kmock, bus, store, api, tmp_path / "master")
     finally:
         for task in tasks:
             task.cancel()

@@ -7,7 +7,9 @@ import dataclasses
 import io
 import json
 from pathlib import Path
+from typing import cast
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -21,6 +23,7 @@ from aegis.core.phases import Order, Phase
 from aegis.core.recovery import RecoveryLevel
 from aegis.master import control, eventlog_writer, faultlog, job_log
 from aegis.master.job_record import JobNotes
+from aegis.master.job_runner import JobRunner
 from aegis.tools import joblog
 
 SPEC = JobSpec("demo", "default", 3, 2)
@@ -131,22 +134,85 @@ async def test_control_answers_requests_over_the_bus_when_no_job_matches() -> No
     bus = MemoryBus()
     platform = _Platform()
     sub = await control.serve_control(bus, lambda namespace, job: None, lambda: [platform])
+    assert sub.subject.startswith(control.CONTROL_SUBJECT + ".")
     reply = await control.request(
-        bus, lambda inbox: control.ControlRequest("stop", inbox, job="gone"), inbox_prefix="_I"
-    )
+        bus, lambda inbox: control.ControlRequest("stop", inbox, job="gone"), inbox_prefix="_I",
+        subject=sub.subject,
+    )  # fmt: skip
     assert reply == control.ControlReply(False, "no job default/gone")
     reply = await control.request(
         bus,
         lambda inbox: control.ControlRequest("taint", inbox, nodes=["a", "b"], reason="ecc"),
         inbox_prefix="_I",
+        subject=sub.subject,
     )
     assert reply.ok and platform.blacklist == {"node-9": "old", "a": "ecc", "b": "ecc"}
     reply = await control.request(
         bus, lambda inbox: control.ControlRequest("untaint", inbox, nodes=["node-9", "a"]),
-        inbox_prefix="_I",
+        inbox_prefix="_I", subject=sub.subject,
     )  # fmt: skip
     assert reply.ok and platform.blacklist == {"b": "ecc"}
     await sub.unsubscribe()
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def platform_event(self, event: object) -> None:
+        self.events.append(event)
+
+
+async def _replies(
+    bus: MemoryBus, subject: str, request: control.ControlRequest
+) -> list[control.ControlReply]:
+    """Every reply to ``request`` sent on ``subject`` (the masters' handlers, then their
+    replies, run to their end)."""
+    got: list[control.ControlReply] = []
+
+    async def on_reply(_: str, payload: bytes) -> None:
+        got.append(msgspec.json.decode(payload, type=control.ControlReply))
+
+    sub = await bus.subscribe(request.reply_to, on_reply)
+    await bus.publish(subject, msgspec.json.encode(request))
+    await bus.flush()  # the handlers
+    await bus.flush()  # their replies
+    await sub.unsubscribe()
+    return got
+
+
+async def test_on_the_shared_subject_only_the_master_that_leads_the_job_answers() -> None:
+    """Two masters on one bus (two runs on one NATS server), each with a subject of its own
+    (its control file names it): there each answers all it is sent. On the shared subject a
+    stop (or a hang) of a job is answered by the master that leads it, the other keeps silent;
+    a node command there is nobody's."""
+    bus, runner, platform = MemoryBus(), _Runner(), _Platform()
+    leading = {("default", "one"): cast(JobRunner, runner)}
+    one = await control.serve_control(bus, lambda ns, job: leading.get((ns, job)), lambda: [])
+    two = await control.serve_control(bus, lambda ns, job: None, lambda: [platform])
+    assert one.subject != two.subject and control.CONTROL_SUBJECT not in (one.subject, two.subject)
+    stop = control.ControlRequest("stop", "_I.a", job="one")
+    assert await _replies(bus, control.CONTROL_SUBJECT, stop) == [
+        control.ControlReply(True, "job one: stop requested")
+    ]
+    assert len(runner.events) == 1
+    assert await _replies(bus, two.subject, stop) == [
+        control.ControlReply(False, "no job default/one")  # sent to the other: said so
+    ]
+    assert len(runner.events) == 1
+    nobodys = control.ControlRequest("stop", "_I.b", job="gone")
+    assert await _replies(bus, control.CONTROL_SUBJECT, nobodys) == []
+    taint = control.ControlRequest("taint", "_I.c", nodes=["a"], reason="ecc")
+    assert await _replies(bus, control.CONTROL_SUBJECT, taint) == []
+    assert platform.blacklist == {"node-9": "old"}
+    assert [r.ok for r in await _replies(bus, two.subject, taint)] == [True]
+    assert platform.blacklist == {"node-9": "old", "a": "ecc"}
+    hang = control.ControlRequest("hang", "_I.d", pod="one-0")
+    assert control.leads(hang, lambda ns, job: leading.get((ns, job)))
+    assert not control.leads(hang, lambda ns, job: None)
+    await one.unsubscribe()
+    await two.unsubscribe()
+    assert bus.handlers == {}
 
 
 def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:

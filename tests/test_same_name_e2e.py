@@ -5,6 +5,8 @@ status store keeps every job's record). A plain script that never imports aegis.
   started nothing; the first one goes on to its end.
 - Once it has ended, the name is free: the next run of it replaces the ended job's record (it
   crashed with the store's conflict before).
+- Two runs of other names on one server: ``aegis ctl`` with one run's control file reaches that
+  run's master only (both answered, and the other's "no job" often came first).
 
 About the shared-host mode itself: the emulated cluster runs its own NATS (``--isolate-nodes``
 refuses ``--nats``).
@@ -21,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from aegis.adapters.nats_server import EmbeddedNats
-from tests.cluster import AEGIS, PLAIN_DDP, leftovers
+from tests.cluster import AEGIS, PLAIN_DDP, ctl, leftovers
 from tests.waits import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _argv(url: str, where: Path, *script: str) -> list[str]:
-    return [*AEGIS, "run", "--nats", url, "--job", "same", "--nodes", "1", "--view", "plain",
+def _argv(url: str, where: Path, *script: str, job: str = "same") -> list[str]:
+    return [*AEGIS, "run", "--nats", url, "--job", job, "--nodes", "1", "--view", "plain",
             "--log-dir", str(where / "logs"), "--status-file", str(where / "status.json"), "--",
             sys.executable, str(PLAIN_DDP), "--steps", "5", "--step-time-s", "0",
             "--ckpt-dir", str(where / "ckpt"), *script]  # fmt: skip
@@ -43,12 +45,15 @@ def _phase(where: Path) -> str:
     return str(json.loads((where / "status.json").read_text())["status"]["phase"])
 
 
-async def _start_waiting(url: str, where: Path, gate: Path) -> asyncio.subprocess.Process:
-    """A run whose script waits for ``gate`` before training; returned once it is started."""
+async def _start_waiting(
+    url: str, where: Path, gate: Path, job: str = "same"
+) -> asyncio.subprocess.Process:
+    """A run whose script waits for ``gate`` before training; returned once it is started (its
+    output in ``<where>.out``)."""
     said = where.with_suffix(".out")
     with said.open("wb") as out:
         running = await asyncio.create_subprocess_exec(
-            *_argv(url, where, "--prepare-until", str(gate)),
+            *_argv(url, where, "--prepare-until", str(gate), job=job),
             stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
     try:
@@ -109,3 +114,39 @@ async def test_the_name_of_a_killed_runs_job_is_free_once_the_run_is_gone(
     assert again.returncode == 0, again.stderr
     assert _phase(after) == "Succeed"
     assert leftovers(after / "logs") == []
+
+
+async def test_ctl_with_a_runs_control_file_reaches_that_runs_master_only(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    """Runs of jobs ``one`` and ``two`` on one server. Every master answered every request on
+    the one control subject: a ``stop one`` sent with run two's file stopped run one, and a
+    ``hang one-0`` sent with run one's file was answered "no pod one-0" by run two as often as
+    not (exit 1), while run one counted the fault (a user who tried again counted another)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    gate = tmp_path / "go"
+    runs = [await _start_waiting(open_nats.url, one, gate, job="one")]
+    try:
+        runs.append(await _start_waiting(open_nats.url, two, gate, job="two"))
+        for _ in range(3):  # either answer could come first
+            said = await ctl("stop", "one", "--log-dir", str(two / "logs"))
+            assert said == "1: aegis ctl: no job default/one\n", said
+        assert runs[0].returncode is None and "control: stop" not in _said(one)
+        said = await ctl("stop", "one", "--log-dir", str(one / "logs"))
+        assert said == "0: aegis ctl: job one: stop requested\n", said
+        assert await asyncio.wait_for(runs[0].wait(), 120) == 1
+        assert _said(one).count("control: stop one -> job one: stop requested") == 1
+        assert _said(two).count("control: stop one") == 3  # those sent to it only
+        gate.touch()
+        assert await asyncio.wait_for(runs[1].wait(), 240) == 0
+    finally:
+        for running in runs:
+            if running.returncode is None:
+                running.kill()
+                await running.wait()
+    assert (_phase(one), _phase(two)) == ("Failed", "Succeed")
+    assert leftovers(one / "logs") == leftovers(two / "logs") == []
+
+
+def _said(where: Path) -> str:
+    return where.with_suffix(".out").read_text()

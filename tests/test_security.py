@@ -651,7 +651,8 @@ async def test_ctl_with_credentials_that_may_not_send_says_not_permitted(
         await new_job(service, "ctlj", pods=1)
         sub = await control.serve_control(service.bus, lambda ns, job: None, lambda: [])
         worker = await fetch(service.grpc_port, "ctlj", "ctlj-0")  # a pod's, not the master's
-        target = control.ControlTarget(nats_server.url, worker.creds, "default", "ctlj")
+        target = control.ControlTarget(nats_server.url, worker.creds, "default", "ctlj",
+                                       subject=sub.subject)  # fmt: skip
         control.write_control_file(tmp_path / "control.json", target)
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(

@@ -76,7 +76,9 @@ async def _send(
                                 on_error=on_error, max_reconnect_attempts=0)  # fmt: skip
     prefix = target.creds.inbox_prefix if target.creds else "_INBOX"
     asking = asyncio.ensure_future(
-        control.request(bus, build, inbox_prefix=prefix, timeout_s=timeout_s)
+        control.request(
+            bus, build, inbox_prefix=prefix, timeout_s=timeout_s, subject=target.subject
+        )
     )
     try:
         async with asyncio.timeout(timeout_s):  # the whole exchange, not only the wait

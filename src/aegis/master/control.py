@@ -1,10 +1,17 @@
 """The operator's control channel (the seed's atlctl): ``aegis ctl`` -> NATS -> the master.
 
 Request/reply over the ``Bus`` port: the client subscribes to a private inbox, then publishes a
-``ControlRequest`` (carrying ``reply_to``) on ``CONTROL_SUBJECT``; the master's handler answers
-with a ``ControlReply`` on that inbox. The subject lies outside every job's prefix
-(``aegis.<ns>.<job>.>``), so worker credentials cannot reach it: only the master's credentials
-(written to a 0600 control file by ``aegis run``) can.
+``ControlRequest`` (carrying ``reply_to``) on the master's own subject; the master's handler
+answers with a ``ControlReply`` on that inbox. Each master serves a subject of its own
+(``CONTROL_SUBJECT.<random>``, named in its control file), so ``aegis ctl`` with a run's file
+reaches that run's master only: several runs share one NATS server (``aegis run --nats URL``),
+and when every master answered on one subject, another run's "no job" reply often came first
+while the run addressed had acted (a stop sent with one run's file stopped another's job of
+that name). On ``CONTROL_SUBJECT`` itself a master answers only ``stop`` and ``hang`` of a job
+it leads, and keeps silent otherwise (a Slurm attempt stops the one before it there, knowing
+no file of its master). The subjects lie outside every job's prefix (``aegis.<ns>.<job>.>``),
+so worker credentials cannot reach them: only the master's credentials (written to a 0600
+control file by ``aegis run``) can.
 
 Commands:
 - ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
@@ -38,7 +45,7 @@ import msgspec
 
 from aegis.adapters import netns
 from aegis.adapters.nats_auth import UserCreds
-from aegis.adapters.ports import Bus, Subscription
+from aegis.adapters.ports import Bus, Handler, Subscription
 from aegis.core import events as ev
 from aegis.core.model import PodName
 from aegis.master import node_drains
@@ -177,31 +184,62 @@ async def _feed_hang(runner: JobRunner, pod: str) -> None:
     runner.hang_named(PodName(pod), "hang: reported by aegis ctl hang")
 
 
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """A master's control channel: its own subject (for its control file) and its
+    subscriptions (that subject, and ``CONTROL_SUBJECT``)."""
+
+    subject: str
+    subs: tuple[Subscription, ...]
+
+    async def unsubscribe(self) -> None:
+        for sub in self.subs:
+            await sub.unsubscribe()
+
+
+def leads(request: ControlRequest, resolve_job: ResolveJob) -> bool:
+    """Whether a request on the shared subject is this master's to answer: a ``stop`` or a
+    ``hang`` of a job it leads (the others keep silent, and the one that leads it answers)."""
+    if request.command == "stop":
+        return resolve_job(request.namespace, request.job) is not None
+    if request.command == "hang":
+        return resolve_job(request.namespace, request.job or job_of_pod(request.pod)) is not None
+    return False
+
+
 async def serve_control(
     bus: Bus,
     resolve_job: ResolveJob,
     resolve_platforms: ResolvePlatforms,
     resolve_jobs: ResolveJobs = lambda: (),
-) -> Subscription:
-    """Answer control requests on ``CONTROL_SUBJECT``; a bad request is logged and dropped."""
+) -> Serving:
+    """Answer control requests on a subject of this master's own, and on ``CONTROL_SUBJECT``
+    those of its jobs (:func:`leads`); a bad request is logged and dropped."""
     decoder = msgspec.json.Decoder(ControlRequest)
+    subject = f"{CONTROL_SUBJECT}.{secrets.token_hex(8)}"
 
-    async def on_request(subject: str, payload: bytes) -> None:
-        try:
-            request = decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            log.warning("control: dropped a bad request (%s)", exc)
-            return
-        try:
-            reply = await handle(request, resolve_job, resolve_platforms, resolve_jobs)
-        except Exception as exc:  # a control request must never kill the master
-            log.exception("control: %s failed", request.command)
-            reply = ControlReply(False, f"{request.command} failed: {exc}")
-        log.warning("control: %s %s -> %s", request.command, request.job or request.pod
-                    or ",".join(request.nodes), reply.message)  # fmt: skip
-        await bus.publish(request.reply_to, msgspec.json.encode(reply))
+    def on(shared: bool) -> Handler:
+        async def on_request(_: str, payload: bytes) -> None:
+            try:
+                request = decoder.decode(payload)
+            except msgspec.DecodeError as exc:
+                log.warning("control: dropped a bad request (%s)", exc)
+                return
+            if shared and not leads(request, resolve_job):
+                return
+            try:
+                reply = await handle(request, resolve_job, resolve_platforms, resolve_jobs)
+            except Exception as exc:  # a control request must never kill the master
+                log.exception("control: %s failed", request.command)
+                reply = ControlReply(False, f"{request.command} failed: {exc}")
+            log.warning("control: %s %s -> %s", request.command, request.job or request.pod
+                        or ",".join(request.nodes), reply.message)  # fmt: skip
+            await bus.publish(request.reply_to, msgspec.json.encode(reply))
 
-    return await bus.subscribe(CONTROL_SUBJECT, on_request)
+        return on_request
+
+    own = await bus.subscribe(subject, on(shared=False))
+    return Serving(subject, (own, await bus.subscribe(CONTROL_SUBJECT, on(shared=True))))
 
 
 async def serve_leader(
@@ -222,7 +260,7 @@ async def serve_leader(
         return [drained, *remote]
 
     sub = await serve_control(bus, resolve, platforms, lambda: list(runners().values()))
-    target = bus_target(bus, "default", "")
+    target = bus_target(bus, "default", "", sub.subject)
     if log_dir is None or target is None:
         return sub
     writer = secrets.token_hex(8)  # this lead's, in the file (insecure replicas' are alike)
@@ -246,9 +284,15 @@ class _Leading:
 
 
 async def request(
-    bus: Bus, req: Callable[[str], ControlRequest], *, inbox_prefix: str, timeout_s: float = 10.0
+    bus: Bus,
+    req: Callable[[str], ControlRequest],
+    *,
+    inbox_prefix: str,
+    timeout_s: float = 10.0,
+    subject: str = CONTROL_SUBJECT,
 ) -> ControlReply:
-    """Send one request (built for a fresh inbox) and wait for its reply."""
+    """Send one request (built for a fresh inbox) on ``subject`` (a master's own, from its
+    control file) and wait for its reply."""
     inbox = f"{inbox_prefix}.ctl{secrets.token_hex(8)}"
     answer: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
 
@@ -259,7 +303,7 @@ async def request(
     sub = await bus.subscribe(inbox, on_reply)
     try:
         await bus.flush()
-        await bus.publish(CONTROL_SUBJECT, msgspec.json.encode(req(inbox)))
+        await bus.publish(subject, msgspec.json.encode(req(inbox)))
         async with asyncio.timeout(timeout_s):
             return await answer
     finally:
@@ -276,6 +320,7 @@ class ControlTarget:
     namespace: str
     job: str
     netns: str = ""  # the emulated cluster's network namespace, entered to reach nats_url
+    subject: str = CONTROL_SUBJECT  # the master's own (``Serving.subject``)
 
 
 def write_control_file(path: Path, target: ControlTarget, *, writer: str = "") -> None:
@@ -285,7 +330,7 @@ def write_control_file(path: Path, target: ControlTarget, *, writer: str = "") -
             "jwt": target.creds.jwt if target.creds else "",
             "seed": target.creds.seed.decode() if target.creds else "",
             "inbox_prefix": target.creds.inbox_prefix if target.creds else "_INBOX",
-            "netns": target.netns, "writer": writer}  # fmt: skip
+            "netns": target.netns, "subject": target.subject, "writer": writer}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # (replicas write into one directory)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -313,6 +358,7 @@ class _ControlFile(msgspec.Struct):
     seed: str = ""
     inbox_prefix: str = "_INBOX"
     netns: str = ""
+    subject: str = CONTROL_SUBJECT  # the master's own; an older version's file: the shared one
     writer: str = ""  # who wrote it: a leader's lead (none: aegis run, a Slurm coordinator)
 
 
@@ -320,7 +366,7 @@ def read_control_file(path: Path) -> ControlTarget:
     """``ValueError`` (msgspec's, saying where) for a file ``write_control_file`` did not write."""
     body = msgspec.json.decode(path.read_bytes(), type=_ControlFile)
     creds = UserCreds(body.jwt, body.seed.encode(), body.inbox_prefix, None) if body.jwt else None
-    return ControlTarget(body.nats_url, creds, body.namespace, body.job, body.netns)
+    return ControlTarget(body.nats_url, creds, body.namespace, body.job, body.netns, body.subject)
 
 
 def unreadable(path: Path, exc: Exception) -> str:
@@ -332,12 +378,13 @@ def unreadable(path: Path, exc: Exception) -> str:
     return f"cannot read control file {path}: {exc}"
 
 
-def bus_target(bus: Bus, namespace: str, job: str) -> ControlTarget | None:
+def bus_target(bus: Bus, namespace: str, job: str, subject: str) -> ControlTarget | None:
     """The URL and credentials a connected ``NatsBus`` uses (for ``aegis run``'s control
-    file). None for a bus that does not say (the in-memory one)."""
+    file), and the master's own control ``subject``. None for a bus that does not say (the
+    in-memory one)."""
     url = getattr(bus, "url", "")
     if not url:
         return None
     creds = getattr(bus, "creds", None)
     return ControlTarget(url, creds if isinstance(creds, UserCreds) else None, namespace, job,
-                         netns.cluster_netns())  # fmt: skip
+                         netns.cluster_netns(), subject)  # fmt: skip

@@ -142,10 +142,10 @@ class Replica:
                 await self.bus.close()
 
     async def _lead(self, epoch: int) -> None:
-        self.leading.set()
         ctl = await control.serve_leader(
             self.bus, lambda: self.runners, self.drained, self.settings.log_dir
         )
+        self.leading.set()  # it serves aegis ctl (its control file written) from now on
         try:
             async with asyncio.TaskGroup() as group:
                 keeper = group.create_task(self.lease.keep(), name="lease")

@@ -30,8 +30,9 @@ async def serve_control(
     def resolve(namespace: str, job: str) -> JobRunner | None:
         return runner if (namespace, job) == (spec.namespace, spec.job) else None
 
-    await control.serve_control(runner.bus, resolve, lambda: [platform], lambda: [runner])
-    target = control.bus_target(runner.bus, spec.namespace, spec.job)
+    serving = await control.serve_control(runner.bus, resolve, lambda: [platform],
+                                          lambda: [runner])  # fmt: skip
+    target = control.bus_target(runner.bus, spec.namespace, spec.job, serving.subject)
     if target is None:
         return None
     path = log_dir / control.CONTROL_FILE
