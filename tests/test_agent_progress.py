@@ -85,13 +85,17 @@ def test_a_progress_file_is_stale_only_when_its_agent_of_this_pid_namespace_is_g
     assert watchdog.owner_of(older) == (4026531836, 812, 1764662400123, False)
     assert watchdog.owner_of(f"{watchdog.PROGRESS_PREFIX}q9ncvy54") is None  # an older name
     assert watchdog.owner_of("aegis-drain-0-abc") is None
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )  # lives until its stdin closes
+    assert child.stdin is not None
     ns, pid, ticks = owners.pid_ns(), child.pid, owners.start_ticks(child.pid) or 0
     started = owners.started_ms(pid) or 0
     assert not watchdog.stale(watchdog.Owner(ns, pid, ticks, True))  # its agent lives
     assert not watchdog.stale(watchdog.Owner(ns, pid, started, False))
     assert watchdog.stale(watchdog.Owner(ns, pid, ticks + 1, True))  # the pid: another's now
-    child.wait()
+    child.stdin.close()
+    child.wait(60)
     assert watchdog.stale(watchdog.Owner(ns, pid, ticks, True))  # no such process
     assert watchdog.stale(watchdog.Owner(ns, pid, started, False))
     assert not watchdog.stale(watchdog.Owner(ns + 1, pid, ticks, True))  # not of our namespace

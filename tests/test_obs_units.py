@@ -215,6 +215,21 @@ async def test_on_the_shared_subject_only_the_master_that_leads_the_job_answers(
     assert bus.handlers == {}
 
 
+async def test_the_leader_of_replicas_answers_every_request_on_the_shared_subject() -> None:
+    """One leader per server (its lease): a control file made by hand or by an older version
+    names no subject, and a master with no log directory writes none; it is reached there."""
+    bus, platform = MemoryBus(), _Platform()
+    lead = await control.serve_control(bus, lambda ns, job: None, lambda: [platform], leader=True)
+    taint = control.ControlRequest("taint", "_I.e", nodes=["a"], reason="ecc")
+    assert [r.ok for r in await _replies(bus, control.CONTROL_SUBJECT, taint)] == [True]
+    assert platform.blacklist == {"node-9": "old", "a": "ecc"}
+    stop = control.ControlRequest("stop", "_I.f", job="gone")
+    assert await _replies(bus, control.CONTROL_SUBJECT, stop) == [
+        control.ControlReply(False, "no job default/gone")
+    ]
+    await lead.unsubscribe()
+
+
 def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:
     from aegis.adapters.nats_auth import Authority
 

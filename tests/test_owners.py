@@ -46,10 +46,10 @@ def test_a_directory_is_held_only_by_a_live_owner_of_this_pid_namespace(tmp_path
     owners.claim(mine)  # made, and this process's
     assert owners.held(mine)
     assert [p.name for p in mine.iterdir()] == [owners.OWNER]  # no temporary file left
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child = _waiting_child()
     owners.claim(mine, pid=child.pid)  # claimed again: by the child now
     assert owners.held(mine)
-    child.wait()
+    _end(child)
     assert not owners.held(mine)  # its owner is gone
     ns, pid, boot = owners.pid_ns(), os.getpid(), owners.boot_id()
     ticks, other_boot = owners.start_ticks(pid), f"{'f' if boot[0] != 'f' else 'e'}{boot[1:]}"
@@ -106,6 +106,19 @@ def test_a_process_whose_start_cannot_be_read_is_not_known_gone() -> None:
     assert reused
     assert owners.process_gone(me, exists_now=lambda pid: False)
     assert owners.exists(os.getpid()) and not owners.exists(_a_gone_pid())
+
+
+def _waiting_child() -> subprocess.Popen[bytes]:
+    """A process that lives until :func:`_end` (one that exits at once may be a zombie, gone,
+    before the test looks at it)."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)  # fmt: skip
+
+
+def _end(child: subprocess.Popen[bytes]) -> None:
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait(60)
 
 
 def _a_gone_pid() -> int:

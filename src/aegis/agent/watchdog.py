@@ -85,8 +85,8 @@ def save_behind(step: int | None, saved: int | None) -> int | None:
 
 class ProgressFile:
     """The shared file training processes write ``aegis.progress()`` into, named after this
-    agent (pid namespace, pid and start time): if this one is killed, the next agent on the
-    host removes it."""
+    agent (pid namespace, pid and start in ticks since boot): if this one is killed, the next
+    agent on the host removes it."""
 
     def __init__(self) -> None:
         directory = progress_dir()

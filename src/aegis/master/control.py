@@ -7,11 +7,13 @@ answers with a ``ControlReply`` on that inbox. Each master serves a subject of i
 reaches that run's master only: several runs share one NATS server (``aegis run --nats URL``),
 and when every master answered on one subject, another run's "no job" reply often came first
 while the run addressed had acted (a stop sent with one run's file stopped another's job of
-that name). On ``CONTROL_SUBJECT`` itself a master answers only ``stop`` and ``hang`` of a job
-it leads, and keeps silent otherwise (a Slurm attempt stops the one before it there, knowing
-no file of its master). The subjects lie outside every job's prefix (``aegis.<ns>.<job>.>``),
-so worker credentials cannot reach them: only the master's credentials (written to a 0600
-control file by ``aegis run``) can.
+that name). On ``CONTROL_SUBJECT`` itself a run's master answers only ``stop`` and ``hang`` of
+a job it leads, and keeps silent otherwise (a Slurm attempt stops the one before it there,
+knowing no file of its master); the leader of ``aegis master`` replicas (one per server, by its
+lease) answers every request there too (a control file made by hand, or by an older version,
+names no subject; a master with no ``--log-dir`` writes no file). The subjects lie outside
+every job's prefix (``aegis.<ns>.<job>.>``), so worker credentials cannot reach them: only the
+master's credentials (written to a 0600 control file by ``aegis run``) can.
 
 Commands:
 - ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
@@ -212,9 +214,12 @@ async def serve_control(
     resolve_job: ResolveJob,
     resolve_platforms: ResolvePlatforms,
     resolve_jobs: ResolveJobs = lambda: (),
+    *,
+    leader: bool = False,
 ) -> Serving:
     """Answer control requests on a subject of this master's own, and on ``CONTROL_SUBJECT``
-    those of its jobs (:func:`leads`); a bad request is logged and dropped."""
+    those of its jobs (:func:`leads`), or all of them for the ``leader`` of replicas; a bad
+    request is logged and dropped."""
     decoder = msgspec.json.Decoder(ControlRequest)
     subject = f"{CONTROL_SUBJECT}.{secrets.token_hex(8)}"
 
@@ -225,7 +230,7 @@ async def serve_control(
             except msgspec.DecodeError as exc:
                 log.warning("control: dropped a bad request (%s)", exc)
                 return
-            if shared and not leads(request, resolve_job):
+            if shared and not leader and not leads(request, resolve_job):
                 return
             try:
                 reply = await handle(request, resolve_job, resolve_platforms, resolve_jobs)
@@ -250,7 +255,8 @@ async def serve_leader(
     stop, taint, hang, drain and undrain reach every job it leads (``runners``: by key); the
     drained nodes' record (``drained``) first, so later jobs learn them, then the job
     platforms, which carry out node drains. The control file (``control.json`` in
-    ``log_dir``, 0600) holds this replica's credentials."""
+    ``log_dir``, 0600) holds this replica's credentials and its own subject; it answers on the
+    shared one too (:func:`serve_control`'s ``leader``)."""
 
     def resolve(namespace: str, job: str) -> JobRunner | None:
         return runners().get(f"{namespace}.{job}")
@@ -259,7 +265,11 @@ async def serve_leader(
         remote = [r.platform for r in runners().values() if isinstance(r.platform, RemotePlatform)]
         return [drained, *remote]
 
-    sub = await serve_control(bus, resolve, platforms, lambda: list(runners().values()))
+    def jobs() -> list[JobRunner]:
+        return list(runners().values())
+
+    sub = await serve_control(bus, resolve, platforms, jobs, leader=True)
+    log.info("control: serving aegis ctl on %s and %s", sub.subject, CONTROL_SUBJECT)
     target = bus_target(bus, "default", "", sub.subject)
     if log_dir is None or target is None:
         return sub

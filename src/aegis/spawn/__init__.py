@@ -6,6 +6,7 @@
 - :mod:`aegis.spawn.forkclient`: the agent's side of a forkserver (:mod:`aegis.forking`), used by
   the agent's warm restarts (:mod:`aegis.agent.warm`) and by the warm checks
   (:mod:`aegis.checks.host`);
-- :mod:`aegis.spawn.owners`: a process named by pid and start time, the owner of what it leaves
-  behind (progress files, an embedded NATS server's directory), and whether it is gone.
+- :mod:`aegis.spawn.owners`: a process named by boot, pid namespace, pid and start in ticks since
+  boot, the owner of what it leaves behind (progress files, checkpoint memory, an embedded NATS
+  server's directory, a job's record), and whether it is gone.
 """
