@@ -18,11 +18,11 @@ from aegis.adapters import memory
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core import events as ev
-from aegis.core.errors import SetupError
+from aegis.core.errors import LocalError, SetupError
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
-from aegis.master import job_builder, job_record, records
-from aegis.master.job_runner import JobSettings
+from aegis.master import control, job_builder, job_record, records
+from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
 from aegis.master.service import MasterService, MasterSettings
@@ -34,8 +34,11 @@ SPEC = JobSpec("same", "default", 1, 1)
 
 
 @contextlib.asynccontextmanager
-async def master(server: EmbeddedNats, authority: Authority) -> AsyncIterator[MasterService]:
-    service = await MasterService.connect(authority, server.url, MasterSettings(job=QUIET))
+async def master(
+    server: EmbeddedNats, authority: Authority, answer_s: float = 5.0
+) -> AsyncIterator[MasterService]:
+    settings = MasterSettings(job=QUIET, creator_answer_s=answer_s)
+    service = await MasterService.connect(authority, server.url, settings)
     try:
         yield service
     finally:
@@ -215,3 +218,60 @@ async def test_a_closing_master_lets_an_ended_jobs_last_write_finish() -> None:
     record = job_record.decode(found[0])
     assert record.status["phase"] == "Failed" and not record.end_pending
     assert records.still_held(found[0], lambda creator: False) is None  # the name is free
+
+
+ELSEWHERE = "boot=another-hosts-boot ns=1 pid=100 ticks=5"  # an aegis run on another host
+
+
+async def _created_elsewhere(service: MasterService) -> JobRunner:
+    """The stored record, as if an ``aegis run`` on another host had created the job; its runner
+    goes on from that revision."""
+    found = await service.store.get(status_key(SPEC))
+    assert found is not None
+    record = msgspec.structs.replace(job_record.decode(found[0]), creator=ELSEWHERE)
+    [runner] = service.jobs.values()
+    runner.revision = await service.store.put(
+        status_key(SPEC), job_record.encode(record), expected_revision=found[1]
+    )
+    return runner
+
+
+async def test_the_name_of_a_job_whose_creator_elsewhere_does_not_answer_is_taken(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """A run killed on another host left its job RunCommand for ever, and this host cannot tell
+    whether that process lives: no master answers that it leads the job, so a new job takes the
+    name (it was ``nats kv del`` by hand). The old master, if it was only cut off, can write no
+    more: its next write is refused and its loop ends."""
+    async with (
+        master(nats_server, authority) as first,
+        master(nats_server, authority, answer_s=1.0) as second,
+    ):
+        await create(first, "node-1")
+        old = await _created_elsewhere(first)
+        assert not owners.judged_here(ELSEWHERE) and owners.judged_here(owners.process_name())
+        await create(second, "node-2")
+        assert await stored(second) == ("Pending", "node-2")
+        old.platform_event(ev.QuitRequested("the user stopped it"))
+        with pytest.raises(LocalError, match="loop ended early"):
+            await old.wait_done()
+        assert await stored(second) == ("Pending", "node-2")  # not overwritten
+
+
+async def test_the_name_of_a_job_whose_creator_elsewhere_answers_stays_held(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """The master that leads it answers the ping on the shared control subject (``aegis run``
+    serves it for its job): the new job is refused, and nothing is changed."""
+    async with master(nats_server, authority) as first, master(nats_server, authority) as second:
+        await create(first, "node-1")
+        runner = await _created_elsewhere(first)
+        serving = await control.serve_control(
+            first.bus, lambda ns, job: runner if (ns, job) == ("default", "same") else None, list
+        )
+        try:
+            with pytest.raises(records.JobExistsError, match="is not over"):
+                await create(second, "node-2")
+        finally:
+            await serving.unsubscribe()
+        assert second.jobs == {} and await stored(second) == ("Pending", "node-1")

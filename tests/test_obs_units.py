@@ -210,6 +210,12 @@ async def test_on_the_shared_subject_only_the_master_that_leads_the_job_answers(
     hang = control.ControlRequest("hang", "_I.d", pod="one-0")
     assert control.leads(hang, lambda ns, job: leading.get((ns, job)))
     assert not control.leads(hang, lambda ns, job: None)
+    ping = control.ControlRequest("ping", "_I.p", job="one")
+    assert await _replies(bus, control.CONTROL_SUBJECT, ping) == [
+        control.ControlReply(True, "job default/one: led here")  # the one leading it, only
+    ]
+    other = control.ControlRequest("ping", "_I.q", job="gone")
+    assert await _replies(bus, control.CONTROL_SUBJECT, other) == []
     await one.unsubscribe()
     await two.unsubscribe()
     assert bus.handlers == {}
@@ -227,6 +233,10 @@ async def test_the_leader_of_replicas_answers_every_request_on_the_shared_subjec
     assert await _replies(bus, control.CONTROL_SUBJECT, stop) == [
         control.ControlReply(False, "no job default/gone")
     ]
+    # but never that it leads a job it does not (a new run then takes the name of a dead one)
+    ping = control.ControlRequest("ping", "_I.g", job="gone")
+    assert await _replies(bus, control.CONTROL_SUBJECT, ping) == []
+    assert not control.leads(ping, lambda ns, job: None, leader=True)
     await lead.unsubscribe()
 
 

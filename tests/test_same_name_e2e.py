@@ -5,6 +5,9 @@ status store keeps every job's record). A plain script that never imports aegis.
   started nothing; the first one goes on to its end.
 - Once it has ended, the name is free: the next run of it replaces the ended job's record (it
   crashed with the store's conflict before).
+- A run killed in another container (a pid namespace of its own: this host cannot tell whether
+  its master lives): no master answers for its job, and the next run takes the name; a live one
+  there answers, and keeps it.
 - Two runs of other names on one server: ``aegis ctl`` with one run's control file reaches that
   run's master only (both answered, and the other's "no job" often came first).
 
@@ -46,14 +49,14 @@ def _phase(where: Path) -> str:
 
 
 async def _start_waiting(
-    url: str, where: Path, gate: Path, job: str = "same"
+    url: str, where: Path, gate: Path, job: str = "same", *, inside: tuple[str, ...] = ()
 ) -> asyncio.subprocess.Process:
     """A run whose script waits for ``gate`` before training; returned once it is started (its
-    output in ``<where>.out``)."""
+    output in ``<where>.out``). ``inside``: the command it runs under (a container's)."""
     said = where.with_suffix(".out")
     with said.open("wb") as out:
         running = await asyncio.create_subprocess_exec(
-            *_argv(url, where, "--prepare-until", str(gate), job=job),
+            *inside, *_argv(url, where, "--prepare-until", str(gate), job=job),
             stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
     try:
@@ -114,6 +117,55 @@ async def test_the_name_of_a_killed_runs_job_is_free_once_the_run_is_gone(
     assert again.returncode == 0, again.stderr
     assert _phase(after) == "Succeed"
     assert leftovers(after / "logs") == []
+
+
+# Another container of this host: a pid namespace of its own (its processes' pids say nothing
+# here), all of it SIGKILLed when ``unshare`` is (its first process gets the signal, and the
+# namespace ends with it).
+CONTAINER = ("unshare", "--pid", "--mount-proc", "--kill-child")
+
+
+async def test_the_name_of_a_run_killed_in_another_container_is_free_when_no_master_answers(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    """This host cannot tell whether the master that created the job lives (another pid
+    namespace, or another host): it was refused for ever, and freed by hand (``nats kv del``).
+    Now a new run asks on the control subject whether a master leads the job; none answers
+    within 5 s, so it takes the name."""
+    killed, after = tmp_path / "killed", tmp_path / "after"
+    running = await _start_waiting(open_nats.url, killed, tmp_path / "never", inside=CONTAINER)
+    running.kill()
+    await running.wait()
+    await async_wait_until(lambda: leftovers(killed / "logs") == [], 60, "its pods gone",
+                           seen=lambda: leftovers(killed / "logs"))  # fmt: skip
+
+    again = await asyncio.to_thread(_run, open_nats.url, after)
+    assert again.returncode == 0, again.stderr
+    assert "no master answered for the run on another host or container" in again.stderr
+    assert _phase(after) == "Succeed"
+    assert leftovers(after / "logs") == []
+
+
+async def test_a_live_run_in_another_container_keeps_its_name(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    """Its master answers that it leads the job: the new run is refused, and the first one goes
+    on to its end."""
+    first, second, gate = tmp_path / "first", tmp_path / "second", tmp_path / "go"
+    running = await _start_waiting(open_nats.url, first, gate, inside=CONTAINER)
+    try:
+        refused = await asyncio.to_thread(_run, open_nats.url, second)
+        assert refused.returncode == 1, refused
+        said = f"aegis: error: job default/same in the status store of {open_nats.url} is not"
+        assert refused.stderr.startswith(said), refused.stderr
+        assert not (second / "logs" / "pods").exists()
+        gate.touch()
+        assert await asyncio.wait_for(running.wait(), 240) == 0
+    finally:
+        if running.returncode is None:
+            running.kill()
+            await running.wait()
+    assert _phase(first) == "Succeed"
 
 
 async def test_ctl_with_a_runs_control_file_reaches_that_runs_master_only(

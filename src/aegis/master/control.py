@@ -1,19 +1,15 @@
 """The operator's control channel (the seed's atlctl): ``aegis ctl`` -> NATS -> the master.
 
 Request/reply over the ``Bus`` port: the client subscribes to a private inbox, then publishes a
-``ControlRequest`` (carrying ``reply_to``) on the master's own subject; the master's handler
-answers with a ``ControlReply`` on that inbox. Each master serves a subject of its own
-(``CONTROL_SUBJECT.<random>``, named in its control file), so ``aegis ctl`` with a run's file
-reaches that run's master only: several runs share one NATS server (``aegis run --nats URL``),
-and when every master answered on one subject, another run's "no job" reply often came first
-while the run addressed had acted (a stop sent with one run's file stopped another's job of
-that name). On ``CONTROL_SUBJECT`` itself a run's master answers only ``stop`` and ``hang`` of
-a job it leads, and keeps silent otherwise (a Slurm attempt stops the one before it there,
-knowing no file of its master); the leader of ``aegis master`` replicas (one per server, by its
-lease) answers every request there too (a control file made by hand, or by an older version,
-names no subject; a master with no ``--log-dir`` writes no file). The subjects lie outside
-every job's prefix (``aegis.<ns>.<job>.>``), so worker credentials cannot reach them: only the
-master's credentials (written to a 0600 control file by ``aegis run``) can.
+``ControlRequest`` (carrying ``reply_to``) on the master's own subject (``CONTROL_SUBJECT.
+<random>``, in its control file: several runs share one NATS server, and a stop sent on one
+subject for all once stopped another run's job of that name); the handler answers on that inbox.
+On ``CONTROL_SUBJECT`` itself a run's master answers only ``stop``, ``hang`` and ``ping`` of a job
+it leads (a Slurm attempt stops the one before it there; a new run asks whether a job's creator
+on another host still leads it); the leader of ``aegis master`` replicas (one per server, by its
+lease) answers all but ``ping`` there too (a control file made by hand or by an older version
+names no subject). The subjects lie outside every job's prefix (``aegis.<ns>.<job>.>``): only the
+master's credentials (in a 0600 control file) reach them, never a worker's.
 
 Commands:
 - ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
@@ -21,13 +17,12 @@ Commands:
   blacklists (future placements avoid a tainted node; a running pod is not moved).
 - ``drain NODE.. --reason R --deadline-s T``: planned maintenance. The nodes are blacklisted
   (and drained in Slurm), every job with a pod there is asked for a checkpoint; those pods leave
-  when it is committed (or when the deadline passes, with a warning), replacements are placed
-  elsewhere, and the job resumes from that checkpoint. No fault is counted. ``undrain NODE..``
-  makes the nodes schedulable again.
+  when it is committed (or at the deadline, with a warning) for nodes elsewhere, and the job
+  resumes from it. No fault is counted. ``undrain NODE..`` makes the nodes schedulable again.
 - ``hang POD``: the pod is reported hung in the current round, named by the operator (no wait
   for the other pods' reports, ``master/hang_judge.py``), so the core marks it slow and evicts it
-  at the next committed checkpoint; it is recorded in ``events.jsonl`` (``HangJudged``) and
-  replays identically.
+  at the next committed checkpoint; it is recorded in ``events.jsonl`` (``HangJudged``).
+- ``ping JOB`` (asked by a master, ``service``; no ``aegis ctl`` command): "I lead it".
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ CONTROL_SUBJECT = "aegisctl.request"
 CONTROL_FILE = "control.json"
 CTL_FILE_ENV = "AEGIS_CTL_FILE"
 
-Command = Literal["stop", "taint", "untaint", "hang", "drain", "undrain"]
+Command = Literal["stop", "taint", "untaint", "hang", "drain", "undrain", "ping"]
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
@@ -109,10 +104,12 @@ async def handle(
             return await _drain(request, list(resolve_platforms()), list(resolve_jobs()))
         case "undrain":
             return await _undrain(request, list(resolve_platforms()))
-        case "stop":
+        case "stop" | "ping":
             runner = resolve_job(request.namespace, request.job)
             if runner is None:
                 return ControlReply(False, f"no job {request.namespace}/{request.job}")
+            if request.command == "ping":
+                return ControlReply(True, f"job {request.namespace}/{request.job}: led here")
             runner.platform_event(ev.QuitRequested(request.reason or "stopped by aegis ctl"))
             return ControlReply(True, f"job {request.job}: stop requested")
         case "taint" | "untaint":
@@ -199,10 +196,13 @@ class Serving:
             await sub.unsubscribe()
 
 
-def leads(request: ControlRequest, resolve_job: ResolveJob) -> bool:
-    """Whether a request on the shared subject is this master's to answer: a ``stop`` or a
-    ``hang`` of a job it leads (the others keep silent, and the one that leads it answers)."""
-    if request.command == "stop":
+def leads(request: ControlRequest, resolve_job: ResolveJob, *, leader: bool = False) -> bool:
+    """Whether a request on the shared subject is this master's to answer: a ``stop``, a
+    ``ping`` or a ``hang`` of a job it leads (the others keep silent, and the one that leads it
+    answers); the ``leader`` of replicas answers every other request too."""
+    if leader and request.command != "ping":
+        return True
+    if request.command in ("stop", "ping"):
         return resolve_job(request.namespace, request.job) is not None
     if request.command == "hang":
         return resolve_job(request.namespace, request.job or job_of_pod(request.pod)) is not None
@@ -218,8 +218,7 @@ async def serve_control(
     leader: bool = False,
 ) -> Serving:
     """Answer control requests on a subject of this master's own, and on ``CONTROL_SUBJECT``
-    those of its jobs (:func:`leads`), or all of them for the ``leader`` of replicas; a bad
-    request is logged and dropped."""
+    those :func:`leads` says (``leader``: of replicas); a bad request is logged and dropped."""
     decoder = msgspec.json.Decoder(ControlRequest)
     subject = f"{CONTROL_SUBJECT}.{secrets.token_hex(8)}"
 
@@ -230,15 +229,16 @@ async def serve_control(
             except msgspec.DecodeError as exc:
                 log.warning("control: dropped a bad request (%s)", exc)
                 return
-            if shared and not leader and not leads(request, resolve_job):
+            if shared and not leads(request, resolve_job, leader=leader):
                 return
             try:
                 reply = await handle(request, resolve_job, resolve_platforms, resolve_jobs)
             except Exception as exc:  # a control request must never kill the master
                 log.exception("control: %s failed", request.command)
                 reply = ControlReply(False, f"{request.command} failed: {exc}")
-            log.warning("control: %s %s -> %s", request.command, request.job or request.pod
-                        or ",".join(request.nodes), reply.message)  # fmt: skip
+            log.log(logging.DEBUG if request.command == "ping" else logging.WARNING,
+                    "control: %s %s -> %s", request.command, request.job or request.pod
+                    or ",".join(request.nodes), reply.message)  # fmt: skip
             await bus.publish(request.reply_to, msgspec.json.encode(reply))
 
         return on_request

@@ -14,13 +14,13 @@ from grpc import aio
 
 from aegis.adapters import nats_text
 from aegis.adapters.grpc import creds as grpc_creds
-from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_auth import Authority, UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
 from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import job_builder, job_record, records
+from aegis.master import control, job_builder, job_record, records
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import Platform
@@ -63,6 +63,9 @@ class MasterSettings:
     grpc_port: int = 0
     creds_ttl_s: float | None = 3600.0
     job: JobSettings = field(default_factory=JobSettings)
+    # how long a new job waits for the master of a job of its name, created by a run on another
+    # host or container, to say it still leads it (``control`` ping); no answer frees the name
+    creator_answer_s: float = 5.0
 
 
 class MasterService:
@@ -157,19 +160,43 @@ class MasterService:
 
     async def _claim_name(self, spec: JobSpec) -> None:
         """Raises ``JobExistsError`` while the store holds a job of this name that is not over
-        (``records.still_held``); removes one that has ended, or whose master (a killed run on
-        this host) is gone: the new job replaces it."""
+        (``records.still_held``); removes one that has ended, or whose master is gone: a killed
+        run of this host, or one of another host or container that does not answer for it
+        (:meth:`_led_elsewhere`): the new job replaces it."""
         found = await self.store.get(key := status_key(spec))
         if found is None:
             return
         raw, revision = found
         if (why := records.still_held(raw, owners.process_gone)) is not None:
-            raise self._exists(spec, why)
+            # held only by an ``aegis run`` this host cannot judge: is its master still there?
+            elsewhere = records.still_held(raw, lambda creator: not owners.judged_here(creator))
+            if elsewhere is not None or await self._led_elsewhere(spec):
+                raise self._exists(spec, why)
         if not await self.store.remove(key, revision):
             raise self._exists(spec, "changed as this run looked at it (written by its leader, "
                                "or by another run taking the name)")  # fmt: skip
         log.info("job %s/%s: the record of the job of that name (ended, or left by a master "
                  "that is gone) is replaced", spec.namespace, spec.job)  # fmt: skip
+
+    async def _led_elsewhere(self, spec: JobSpec) -> bool:
+        """Whether a master answers that it leads the job (``control`` ping on the shared
+        subject), within ``creator_answer_s``; a master not connected to the bus cannot tell,
+        and says yes."""
+        creds, ns = getattr(self.bus, "creds", None), spec.namespace
+        prefix = creds.inbox_prefix if isinstance(creds, UserCreds) else "_INBOX"
+        try:
+            reply = await control.request(
+                self.bus, lambda inbox: control.ControlRequest("ping", inbox, ns, job=spec.job),
+                inbox_prefix=prefix, timeout_s=self.settings.creator_answer_s,
+            )  # fmt: skip
+        except TimeoutError:
+            if not self.bus.connected:
+                return True
+            log.warning("job %s/%s: no master answered for the run on another host or container "
+                        "that created it within %.1f s: it is gone", spec.namespace, spec.job,
+                        self.settings.creator_answer_s)  # fmt: skip
+            return False
+        return reply.ok
 
     def _exists(self, spec: JobSpec, why: str) -> records.JobExistsError:
         where = nats_text.shown(self.nats_url)

@@ -114,6 +114,13 @@ def _named(name: str) -> tuple[str, int, int, int] | None:
         return None
 
 
+def judged_here(name: str) -> bool:
+    """Whether :func:`process_gone` can judge the process ``name`` names from here: one of this
+    boot and pid namespace (else it may run in another container or on another host)."""
+    named, here = _named(name), boot_id()
+    return named is not None and bool(here) and named[0] == here and named[1] == pid_ns()
+
+
 def process_gone(
     name: str,
     exists_now: Callable[[int], bool] = exists,
