@@ -17,7 +17,7 @@ from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import StoreConflictError
 from aegis.core.model import JobSpec
-from aegis.master import control, drained_nodes
+from aegis.master import control, control_file, drained_nodes
 from aegis.master.lease import LeaseSettings
 from aegis.master.records import submit_job
 from aegis.master.replica import Replica, ReplicaSettings
@@ -80,7 +80,7 @@ class Master:
         def build(inbox: str) -> control.ControlRequest:
             return control.ControlRequest(command, inbox, nodes=[node], reason="bios update")
 
-        subject = control.read_control_file(self.log_dir / control.CONTROL_FILE).subject
+        subject = control_file.read_control_file(self.log_dir / control_file.CONTROL_FILE).subject
         return await control.request(self.bus, build, inbox_prefix="_INBOX", subject=subject)
 
     async def submit(

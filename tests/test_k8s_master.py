@@ -27,7 +27,7 @@ from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.phases import Phase
-from aegis.master import control, drained_nodes
+from aegis.master import control, control_file, drained_nodes
 from aegis.master.job_runner import JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -83,7 +83,7 @@ class Cluster:
             return control.ControlRequest(command, inbox, nodes=[node], reason="bios update",
                                           deadline_s=0.5)  # fmt: skip
 
-        subject = control.read_control_file(self.log_dir / control.CONTROL_FILE).subject
+        subject = control_file.read_control_file(self.log_dir / control_file.CONTROL_FILE).subject
         return await control.request(self.bus, build, inbox_prefix="_INBOX", subject=subject)
 
 

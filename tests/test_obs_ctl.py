@@ -17,7 +17,7 @@ from aegis.adapters.nats_bus import NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.cli import run_cmd
 from aegis.core.phases import Phase
-from aegis.master import control
+from aegis.master import control, control_file
 from aegis.master.job_runner import JobRunner
 from aegis.master.lease import LeaseSettings
 from aegis.master.replica import Replica, ReplicaSettings
@@ -114,8 +114,8 @@ async def test_ctl_ends_with_exit_1_when_the_server_goes_away_while_it_waits(
         arrived.set()
 
     await listener.subscribe(control.CONTROL_SUBJECT, on_request)
-    target = control.ControlTarget(server.url, None, "default", "job")
-    control.write_control_file(tmp_path / "control.json", target)
+    target = control_file.ControlTarget(server.url, None, "default", "job")
+    control_file.write_control_file(tmp_path / "control.json", target)
     proc = await asyncio.create_subprocess_exec(
         *AEGIS, "ctl", "stop", "job", "--log-dir", str(tmp_path), "--timeout-s", "5",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -138,8 +138,8 @@ async def test_ctl_refused_by_the_server_is_one_line_and_exit_1(tmp_path: Path) 
     await asyncio.to_thread(server.start)
     try:
         stranger = Authority().master_creds()
-        target = control.ControlTarget(server.url, stranger, "default", "job")
-        control.write_control_file(tmp_path / "control.json", target)
+        target = control_file.ControlTarget(server.url, stranger, "default", "job")
+        control_file.write_control_file(tmp_path / "control.json", target)
         proc = await asyncio.create_subprocess_exec(
             *AEGIS, "ctl", "stop", "job", "--log-dir", str(tmp_path), "--timeout-s", "5",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -173,10 +173,10 @@ async def test_a_master_replica_takes_its_control_file_with_its_lead(
         )
         task = asyncio.create_task(Replica(authority, server.url, settings).run())
         await async_wait_until(path.exists, 60, "the leader's control file")
-        mine = control.read_control_file(path)
+        mine = control_file.read_control_file(path)
         assert (mine.creds is not None) is secure
         if successor:  # what the next leader writes, as this one is stopped
-            control.write_control_file(path, mine, writer="the successor")
+            control_file.write_control_file(path, mine, writer="the successor")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -21,7 +21,7 @@ from aegis.core.incidents import Incident, IncidentTracker
 from aegis.core.model import JobSpec, NodeName, PodName, initial_status
 from aegis.core.phases import Order, Phase
 from aegis.core.recovery import RecoveryLevel
-from aegis.master import control, eventlog_writer, faultlog, job_log
+from aegis.master import control, control_file, eventlog_writer, faultlog, job_log
 from aegis.master.job_record import JobNotes
 from aegis.master.job_runner import JobRunner
 from aegis.tools import joblog
@@ -240,15 +240,39 @@ async def test_the_leader_of_replicas_answers_every_request_on_the_shared_subjec
     await lead.unsubscribe()
 
 
+async def test_a_ping_is_sent_again_until_a_master_answers() -> None:
+    """NATS core delivers at most once: a ping lost on the way (here: the first, unanswered) is
+    sent again, so a live master is not judged gone for one lost message."""
+    bus, seen = MemoryBus(), []
+
+    async def answer_the_second(_: str, payload: bytes) -> None:
+        seen.append(payload)
+        if len(seen) == 2:
+            asked = msgspec.json.decode(payload, type=control.ControlRequest)
+            await bus.publish(
+                asked.reply_to, msgspec.json.encode(control.ControlReply(True, "here"))
+            )
+
+    sub = await bus.subscribe(control.CONTROL_SUBJECT, answer_the_second)
+    reply = await control.request(
+        bus, lambda inbox: control.ControlRequest("ping", inbox, job="j"), inbox_prefix="_I",
+        timeout_s=120, resend_s=0.05,
+    )  # fmt: skip
+    assert reply == control.ControlReply(True, "here") and len(seen) == 2
+    assert len(set(seen)) == 1  # the same request, to the same inbox
+    await sub.unsubscribe()
+    assert bus.handlers == {}  # its inbox unsubscribed too
+
+
 def test_control_file_is_owner_only_and_round_trips(tmp_path: Path) -> None:
     from aegis.adapters.nats_auth import Authority
 
     creds = Authority().master_creds()
-    target = control.ControlTarget("nats://127.0.0.1:1", creds, "default", "demo")
+    target = control_file.ControlTarget("nats://127.0.0.1:1", creds, "default", "demo")
     path = tmp_path / "control.json"
-    control.write_control_file(path, target)
+    control_file.write_control_file(path, target)
     assert path.stat().st_mode & 0o777 == 0o600
-    back = control.read_control_file(path)
+    back = control_file.read_control_file(path)
     assert back.creds is not None and back.creds.jwt == creds.jwt
     assert (back.nats_url, back.job, back.creds.seed) == (target.nats_url, "demo", creds.seed)
 

@@ -131,7 +131,7 @@ async def test_the_name_of_a_run_killed_in_another_container_is_free_when_no_mas
     """This host cannot tell whether the master that created the job lives (another pid
     namespace, or another host): it was refused for ever, and freed by hand (``nats kv del``).
     Now a new run asks on the control subject whether a master leads the job; none answers
-    within 5 s, so it takes the name."""
+    within 10 s, so it takes the name."""
     killed, after = tmp_path / "killed", tmp_path / "after"
     running = await _start_waiting(open_nats.url, killed, tmp_path / "never", inside=CONTAINER)
     running.kill()

@@ -34,7 +34,7 @@ from aegis.agent import link, link_settings
 from aegis.core import events as ev
 from aegis.core.model import InvalidNameError, JobSpec, NodeName, initial_status, name_problem
 from aegis.core.phases import Order, Phase
-from aegis.master import control
+from aegis.master import control, control_file
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.lease import LeaseSettings
 from aegis.master.ports import NullPlatform
@@ -651,9 +651,9 @@ async def test_ctl_with_credentials_that_may_not_send_says_not_permitted(
         await new_job(service, "ctlj", pods=1)
         sub = await control.serve_control(service.bus, lambda ns, job: None, lambda: [])
         worker = await fetch(service.grpc_port, "ctlj", "ctlj-0")  # a pod's, not the master's
-        target = control.ControlTarget(nats_server.url, worker.creds, "default", "ctlj",
+        target = control_file.ControlTarget(nats_server.url, worker.creds, "default", "ctlj",
                                        subject=sub.subject)  # fmt: skip
-        control.write_control_file(tmp_path / "control.json", target)
+        control_file.write_control_file(tmp_path / "control.json", target)
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             *AEGIS, "ctl", "stop", "ctlj", "--ctl-file", str(tmp_path / "control.json"),

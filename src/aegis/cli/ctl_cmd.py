@@ -21,7 +21,7 @@ from nats import errors as nats_errors
 from aegis.adapters import nats_bus, netns
 from aegis.adapters.nats_bus import NatsBus
 from aegis.core.errors import AegisError
-from aegis.master import control
+from aegis.master import control, control_file
 
 ctl_app = typer.Typer(help="Operator controls of a running master.", no_args_is_help=True)
 
@@ -30,25 +30,25 @@ CtlFile = Annotated[Path | None, typer.Option(help="The control file (default $A
 Timeout = Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the master.")]
 Namespace = Annotated[str | None, typer.Option(help="Default: the control file's.")]
 Nodes = Annotated[list[str], typer.Argument(help="One or more nodes.")]
-Request = Callable[[control.ControlTarget, str], control.ControlRequest]  # (target, inbox)
+Request = Callable[[control_file.ControlTarget, str], control.ControlRequest]  # (target, inbox)
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(ctl_app, name="ctl")
 
 
-def _target(log_dir: Path | None, ctl_file: Path | None) -> control.ControlTarget:
-    env = os.environ.get(control.CTL_FILE_ENV)
-    path = ctl_file or (log_dir / control.CONTROL_FILE if log_dir else None)
+def _target(log_dir: Path | None, ctl_file: Path | None) -> control_file.ControlTarget:
+    env = os.environ.get(control_file.CTL_FILE_ENV)
+    path = ctl_file or (log_dir / control_file.CONTROL_FILE if log_dir else None)
     path = path or (Path(env) if env else None)
     if path is None:
         print("aegis: error: no control file: pass --log-dir, --ctl-file or set "
-              f"{control.CTL_FILE_ENV}", file=sys.stderr)  # fmt: skip
+              f"{control_file.CTL_FILE_ENV}", file=sys.stderr)  # fmt: skip
         raise typer.Exit(2)
     try:
-        return control.read_control_file(path)
+        return control_file.read_control_file(path)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"aegis: error: {control.unreadable(path, exc)}", file=sys.stderr)
+        print(f"aegis: error: {control_file.unreadable(path, exc)}", file=sys.stderr)
         raise typer.Exit(2) from None
 
 
@@ -61,7 +61,7 @@ class NotPermittedError(AegisError):
 
 
 async def _send(
-    target: control.ControlTarget,
+    target: control_file.ControlTarget,
     build: Callable[[str], control.ControlRequest],
     timeout_s: float,
 ) -> control.ControlReply:

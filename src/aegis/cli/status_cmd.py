@@ -21,7 +21,7 @@ from rich.table import Table
 
 from aegis.adapters.nats_auth import Authority
 from aegis.cli import options, render, status_store
-from aegis.master import control
+from aegis.master import control_file
 from aegis.tools import joblog, status_summary
 from aegis.wire import eventlog, job_summary
 
@@ -102,9 +102,9 @@ def _store_target(
 ) -> status_store.StoreTarget:
     if ctl_file is not None:
         try:
-            target = control.read_control_file(ctl_file)
+            target = control_file.read_control_file(ctl_file)
         except (OSError, ValueError, KeyError) as exc:
-            print(f"aegis: error: {control.unreadable(ctl_file, exc)}", file=sys.stderr)
+            print(f"aegis: error: {control_file.unreadable(ctl_file, exc)}", file=sys.stderr)
             raise typer.Exit(2) from None
         return status_store.StoreTarget(target.nats_url, target.creds,
                                         namespace or target.namespace)  # fmt: skip

@@ -64,8 +64,9 @@ class MasterSettings:
     creds_ttl_s: float | None = 3600.0
     job: JobSettings = field(default_factory=JobSettings)
     # how long a new job waits for the master of a job of its name, created by a run on another
-    # host or container, to say it still leads it (``control`` ping); no answer frees the name
-    creator_answer_s: float = 5.0
+    # host or container, to say it still leads it (``control`` ping, sent every second); no
+    # answer frees the name
+    creator_answer_s: float = 10.0
 
 
 class MasterService:
@@ -187,7 +188,7 @@ class MasterService:
         try:
             reply = await control.request(
                 self.bus, lambda inbox: control.ControlRequest("ping", inbox, ns, job=spec.job),
-                inbox_prefix=prefix, timeout_s=self.settings.creator_answer_s,
+                inbox_prefix=prefix, timeout_s=self.settings.creator_answer_s, resend_s=1.0,
             )  # fmt: skip
         except TimeoutError:
             if not self.bus.connected:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from aegis.core.model import JobSpec, JobStatus
-from aegis.master import control, node_drains
+from aegis.master import control, control_file, node_drains
 from aegis.master.job_runner import JobRunner
 from aegis.wire import status_json
 
@@ -32,9 +32,9 @@ async def serve_control(
 
     serving = await control.serve_control(runner.bus, resolve, lambda: [platform],
                                           lambda: [runner])  # fmt: skip
-    target = control.bus_target(runner.bus, spec.namespace, spec.job, serving.subject)
+    target = control_file.bus_target(runner.bus, spec.namespace, spec.job, serving.subject)
     if target is None:
         return None
-    path = log_dir / control.CONTROL_FILE
-    control.write_control_file(path, target)
+    path = log_dir / control_file.CONTROL_FILE
+    control_file.write_control_file(path, target)
     return path
