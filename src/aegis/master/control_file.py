@@ -23,6 +23,9 @@ CTL_FILE_ENV = "AEGIS_CTL_FILE"
 
 @dataclass(frozen=True, slots=True)
 class ControlTarget:
+    """What ``aegis ctl`` needs to reach one master: its NATS server, the credentials to connect
+    with (None: a server without auth), the run's namespace and job, and its own subject."""
+
     nats_url: str
     creds: UserCreds | None
     namespace: str
