@@ -100,10 +100,14 @@ def test_a_process_whose_start_cannot_be_read_is_not_known_gone() -> None:
     """Another user's process where /proc hides it (``hidepid``): it exists (signalling it is
     refused, not failed) but its start is unreadable: not gone. Its pid reused: gone."""
     me = owners.process_name()
-    hidden = owners.process_gone(me, exists_now=lambda pid: True, ticks_of=lambda pid: None)
+    hidden = owners.process_gone(me, exists_now=lambda pid: True, seen_of=lambda pid: None)
     assert not hidden
-    reused = owners.process_gone(me, exists_now=lambda pid: True, ticks_of=lambda pid: 1)
+    reused = owners.process_gone(me, exists_now=lambda pid: True, seen_of=lambda pid: (1, False))
     assert reused
+    ticks = owners.start_ticks(os.getpid())
+    assert ticks is not None and owners.seen(os.getpid()) == (ticks, False)
+    assert not owners.process_gone(me, seen_of=lambda pid: (ticks, False))
+    assert owners.process_gone(me, seen_of=lambda pid: (ticks, True))  # ended, not collected
     assert owners.process_gone(me, exists_now=lambda pid: False)
     assert owners.exists(os.getpid()) and not owners.exists(_a_gone_pid())
 

@@ -48,21 +48,28 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s field 22:
-    unlike a wall-clock start time it never moves within a boot, whatever the clock does);
-    None where it cannot be read."""
+def seen(pid: int) -> tuple[int, bool] | None:
+    """Process ``pid``'s start in clock ticks since boot (``/proc/PID/stat``'s field 22: unlike
+    a wall-clock start time it never moves within a boot, whatever the clock does) and whether
+    it has ended and only waits for its parent to collect it (a zombie), from one read; None
+    where it cannot be read."""
     fields = _stat(pid)
     try:
-        return int(fields[19]) if fields is not None else None
+        return (int(fields[19]), fields[0] == "Z") if fields is not None else None
     except (ValueError, IndexError):
         return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (:func:`seen`)."""
+    now = seen(pid)
+    return now[0] if now is not None else None
+
+
 def zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended and only waits for its parent to collect it."""
-    fields = _stat(pid)
-    return fields is not None and fields[:1] == ["Z"]
+    now = seen(pid)
+    return now is not None and now[1]
 
 
 def exists(pid: int) -> bool:
@@ -89,19 +96,19 @@ def gone_here(
     pid: int,
     ticks: int,
     exists_now: Callable[[int], bool] = exists,
-    ticks_of: Callable[[int], int | None] = start_ticks,
+    seen_of: Callable[[int], tuple[int, bool] | None] = seen,
 ) -> bool:
     """Whether the process of this boot that had ``pid`` in pid namespace ``ns`` and started
     at ``ticks`` is known to be gone: it is of this pid namespace, and no process has its pid,
     or the one that has it started at another time, or it has ended and waits for its parent
-    to collect it (a zombie). One whose start cannot be read (another user's, where /proc hides
-    it): not known gone."""
+    to collect it (a zombie; both from one read, :func:`seen`). One whose start cannot be read
+    (another user's, where /proc hides it): not known gone."""
     if ns != pid_ns() or pid <= 0:
         return False
     if not exists_now(pid):
         return True
-    now = ticks_of(pid)
-    return (now is not None and now != ticks) or zombie(pid)
+    now = seen_of(pid)
+    return now is not None and (now[0] != ticks or now[1])
 
 
 def _named(name: str) -> tuple[str, int, int, int] | None:
@@ -124,7 +131,7 @@ def judged_here(name: str) -> bool:
 def process_gone(
     name: str,
     exists_now: Callable[[int], bool] = exists,
-    ticks_of: Callable[[int], int | None] = start_ticks,
+    seen_of: Callable[[int], tuple[int, bool] | None] = seen,
     *,
     local: bool = False,
 ) -> bool:
@@ -139,7 +146,7 @@ def process_gone(
     boot, ns, pid, ticks = named
     if boot != here:
         return local
-    return gone_here(ns, pid, ticks, exists_now, ticks_of)
+    return gone_here(ns, pid, ticks, exists_now, seen_of)
 
 
 def claim(directory: Path, pid: int | None = None) -> None:
