@@ -21,7 +21,7 @@ from aegis.core import events as ev
 from aegis.core.errors import LocalError, SetupError
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
-from aegis.master import control, job_builder, job_record, records
+from aegis.master import job_builder, job_record, records
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
@@ -241,15 +241,17 @@ async def test_the_name_of_a_job_whose_creator_elsewhere_does_not_answer_is_take
 ) -> None:
     """A run killed on another host left its job RunCommand for ever, and this host cannot tell
     whether that process lives: no master answers that it leads the job, so a new job takes the
-    name (it was ``nats kv del`` by hand). The old master, if it was only cut off, can write no
-    more: its next write is refused and its loop ends."""
+    name (it was ``nats kv del`` by hand). The old master, if it was only cut off (here: its
+    answers stopped), can write no more: its next write is refused and its loop ends."""
+    assert owners.elsewhere(ELSEWHERE) and not owners.elsewhere(owners.process_name())
     async with (
         master(nats_server, authority) as first,
         master(nats_server, authority, answer_s=1.0) as second,
     ):
         await create(first, "node-1")
         old = await _created_elsewhere(first)
-        assert not owners.judged_here(ELSEWHERE) and owners.judged_here(owners.process_name())
+        assert first.answering is not None
+        await first.answering.unsubscribe()
         await create(second, "node-2")
         assert await stored(second) == ("Pending", "node-2")
         old.platform_event(ev.QuitRequested("the user stopped it"))
@@ -261,17 +263,28 @@ async def test_the_name_of_a_job_whose_creator_elsewhere_does_not_answer_is_take
 async def test_the_name_of_a_job_whose_creator_elsewhere_answers_stays_held(
     nats_server: EmbeddedNats, authority: Authority
 ) -> None:
-    """The master that leads it answers the ping on the shared control subject (``aegis run``
-    serves it for its job): the new job is refused, and nothing is changed."""
+    """The master service that leads it answers the ping on the shared control subject (from
+    its job's first record on, no control channel needed): the new job is refused in one line,
+    and nothing is changed."""
     async with master(nats_server, authority) as first, master(nats_server, authority) as second:
         await create(first, "node-1")
-        runner = await _created_elsewhere(first)
-        serving = await control.serve_control(
-            first.bus, lambda ns, job: runner if (ns, job) == ("default", "same") else None, list
+        await _created_elsewhere(first)
+        with pytest.raises(records.JobExistsError) as refused:
+            await create(second, "node-2")
+        assert str(refused.value) == (
+            f"job default/same in the status store of {nats_server.url} is led by a run on "
+            "another host or container (its master answers for it); run it under another --job"
         )
-        try:
-            with pytest.raises(records.JobExistsError, match="is not over"):
-                await create(second, "node-2")
-        finally:
-            await serving.unsubscribe()
         assert second.jobs == {} and await stored(second) == ("Pending", "node-1")
+
+
+async def test_a_name_whose_creator_cannot_be_parsed_is_not_asked_for(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """A creator named in another form (an older version's) is judged as before: the name is
+    held, never freed by silence (that run would not answer a ping)."""
+    async with master(nats_server, authority, answer_s=1.0) as service:
+        await service.store.put(status_key(SPEC), _record(Phase.RUN_COMMAND, "ns=1 pid=2 ms=3"),
+                                expected_revision=None)  # fmt: skip
+        with pytest.raises(records.JobExistsError, match="is not over"):
+            await create(service, "node-4")

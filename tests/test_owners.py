@@ -94,6 +94,13 @@ def test_a_process_named_for_any_host_is_known_gone_only_on_this_hosts_boot_and_
         "not a process",
     ):
         assert not owners.process_gone(other), other
+    # which of them this host cannot judge (a new run asks the bus for those: ``master.ping``)
+    assert not owners.elsewhere(named) and not owners.elsewhere(owners.process_name())
+    assert owners.elsewhere(earlier)  # another host's, or this one's before a restart
+    assert owners.elsewhere(f"boot={boot} ns={ns + 1} pid={pid} ticks={ticks}")  # a container's
+    assert owners.elsewhere(f"boot= ns={ns} pid={pid} ticks={ticks}")
+    assert not owners.elsewhere(f"{boot} {ns} {pid} {ticks}")  # another form: judged as before
+    assert not owners.elsewhere("not a process")
 
 
 def test_a_process_whose_start_cannot_be_read_is_not_known_gone() -> None:

@@ -4,12 +4,12 @@ Request/reply over the ``Bus`` port: the client subscribes to a private inbox, t
 ``ControlRequest`` (carrying ``reply_to``) on the master's own subject (``CONTROL_SUBJECT.
 <random>``, in its control file: several runs share one NATS server, and a stop sent on one
 subject for all once stopped another run's job of that name); the handler answers on that inbox.
-On ``CONTROL_SUBJECT`` itself a run's master answers only ``stop``, ``hang`` and ``ping`` of a job
-it leads (a Slurm attempt stops the one before it there; a new run asks whether a job's creator
-on another host still leads it); the leader of ``aegis master`` replicas (one per server, by its
-lease) answers all but ``ping`` there too (a control file made by hand or by an older version
-names no subject). The subjects lie outside every job's prefix (``aegis.<ns>.<job>.>``): only the
-master's credentials (in a 0600 control file) reach them, never a worker's.
+On ``CONTROL_SUBJECT`` itself a run's master answers only ``stop`` and ``hang`` of a job it leads
+(a Slurm attempt stops the one before it there); the leader of ``aegis master`` replicas (one
+per server, by its lease) answers every request there too (a control file made by hand or by an
+older version names no subject), but a ``ping`` (answered by the master service, ``master.ping``).
+The subjects lie outside every job's prefix (``aegis.<ns>.<job>.>``): on a server with auth only
+the master's credentials (in a 0600 control file) reach them, never a worker's.
 
 Commands:
 - ``stop JOB``: ``QuitRequested`` into the job's runner -> ``Failed`` with ``should_quit``.
@@ -22,7 +22,7 @@ Commands:
 - ``hang POD``: the pod is reported hung in the current round, named by the operator (no wait
   for the other pods' reports, ``master/hang_judge.py``), so the core marks it slow and evicts it
   at the next committed checkpoint; it is recorded in ``events.jsonl`` (``HangJudged``).
-- ``ping JOB`` (asked by a master, ``service``; no ``aegis ctl`` command): "I lead it".
+- ``ping JOB`` (no ``aegis ctl`` command): "I lead it" (``master.ping``).
 """
 
 from __future__ import annotations
@@ -196,12 +196,14 @@ class Serving:
 
 
 def leads(request: ControlRequest, resolve_job: ResolveJob, *, leader: bool = False) -> bool:
-    """Whether a request on the shared subject is this master's to answer: a ``stop``, a
-    ``ping`` or a ``hang`` of a job it leads (the others keep silent, and the one that leads it
-    answers); the ``leader`` of replicas answers every other request too."""
-    if leader and request.command != "ping":
+    """Whether a request on the shared subject is this master's to answer: a ``stop`` or a
+    ``hang`` of a job it leads (the others keep silent, and the one that leads it answers); the
+    ``leader`` of replicas answers every other request too, but a ``ping`` (``master.ping``)."""
+    if request.command == "ping":
+        return False
+    if leader:
         return True
-    if request.command in ("stop", "ping"):
+    if request.command == "stop":
         return resolve_job(request.namespace, request.job) is not None
     if request.command == "hang":
         return resolve_job(request.namespace, request.job or job_of_pod(request.pod)) is not None
@@ -235,9 +237,8 @@ async def serve_control(
             except Exception as exc:  # a control request must never kill the master
                 log.exception("control: %s failed", request.command)
                 reply = ControlReply(False, f"{request.command} failed: {exc}")
-            log.log(logging.DEBUG if request.command == "ping" else logging.WARNING,
-                    "control: %s %s -> %s", request.command, request.job or request.pod
-                    or ",".join(request.nodes), reply.message)  # fmt: skip
+            log.warning("control: %s %s -> %s", request.command, request.job or request.pod
+                        or ",".join(request.nodes), reply.message)  # fmt: skip
             await bus.publish(request.reply_to, msgspec.json.encode(reply))
 
         return on_request
@@ -299,11 +300,9 @@ async def request(
     inbox_prefix: str,
     timeout_s: float = 10.0,
     subject: str = CONTROL_SUBJECT,
-    resend_s: float | None = None,
 ) -> ControlReply:
     """Send one request (built for a fresh inbox) on ``subject`` (a master's own, from its
-    control file) and wait for its reply; one that changes nothing (a ``ping``) may be sent
-    again every ``resend_s`` while unanswered (NATS core delivers at most once)."""
+    control file) and wait for its reply."""
     inbox = f"{inbox_prefix}.ctl{secrets.token_hex(8)}"
     answer: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
 
@@ -314,11 +313,8 @@ async def request(
     sub = await bus.subscribe(inbox, on_reply)
     try:
         await bus.flush()
-        payload = msgspec.json.encode(req(inbox))
+        await bus.publish(subject, msgspec.json.encode(req(inbox)))
         async with asyncio.timeout(timeout_s):
-            while True:
-                await bus.publish(subject, payload)
-                if (await asyncio.wait({answer}, timeout=resend_s))[0]:
-                    return answer.result()
+            return await answer
     finally:
         await sub.unsubscribe()

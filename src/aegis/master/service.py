@@ -16,11 +16,11 @@ from aegis.adapters import nats_text
 from aegis.adapters.grpc import creds as grpc_creds
 from aegis.adapters.nats_auth import Authority, UserCreds
 from aegis.adapters.nats_bus import KvStore, NatsBus
-from aegis.adapters.ports import Bus, StatusStore, StoreConflictError
+from aegis.adapters.ports import Bus, StatusStore, StoreConflictError, Subscription
 from aegis.adapters.tls import TlsDir
 from aegis.core.model import JobSpec, NodeName, check_names, initial_status
 from aegis.core.phases import TERMINAL_PHASES
-from aegis.master import control, job_builder, job_record, records
+from aegis.master import job_builder, job_record, ping, records
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import Platform
@@ -63,9 +63,8 @@ class MasterSettings:
     grpc_port: int = 0
     creds_ttl_s: float | None = 3600.0
     job: JobSettings = field(default_factory=JobSettings)
-    # how long a new job waits for the master of a job of its name, created by a run on another
-    # host or container, to say it still leads it (``control`` ping, sent every second); no
-    # answer frees the name
+    # how long a new job asks whether a job of its name, created by a run on another host or
+    # container, is still led (``ping.still_led``); no answer all that time frees the name
     creator_answer_s: float = 10.0
 
 
@@ -89,6 +88,7 @@ class MasterService:
         self._server: object = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._claiming: set[tuple[str, str]] = set()  # names being created (``create_job``)
+        self.answering: Subscription | None = None  # pings of its jobs (``ping.serve``)
 
     @classmethod
     async def connect(
@@ -133,6 +133,8 @@ class MasterService:
         outside the one rule (``core.model.check_names``)."""
         check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)
+        if self.answering is None:  # from its first job's first record on
+            self.answering = await ping.serve(self.bus, lambda ns, job: self.jobs.get((ns, job)))
         if key in self.jobs or key in self._claiming:
             raise records.JobExistsError(f"job {spec.namespace}/{spec.job} exists in this master")
         self._claiming.add(key)  # (while the store is asked, no other call here takes it)
@@ -163,41 +165,34 @@ class MasterService:
         """Raises ``JobExistsError`` while the store holds a job of this name that is not over
         (``records.still_held``); removes one that has ended, or whose master is gone: a killed
         run of this host, or one of another host or container that does not answer for it
-        (:meth:`_led_elsewhere`): the new job replaces it."""
+        (``ping.still_led``): the new job replaces it."""
         found = await self.store.get(key := status_key(spec))
         if found is None:
             return
         raw, revision = found
         if (why := records.still_held(raw, owners.process_gone)) is not None:
-            # held only by an ``aegis run`` this host cannot judge: is its master still there?
-            elsewhere = records.still_held(raw, lambda creator: not owners.judged_here(creator))
-            if elsewhere is not None or await self._led_elsewhere(spec):
+            if records.still_held(raw, owners.elsewhere) is not None:
                 raise self._exists(spec, why)
+            # held only by an ``aegis run`` this host cannot judge: is it still there?
+            if (led := await self._still_led(spec)) is not None:
+                raise self._exists(spec, f"is led by a run on another host or container ({led})")
         if not await self.store.remove(key, revision):
             raise self._exists(spec, "changed as this run looked at it (written by its leader, "
                                "or by another run taking the name)")  # fmt: skip
         log.info("job %s/%s: the record of the job of that name (ended, or left by a master "
                  "that is gone) is replaced", spec.namespace, spec.job)  # fmt: skip
 
-    async def _led_elsewhere(self, spec: JobSpec) -> bool:
-        """Whether a master answers that it leads the job (``control`` ping on the shared
-        subject), within ``creator_answer_s``; a master not connected to the bus cannot tell,
-        and says yes."""
-        creds, ns = getattr(self.bus, "creds", None), spec.namespace
+    async def _still_led(self, spec: JobSpec) -> str | None:
+        creds = getattr(self.bus, "creds", None)
         prefix = creds.inbox_prefix if isinstance(creds, UserCreds) else "_INBOX"
-        try:
-            reply = await control.request(
-                self.bus, lambda inbox: control.ControlRequest("ping", inbox, ns, job=spec.job),
-                inbox_prefix=prefix, timeout_s=self.settings.creator_answer_s, resend_s=1.0,
-            )  # fmt: skip
-        except TimeoutError:
-            if not self.bus.connected:
-                return True
-            log.warning("job %s/%s: no master answered for the run on another host or container "
-                        "that created it within %.1f s: it is gone", spec.namespace, spec.job,
-                        self.settings.creator_answer_s)  # fmt: skip
-            return False
-        return reply.ok
+        window = self.settings.creator_answer_s
+        led = await ping.still_led(self.bus, spec.namespace, spec.job, inbox_prefix=prefix,
+                                   window_s=window)  # fmt: skip
+        if led is None:
+            log.warning("job %s/%s: nobody answered for the run on another host or container "
+                        "that created it in %.0f s: it is gone", spec.namespace, spec.job,
+                        window)  # fmt: skip
+        return led
 
     def _exists(self, spec: JobSpec, why: str) -> records.JobExistsError:
         where = nats_text.shown(self.nats_url)

@@ -121,11 +121,12 @@ def _named(name: str) -> tuple[str, int, int, int] | None:
         return None
 
 
-def judged_here(name: str) -> bool:
-    """Whether :func:`process_gone` can judge the process ``name`` names from here: one of this
-    boot and pid namespace (else it may run in another container or on another host)."""
-    named, here = _named(name), boot_id()
-    return named is not None and bool(here) and named[0] == here and named[1] == pid_ns()
+def elsewhere(name: str) -> bool:
+    """Whether the process ``name`` (:func:`process_name`) names is one this host cannot judge:
+    of another boot (another host, or this one before it restarted) or of another pid namespace
+    (another container). A name of another form: not known to be."""
+    named = _named(name)
+    return named is not None and (named[0] != boot_id() or named[1] != pid_ns())
 
 
 def process_gone(

@@ -1,0 +1,102 @@
+"""Whether a job's creator on another host or container still leads it (``master.ping``): on a
+bus, a ``ping`` answered only by the master service leading the job, and its pods' reports.
+Only a yes counts; a bus that is down is "cannot tell", never "gone"."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from aegis.adapters.memory import MemoryBus
+from aegis.adapters.ports import Handler
+from aegis.master import control, ping
+from aegis.master.control_file import CONTROL_SUBJECT
+
+WINDOW_S = 0.3  # the whole ask, where nothing answers (no answer is awaited against it)
+LONG_S = 120.0  # where an answer comes: never reached
+
+
+async def _led(bus: MemoryBus, window_s: float = LONG_S, every_s: float = 1.0) -> str | None:
+    return await ping.still_led(bus, "default", "same", inbox_prefix="_I", window_s=window_s,
+                                every_s=every_s)  # fmt: skip
+
+
+def _answering(bus: MemoryBus, ok: bool, after: int = 1) -> tuple[Handler, list[bytes]]:
+    """A handler of pings that answers ``ok`` from the ``after``-th one on."""
+    seen: list[bytes] = []
+
+    async def answer(_: str, payload: bytes) -> None:
+        seen.append(payload)
+        if len(seen) >= after:
+            asked = msgspec.json.decode(payload, type=control.ControlRequest)
+            said = msgspec.json.encode(control.ControlReply(ok, "says"))
+            await bus.publish(asked.reply_to, said)
+
+    return answer, seen
+
+
+async def test_the_master_service_answers_only_for_the_jobs_it_leads() -> None:
+    bus = MemoryBus()
+    served = await ping.serve(bus, lambda ns, job: object() if job == "same" else None)
+    assert await _led(bus) == ping.ANSWERED
+    assert await ping.still_led(bus, "default", "other", inbox_prefix="_I",
+                                window_s=WINDOW_S) is None  # fmt: skip
+    await served.unsubscribe()
+    assert bus.handlers == {}  # every subscription of the asks ended
+
+
+async def test_a_ping_is_sent_again_until_answered() -> None:
+    """NATS core delivers at most once: a ping lost on the way (here: the first, unanswered)
+    is sent again, so a live master is not judged gone for one lost message."""
+    bus = MemoryBus()
+    handler, seen = _answering(bus, True, after=2)
+    sub = await bus.subscribe(CONTROL_SUBJECT, handler)
+    assert await _led(bus, every_s=0.05) == ping.ANSWERED
+    assert len(seen) == 2 and len(set(seen)) == 1  # the same request, to the same inbox
+    await sub.unsubscribe()
+
+
+async def test_a_no_counts_for_nothing() -> None:
+    """Anyone may answer first on a server without auth: a "no" frees no live job's name; the
+    ask goes on, and a yes after it still keeps the name."""
+    bus = MemoryBus()
+    handler, _ = _answering(bus, False)
+    sub = await bus.subscribe(CONTROL_SUBJECT, handler)
+    assert await _led(bus, WINDOW_S, every_s=0.05) is None
+    yes, _ = _answering(bus, True, after=3)
+    late = await bus.subscribe(CONTROL_SUBJECT, yes)
+    assert await _led(bus, every_s=0.05) == ping.ANSWERED
+    await sub.unsubscribe()
+    await late.unsubscribe()
+
+
+async def test_a_pod_that_reports_keeps_the_name() -> None:
+    """No master answers (an older version's does not know ping), but the job's pods report:
+    it is led."""
+    bus = MemoryBus()
+
+    async def report(_: str, payload: bytes) -> None:
+        await bus.publish("aegis.default.same.worker.same-0", b"{}")
+
+    sub = await bus.subscribe(CONTROL_SUBJECT, report)
+    assert await _led(bus) == ping.REPORTING
+    await sub.unsubscribe()
+    other = await bus.subscribe(CONTROL_SUBJECT, lambda s, p: bus.publish(
+        "aegis.default.other.worker.other-0", b"{}"))  # fmt: skip
+    assert await _led(bus, WINDOW_S) is None  # another job's pods say nothing of this one
+    await other.unsubscribe()
+
+
+@pytest.mark.parametrize("how", ["disconnected", "refused"])
+async def test_a_master_that_cannot_ask_cannot_tell(how: str) -> None:
+    bus = MemoryBus()
+    if how == "disconnected":
+        bus.connected = False
+    else:
+
+        async def refuse(subject: str, payload: bytes) -> None:
+            raise OSError("the server refused")
+
+        bus.publish = refuse  # type: ignore[method-assign]
+    assert await _led(bus, WINDOW_S) == ping.UNTOLD
+    assert bus.handlers == {}
