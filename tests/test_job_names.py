@@ -17,11 +17,12 @@ import pytest
 from aegis.adapters import memory
 from aegis.adapters.nats_auth import Authority
 from aegis.adapters.nats_server import EmbeddedNats
+from aegis.adapters.ports import Handler, Subscription
 from aegis.core import events as ev
 from aegis.core.errors import LocalError, SetupError
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
-from aegis.master import job_builder, job_record, records
+from aegis.master import control, job_builder, job_record, records
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
@@ -288,3 +289,23 @@ async def test_a_name_whose_creator_cannot_be_parsed_is_not_asked_for(
                                 expected_revision=None)  # fmt: skip
         with pytest.raises(records.JobExistsError, match="is not over"):
             await create(service, "node-4")
+
+
+class _YieldingBus(memory.MemoryBus):
+    """Its subscribe lets other tasks run first, as a network round trip does."""
+
+    async def subscribe(self, subject: str, handler: Handler) -> Subscription:
+        await asyncio.sleep(0)  # (a turn of the loop, not a wait for time)
+        return await super().subscribe(subject, handler)
+
+
+async def test_jobs_created_at_once_are_answered_for_by_one_subscription() -> None:
+    bus = _YieldingBus()
+    service = MasterService(None, "nats://127.0.0.1:4222", bus, memory.MemoryStore(),
+                            MasterSettings(job=QUIET))  # fmt: skip
+    specs = [dataclasses.replace(SPEC, job=f"at-once-{i}") for i in range(3)]
+    await asyncio.gather(*(service.create_job(s, ["n"], NullPlatform(), log_dir=None)
+                           for s in specs))  # fmt: skip
+    pings = [h for subject, h in bus.handlers.values() if subject == control.CONTROL_SUBJECT]
+    assert len(pings) == 1 and len(service.jobs) == 3
+    await service.close()

@@ -89,6 +89,7 @@ class MasterService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._claiming: set[tuple[str, str]] = set()  # names being created (``create_job``)
         self.answering: Subscription | None = None  # pings of its jobs (``ping.serve``)
+        self._answer_once = asyncio.Lock()  # (two jobs created at once subscribe it once)
 
     @classmethod
     async def connect(
@@ -133,8 +134,11 @@ class MasterService:
         outside the one rule (``core.model.check_names``)."""
         check_names(spec.namespace, spec.job)
         key = (spec.namespace, spec.job)
-        if self.answering is None:  # from its first job's first record on
-            self.answering = await ping.serve(self.bus, lambda ns, job: self.jobs.get((ns, job)))
+        async with self._answer_once:  # from its first job's first record on
+            if self.answering is None:
+                self.answering = await ping.serve(
+                    self.bus, lambda ns, job: self.jobs.get((ns, job))
+                )
         if key in self.jobs or key in self._claiming:
             raise records.JobExistsError(f"job {spec.namespace}/{spec.job} exists in this master")
         self._claiming.add(key)  # (while the store is asked, no other call here takes it)
@@ -160,6 +164,9 @@ class MasterService:
         self._tasks.add(task)
         task.add_done_callback(self._job_task_done)
         return runner, token
+
+    def _job(self, namespace: str, job: str) -> JobRunner | None:
+        return self.jobs.get((namespace, job))
 
     async def _claim_name(self, spec: JobSpec) -> None:
         """Raises ``JobExistsError`` while the store holds a job of this name that is not over
