@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from aegis.adapters.memory import MemoryBus
-from aegis.adapters.ports import Handler
+from aegis.adapters.ports import Handler, Subscription
 from aegis.master import control, ping
 from aegis.master.control_file import CONTROL_SUBJECT
 
@@ -72,7 +72,7 @@ async def test_a_no_counts_for_nothing() -> None:
 
 async def test_a_pod_that_reports_keeps_the_name() -> None:
     """No master answers (an older version's does not know ping), but the job's pods report:
-    it is led."""
+    it is led. A master's answer in the same second says more, and is what is said."""
     bus = MemoryBus()
 
     async def report(_: str, payload: bytes) -> None:
@@ -85,18 +85,45 @@ async def test_a_pod_that_reports_keeps_the_name() -> None:
         "aegis.default.other.worker.other-0", b"{}"))  # fmt: skip
     assert await _led(bus, WINDOW_S) is None  # another job's pods say nothing of this one
     await other.unsubscribe()
+    both = await bus.subscribe(CONTROL_SUBJECT, report)
+    served = await ping.serve(bus, lambda ns, job: object())
+    assert await _led(bus) == ping.ANSWERED
+    await both.unsubscribe()
+    await served.unsubscribe()
 
 
-@pytest.mark.parametrize("how", ["disconnected", "refused"])
+@pytest.mark.parametrize("how", ["disconnected", "refused", "lost", "hung", "closed"])
 async def test_a_master_that_cannot_ask_cannot_tell(how: str) -> None:
+    """Down at the first look, a publish refused, the link lost in the middle of the window, a
+    link that carries no round trip at the end (it looks connected), a closed connection that
+    takes no subscription: never "gone"."""
     bus = MemoryBus()
     if how == "disconnected":
         bus.connected = False
-    else:
+    elif how == "refused":
 
         async def refuse(subject: str, payload: bytes) -> None:
             raise OSError("the server refused")
 
         bus.publish = refuse  # type: ignore[method-assign]
-    assert await _led(bus, WINDOW_S) == ping.UNTOLD
-    assert bus.handlers == {}
+    elif how == "lost":
+
+        async def lose_the_link(subject: str, payload: bytes) -> None:
+            bus.connected = False
+
+        await bus.subscribe(CONTROL_SUBJECT, lose_the_link)
+    elif how == "hung":
+
+        async def no_round_trip(timeout_s: float = 5.0) -> None:
+            raise TimeoutError
+
+        bus.flush = no_round_trip  # type: ignore[method-assign]
+    else:
+
+        async def closed(subject: str, handler: Handler) -> Subscription:
+            raise ConnectionError("the connection is closed")
+
+        bus.subscribe = closed  # type: ignore[method-assign]
+    assert await _led(bus, WINDOW_S, every_s=0.05) == ping.UNTOLD
+    if how != "lost":
+        assert bus.handlers == {}

@@ -5,11 +5,14 @@ A job's record names the ``aegis run`` that created it (``JobNotes.creator``). O
 new run of the name judges that process itself (``spawn.owners``); another host's or another pid
 namespace's it cannot, so it asks on the bus (:func:`still_led`): a ``ping`` of the job on the
 shared control subject, sent again every second (NATS core delivers at most once), answered
-only by the master service leading the job (:func:`serve`, subscribed by every
-``MasterService`` from its start, whether or not the run serves a control channel), and a
-listen on the job's worker subjects, where its pods report every second while they live. Only
-a reply that says yes counts (anyone may send a no first on a server without auth); a bus that
-is down at a look, or a ping that cannot be sent, is "cannot tell", never "gone".
+only by the master service leading the job (:func:`serve`, subscribed by a ``MasterService``
+as it creates its first job, whether or not the run serves a control channel), and a listen on
+the job's worker subjects, where its pods report every second while they live. Only a reply
+that says yes counts (anyone may send a no first on a server without auth). A link that is
+down at any look, closed, or that carries no round trip at the end (a hung server looks
+connected for minutes) is "cannot tell", never "gone". (A publish the server refuses for want
+of permission reaches nats-py's error callback only: the master's credentials allow every
+subject.)
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ import secrets
 
 import msgspec
 
+from aegis.adapters.aio import answers, cancellations, raise_if_cancelled
 from aegis.adapters.nats_auth import job_subject_prefix, worker_subject
 from aegis.adapters.ports import Bus, Subscription
 from aegis.master.control import ControlReply, ControlRequest, ResolveJob
 from aegis.master.control_file import CONTROL_SUBJECT
 
-ANSWERED = "its master answers for it"
-REPORTING = "a pod of it still reports"
-UNTOLD = "this master's link to NATS is down: it cannot tell"
+ELSEWHERE = "a run on another host or container"
+ANSWERED = f"is led by {ELSEWHERE} (its master answers for it)"
+REPORTING = f"is led by {ELSEWHERE} (a pod of it still reports)"
+UNTOLD = f"may be led by {ELSEWHERE}: this run could not ask (no working link to NATS)"
+LINK_CHECK_S = 5.0  # how long the bus has to answer a round trip before silence is believed
 
 
 async def serve(bus: Bus, resolve_job: ResolveJob) -> Subscription:
@@ -57,31 +63,29 @@ async def still_led(
     window_s: float,
     every_s: float = 1.0,
 ) -> str | None:
-    """Why the job is still led, asked for ``window_s`` (:data:`ANSWERED`, :data:`REPORTING`,
-    :data:`UNTOLD`); None when nobody answered for it the whole time."""
+    """Why the job's name stays held, asked for ``window_s`` (:data:`ANSWERED` before
+    :data:`REPORTING`, or :data:`UNTOLD`); None when nobody answered for it the whole time,
+    over a link that carried a round trip at the end."""
     inbox = f"{inbox_prefix}.ping{secrets.token_hex(8)}"
-    heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-    def hear(why: str) -> None:
-        if not heard.done():
-            heard.set_result(why)
+    answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    reported = asyncio.Event()
 
     async def on_reply(_: str, payload: bytes) -> None:
         with contextlib.suppress(msgspec.DecodeError):
-            if msgspec.json.decode(payload, type=ControlReply).ok:
-                hear(ANSWERED)
+            if msgspec.json.decode(payload, type=ControlReply).ok and not answered.done():
+                answered.set_result(None)
 
     async def on_report(_: str, payload: bytes) -> None:
-        hear(REPORTING)
+        reported.set()
 
     subs: list[Subscription] = []
     try:
         subs.append(await bus.subscribe(inbox, on_reply))
         reports = worker_subject(job_subject_prefix(namespace, job), ">")  # every pod's
         subs.append(await bus.subscribe(reports, on_report))
-        return await _ask(bus, ControlRequest("ping", inbox, namespace, job=job), heard,
-                          window_s, every_s)  # fmt: skip
-    except Exception:  # a subscription refused (closed, permissions): nothing was asked
+        ping = ControlRequest("ping", inbox, namespace, job=job)
+        return await _ask(bus, ping, answered, reported, window_s, every_s)
+    except Exception:  # a closed link (nats-py's errors, or ours): nothing could be asked
         return UNTOLD
     finally:
         for sub in subs:
@@ -90,19 +94,26 @@ async def still_led(
 
 
 async def _ask(
-    bus: Bus, ping: ControlRequest, heard: asyncio.Future[str], window_s: float, every_s: float
+    bus: Bus,
+    ping: ControlRequest,
+    answered: asyncio.Future[None],
+    reported: asyncio.Event,
+    window_s: float,
+    every_s: float,
 ) -> str | None:
-    loop = asyncio.get_running_loop()
+    loop, since = asyncio.get_running_loop(), cancellations()
     deadline = loop.time() + window_s  # (each wait is bounded: a swallowed cancel ends too)
     payload = msgspec.json.encode(ping)
     while (left := deadline - loop.time()) > 0:
+        raise_if_cancelled(since)
         if not bus.connected:
             return UNTOLD
-        try:
-            await bus.publish(CONTROL_SUBJECT, payload)
-        except Exception:  # (closed, or the server refused): nothing was asked
-            return UNTOLD
-        await asyncio.wait({heard}, timeout=min(every_s, left))
-        if heard.done():
-            return heard.result()
-    return UNTOLD if not bus.connected else None
+        await bus.publish(CONTROL_SUBJECT, payload)
+        await asyncio.wait({answered}, timeout=min(every_s, left))
+        if answered.done():
+            return ANSWERED
+        if reported.is_set():  # (a master's answer, had it come in that second, says more)
+            return REPORTING
+    if not bus.connected or not await answers(bus, LINK_CHECK_S):
+        return UNTOLD  # a hung link looks connected: was anything heard at all?
+    return None

@@ -4,6 +4,7 @@ server, and one ``JobRunner`` per job."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -182,7 +183,7 @@ class MasterService:
                 raise self._exists(spec, why)
             # held only by an ``aegis run`` this host cannot judge: is it still there?
             if (led := await self._still_led(spec)) is not None:
-                raise self._exists(spec, f"is led by a run on another host or container ({led})")
+                raise self._exists(spec, led)
         if not await self.store.remove(key, revision):
             raise self._exists(spec, "changed as this run looked at it (written by its leader, "
                                "or by another run taking the name)")  # fmt: skip
@@ -226,4 +227,7 @@ class MasterService:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=0.5)  # type: ignore[attr-defined]
+        if self.answering is not None:
+            with contextlib.suppress(Exception):  # (a closed connection is no error)
+                await self.answering.unsubscribe()
         await self.bus.close()
