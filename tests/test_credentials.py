@@ -112,7 +112,8 @@ async def test_expired_credentials_cannot_connect(
 
 @pytest.fixture
 async def creds_server(nats_server: EmbeddedNats, authority: Authority) -> AsyncIterator[int]:
-    access = grpc_creds.JobAccess("default", "job-a", "s3cret", ("job-a-0", "job-a-1"))
+    access = grpc_creds.JobAccess("default", "job-a", "s3cret", ("job-a-0", "job-a-1"),
+                                  creation="0a1b2c3d")  # fmt: skip
     server, port = await grpc_creds.serve(
         authority, nats_server.url, lambda ns, job: access if job == "job-a" else None
     )
@@ -146,11 +147,12 @@ async def test_right_token_gets_creds_scoped_to_its_job(
     )
     claims = decode_claims(got.creds.jwt)
     # least privilege (issue 20): reports out, orders and replies in, nothing else
-    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.worker.job-a-1"]
+    assert claims["nats"]["pub"]["allow"] == ["aegis.default.job-a.0a1b2c3d.worker.job-a-1"]
     assert claims["nats"]["sub"]["allow"] == [
-        "aegis.default.job-a.master",
+        "aegis.default.job-a.0a1b2c3d.master",
         "_INBOX_default_job-a_job-a-1.>",
     ]
+    assert got.subject_prefix == "aegis.default.job-a.0a1b2c3d"  # the job's creation's
     assert got.rank == 1 and got.worker_num == 2 and got.nats_url == nats_server.url
     assert got.creds.inbox_prefix == "_INBOX_default_job-a_job-a-1"
     bus = await NatsBus.connect(got.nats_url, got.creds, max_reconnect_attempts=0)
@@ -169,3 +171,11 @@ async def test_unknown_pod_or_job_is_refused(creds_server: int) -> None:
                 token=pod_token("s3cret", "default", job, pod),
                 timeout_s=5,
             )
+
+
+@pytest.mark.parametrize("creation", ["x.>", "*", "0a1b2c3d.worker", "0A1B2C3D", "0a1b2c3"])
+def test_a_creation_id_of_another_shape_gets_no_credentials(creation: str) -> None:
+    """The id comes from the job's record (a peer's word): one that would widen a pod's
+    subjects (a wildcard, another token) is refused, never put in a JWT."""
+    with pytest.raises(ValueError, match="not a creation id"):
+        Authority().worker_creds("default", "job-a", "job-a-0", 60, creation)

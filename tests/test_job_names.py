@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
 
 from aegis.adapters import memory
-from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_auth import Authority, worker_subject
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.adapters.ports import Handler, Subscription
 from aegis.core import events as ev
@@ -23,11 +25,14 @@ from aegis.core.errors import LocalError, SetupError
 from aegis.core.model import JobSpec, NodeName, initial_status
 from aegis.core.phases import Phase
 from aegis.master import control, job_builder, job_record, records
+from aegis.master.control_file import CONTROL_SUBJECT
 from aegis.master.job_runner import JobRunner, JobSettings
 from aegis.master.job_settings import status_key
 from aegis.master.ports import NullPlatform
 from aegis.master.service import MasterService, MasterSettings
 from aegis.spawn import owners
+from aegis.wire import codec
+from aegis.wire import messages as m
 from tests.waits import async_wait_until
 
 QUIET = JobSettings(heartbeat_timeout_s=60.0, order_resend_s=60.0)
@@ -237,6 +242,23 @@ async def _created_elsewhere(service: MasterService) -> JobRunner:
     return runner
 
 
+@contextlib.asynccontextmanager
+async def _unanswered(
+    server: EmbeddedNats, authority: Authority
+) -> AsyncIterator[tuple[MasterService, MasterService, JobRunner]]:
+    """Two masters; the first leads the job as if an ``aegis run`` on another host had created
+    it, and answers no ping (cut off, or of an older version); the second asks for 1 s."""
+    async with (
+        master(server, authority) as first,
+        master(server, authority, answer_s=1.0) as second,
+    ):
+        await create(first, "node-1")
+        old = await _created_elsewhere(first)
+        assert first.answering is not None
+        await first.answering.unsubscribe()
+        yield first, second, old
+
+
 async def test_the_name_of_a_job_whose_creator_elsewhere_does_not_answer_is_taken(
     nats_server: EmbeddedNats, authority: Authority
 ) -> None:
@@ -245,14 +267,7 @@ async def test_the_name_of_a_job_whose_creator_elsewhere_does_not_answer_is_take
     name (it was ``nats kv del`` by hand). The old master, if it was only cut off (here: its
     answers stopped), can write no more: its next write is refused and its loop ends."""
     assert owners.elsewhere(ELSEWHERE) and not owners.elsewhere(owners.process_name())
-    async with (
-        master(nats_server, authority) as first,
-        master(nats_server, authority, answer_s=1.0) as second,
-    ):
-        await create(first, "node-1")
-        old = await _created_elsewhere(first)
-        assert first.answering is not None
-        await first.answering.unsubscribe()
+    async with _unanswered(nats_server, authority) as (_, second, old):
         await create(second, "node-2")
         assert await stored(second) == ("Pending", "node-2")
         old.platform_event(ev.QuitRequested("the user stopped it"))
@@ -276,6 +291,22 @@ async def test_the_name_of_a_job_whose_creator_elsewhere_answers_stays_held(
             f"job default/same in the status store of {nats_server.url} is led by a run on "
             "another host or container (its master answers for it); run it under another --job"
         )
+        assert second.jobs == {} and await stored(second) == ("Pending", "node-1")
+
+
+async def test_the_name_of_a_job_whose_creator_elsewhere_has_pods_reporting_stays_held(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """No master answers (an older version's does not know ping), but the job's pods report on
+    the subjects of the record's creation: the name stays held."""
+    async with _unanswered(nats_server, authority) as (first, second, old):
+
+        async def report(_: str, payload: bytes) -> None:  # (as pods report, every second)
+            await first.bus.publish(worker_subject(old.prefix, "same-0"), b"{}")
+
+        await first.bus.subscribe(CONTROL_SUBJECT, report)
+        with pytest.raises(records.JobExistsError, match="a pod of it still reports"):
+            await create(second, "node-2")
         assert second.jobs == {} and await stored(second) == ("Pending", "node-1")
 
 
@@ -309,3 +340,34 @@ async def test_jobs_created_at_once_are_answered_for_by_one_subscription() -> No
     pings = [h for subject, h in bus.handlers.values() if subject == control.CONTROL_SUBJECT]
     assert len(pings) == 1 and len(service.jobs) == 3
     await service.close()
+
+
+def _ack(node: str, ip: str) -> bytes:
+    """Pod same-0's ACK, from where it says it is."""
+    msg = m.Message(job="same", namespace="default", pod="same-0", type=m.MessageType.ACK,
+                    phase=Phase.PENDING, seq=0, ts=time.time(), data=m.AckData(node, ip),
+                    id=f"same-0/{ip}/0")  # fmt: skip
+    return codec.encode(msg)
+
+
+async def test_a_new_creation_of_a_name_shares_no_subject_with_the_old_one(
+    nats_server: EmbeddedNats, authority: Authority
+) -> None:
+    """A master cut off while a new run took its job's name goes on with its pods until its next
+    write. They report on the subjects of their job's creation (``aegis.<ns>.<job>.<creation>``),
+    which the new job's master never hears: here the old pod's ACK, then the new pod's, sent in
+    that order on one connection. Before, both jobs used ``aegis.default.same``: the new master
+    took the old pod's ACK for its own pod's, and met at the old pod's address."""
+    async with _unanswered(nats_server, authority) as (first, second, old):
+        await create(second, "node-2")
+        [new] = second.jobs.values()
+        assert new.prefix != old.prefix
+        assert all(re.fullmatch(r"aegis\.default\.same\.[0-9a-f]{8}", j.prefix) for j in (old, new))
+        await first.bus.publish(worker_subject(old.prefix, "same-0"), _ack("node-1", "10.0.0.1"))
+        await first.bus.publish(worker_subject(new.prefix, "same-0"), _ack("node-2", "10.0.0.2"))
+        await async_wait_until(lambda: new.status.phase is Phase.BOOT_CHECKING, what="the ACK")
+        assert new.status.pod_infos["same-0"].pod_ip == "10.0.0.2"
+        assert new.drops.total() == 0
+        with pytest.raises(LocalError, match="loop ended early"):  # it took its pod's ACK: a
+            await old.wait_done()  # write, refused (the name is the new run's)
+        assert await stored(second) == ("BootChecking", "node-2")

@@ -84,7 +84,29 @@ async def test_a_job_written_by_the_earlier_master_is_adopted_mid_job() -> None:
     written, old = json.loads(got[0]), json.loads(OLD_RECORD)
     assert written == {**old, "epoch": 4}  # the same fields, the new leader's epoch
     assert job_summary.from_record(written).hardware_rescheduled == 1
+    assert runner.prefix == "aegis.default.up"  # no creation id: its pods' subjects as before
     await runner.unsubscribe()
+
+
+async def test_a_new_leader_keeps_the_jobs_creation_id_and_so_its_subjects() -> None:
+    """Its pods report on ``aegis.<ns>.<job>.<creation>`` after a failover as before it, and a
+    new job of a name gets another id (a cut-off master's pods never share its subjects)."""
+    store, bus = memory.MemoryStore(), memory.MemoryBus()
+    builder = job_builder.JobBuilder(bus, store, JobSettings(heartbeat_timeout_s=60))
+    _, spec, status = records.decode_record(OLD_RECORD.encode())
+    first, second = (builder.new(spec, status, NullPlatform(), None) for _ in range(2))
+    assert first.notes.creation != second.notes.creation
+    assert first.prefix == f"aegis.default.up.{first.notes.creation}"
+    raw = job_record.encode(first.record())
+    assert json.loads(raw)["creation"] == first.notes.creation
+    revision = await store.put("default.up", raw, expected_revision=None)
+    record, _, _ = records.decode_record(raw)
+    adopted = builder.adopt(record, revision, NullPlatform(), None, epoch=1, fence=lambda: None)
+    assert adopted.prefix == first.prefix and adopted.master_subject == f"{first.prefix}.master"
+    await adopted.takeover()
+    got = await store.get("default.up")
+    assert got is not None and json.loads(got[0])["creation"] == first.notes.creation
+    await adopted.unsubscribe()
 
 
 def test_a_new_jobs_record_leaves_out_what_it_does_not_have_yet() -> None:
@@ -93,7 +115,7 @@ def test_a_new_jobs_record_leaves_out_what_it_does_not_have_yet() -> None:
     _, spec, status = records.decode_record(OLD_RECORD.encode())
     fresh = job_record.build(spec, status, job_record.JobNotes(token="t", nodes=["n0", "n1"]))
     written = json.loads(job_record.encode(fresh))
-    assert set(written) == {"spec", "status", "token", "nodes"}
+    assert set(written) == {"spec", "status", "token", "nodes"}  # ("creation": builder.new's)
     assert job_record.decode(job_record.encode(fresh)) == fresh
     assert PodName("up-0") in fresh.job()[1].pod_infos
 
@@ -130,8 +152,26 @@ def test_notes_a_new_leader_can_go_without_are_dropped_where_they_have_another_s
 
 @pytest.mark.parametrize(
     "fields",
-    [{"committed_step": "x"}, {"token": 5}, {"orders": [{"order": "nonsense"}]}, {"epoch": []}],
-    ids=["committed", "token", "orders", "epoch"],
+    [
+        {"committed_step": "x"},
+        {"token": 5},
+        {"orders": [{"order": "nonsense"}]},
+        {"epoch": []},
+        {"creation": "x.>"},
+        {"creation": "0A1B2C3D"},
+        {"creation": "0a1b2c3d0"},
+        {"creation": "0a1b2c3d\n"},
+    ],
+    ids=[
+        "committed",
+        "token",
+        "orders",
+        "epoch",
+        "creation-subject",
+        "creation-upper",
+        "creation-long",
+        "creation-newline",
+    ],
 )
 def test_a_bad_field_a_job_needs_still_makes_the_record_malformed(
     fields: dict[str, object],

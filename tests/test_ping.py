@@ -16,9 +16,11 @@ WINDOW_S = 0.3  # the whole ask, where nothing answers (no answer is awaited aga
 LONG_S = 120.0  # where an answer comes: never reached
 
 
-async def _led(bus: MemoryBus, window_s: float = LONG_S, every_s: float = 1.0) -> str | None:
+async def _led(
+    bus: MemoryBus, window_s: float = LONG_S, every_s: float = 1.0, creation: str = ""
+) -> str | None:
     return await ping.still_led(bus, "default", "same", inbox_prefix="_I", window_s=window_s,
-                                every_s=every_s)  # fmt: skip
+                                every_s=every_s, creation=creation)  # fmt: skip
 
 
 def _answering(bus: MemoryBus, ok: bool, after: int = 1) -> tuple[Handler, list[bytes]]:
@@ -90,6 +92,26 @@ async def test_a_pod_that_reports_keeps_the_name() -> None:
     assert await _led(bus) == ping.ANSWERED
     await both.unsubscribe()
     await served.unsubscribe()
+
+
+async def test_the_pods_of_the_records_creation_keep_the_name() -> None:
+    """The pods of an ``aegis run``'s job report on its creation's subjects: heard there, they
+    keep the name; a report on the name's subjects of another creation says nothing of it."""
+    bus = MemoryBus()
+
+    def reporting_on(subject: str) -> Handler:
+        async def report(_: str, payload: bytes) -> None:
+            await bus.publish(subject, b"{}")
+
+        return report
+
+    sub = await bus.subscribe(
+        CONTROL_SUBJECT, reporting_on("aegis.default.same.0a1b2c3d.worker.same-0")
+    )
+    assert await _led(bus, creation="0a1b2c3d") == ping.REPORTING
+    assert await _led(bus, WINDOW_S) is None  # a record without the id: not its pods
+    assert await _led(bus, WINDOW_S, creation="99999999") is None
+    await sub.unsubscribe()
 
 
 @pytest.mark.parametrize("how", ["disconnected", "refused", "lost", "hung", "closed"])

@@ -39,15 +39,17 @@ def test_a_platforms_event_is_decoded_or_dropped(payload: bytes, event: ev.Event
 
 
 RECORD = job_record.JobRecord(
-    spec={}, status={"phase": "RunCommand", "pod_infos": {"j-10": {}, "j-2": {}}}, token="t0k"
-)
+    spec={}, status={"phase": "RunCommand", "pod_infos": {"j-10": {}, "j-2": {}}}, token="t0k",
+    creation="0a1b2c3d",
+)  # fmt: skip
 
 
 def test_job_access_comes_from_the_runner_of_a_led_job_and_pods_are_in_rank_order() -> None:
-    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, "live")
+    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, "live", "0a1b2c3d")
     access = records.job_access("ns", "j", live, RECORD, ended=False)
     assert access is not None
     assert (access.token, access.pods, access.ended) == ("live", ("j-0", "j-1"), False)
+    assert access.creation == "0a1b2c3d"  # its pods' subjects
     without = records.Live(["j-0"], Phase.RUN_COMMAND, "")  # the runner has no token: the record's
     assert (access := records.job_access("ns", "j", without, RECORD, ended=False)) is not None
     assert access.token == "t0k"
@@ -56,6 +58,7 @@ def test_job_access_comes_from_the_runner_of_a_led_job_and_pods_are_in_rank_orde
 def test_job_access_from_a_record_and_an_ended_job_gets_no_more_credentials() -> None:
     access = records.job_access("ns", "j", None, RECORD, ended=False)
     assert access is not None and access.pods == ("j-2", "j-10") and not access.ended
+    assert access.creation == "0a1b2c3d"
     assert (gone := records.job_access("ns", "j", None, RECORD, ended=True)) is not None
     assert gone.ended
     over = msgspec.structs.replace(RECORD, status={**RECORD.status, "phase": "Failed"})

@@ -151,6 +151,7 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
 ) -> None:
     async with master_service(nats_server, authority) as service:
         runner = await new_job(service, "sec")
+        p = runner.prefix  # (``aegis.default.sec.<creation>``)
         agent = link.MasterLink(
             link_settings.LinkSettings(
                 f"127.0.0.1:{service.grpc_port}", "default", "sec", "sec-0", secret("sec", "sec-0")
@@ -158,28 +159,28 @@ async def test_a_worker_cannot_publish_an_order_nor_poison_the_epoch(
         )
         await agent.connect()  # pod 0's real link: ACKs, takes orders
         spy = Spy(service.bus)
-        await service.bus.subscribe("aegis.default.sec.master", spy.on)
+        await service.bus.subscribe(f"{p}.master", spy.on)
         errors: list[str] = []
         pod1 = await fetch(service.grpc_port, "sec", "sec-1")
         bus1 = await connect(nats_server, pod1.creds, errors)
         try:
             evil = {"BASH_ENV": str(tmp_path / "evil.sh")}
             forged = forged_order("sec", Order.RUN, evil, epoch=999_999)
-            await bus1.publish("aegis.default.sec.master", forged)  # the probe
-            await bus1.subscribe("aegis.default.sec.worker.sec-0", spy.on)  # pod 0's reports
+            await bus1.publish(f"{p}.master", forged)  # the probe
+            await bus1.subscribe(f"{p}.worker.sec-0", spy.on)  # pod 0's reports
             await bus1.flush()
             await async_wait_until(
-                lambda: refused(errors, "Publish", '"aegis.default.sec.master"'),
+                lambda: refused(errors, "Publish", f'"{p}.master"'),
                 what="the server's refusal of the forged order",
             )
             await async_wait_until(
-                lambda: refused(errors, "Subscription", '"aegis.default.sec.worker.sec-0"'),
+                lambda: refused(errors, "Subscription", f'"{p}.worker.sec-0"'),
                 what="the server's refusal to let pod 1 read the reports",
             )
-            await spy.caught_up("aegis.default.sec.master")
+            await spy.caught_up(f"{p}.master")
             assert forged not in spy.seen
             # the real master's orders still reach pod 0 once pod 1 ACKs (as it may)
-            await bus1.publish("aegis.default.sec.worker.sec-1", ack("sec", "sec-1"))
+            await bus1.publish(f"{p}.worker.sec-1", ack("sec", "sec-1"))
             await bus1.flush()
             await async_wait_until(lambda: not agent.orders.empty(), what="the bootcheck order")
             order = agent.orders.get_nowait()
@@ -376,25 +377,26 @@ async def test_a_job_named_like_another_with_a_suffix_shares_nothing_with_it(
     async with master_service(nats_server, authority) as service:
         await new_job(service, "jobp", pods=1)
         other = await new_job(service, "jobp-2", pods=1)
+        p = other.prefix
         spy = Spy(service.bus)
-        await service.bus.subscribe("aegis.default.jobp-2.worker.*", spy.on)
+        await service.bus.subscribe(f"{p}.worker.*", spy.on)
         errors: list[str] = []
         creds = await fetch(service.grpc_port, "jobp", "jobp-0")
         worker = await connect(nats_server, creds.creds, errors)
         try:
             forged = ack("jobp-2", "jobp-2-0")
-            await worker.publish("aegis.default.jobp-2.worker.jobp-2-0", forged)
-            await worker.subscribe("aegis.default.jobp-2.>", spy.on)
+            await worker.publish(f"{p}.worker.jobp-2-0", forged)
+            await worker.subscribe(f"{p}.>", spy.on)
             await worker.flush()
             await async_wait_until(
-                lambda: refused(errors, "Publish", '"aegis.default.jobp-2.worker.jobp-2-0"'),
+                lambda: refused(errors, "Publish", f'"{p}.worker.jobp-2-0"'),
                 what="the forged ACK refused",
             )
             await async_wait_until(
-                lambda: refused(errors, "Subscription", '"aegis.default.jobp-2.>"'),
+                lambda: refused(errors, "Subscription", f'"{p}.>"'),
                 what="the subscription refused",
             )
-            await spy.caught_up("aegis.default.jobp-2.worker.jobp-2-0")
+            await spy.caught_up(f"{p}.worker.jobp-2-0")
             assert forged not in spy.seen
             assert other.status.phase is Phase.PENDING and other.status.outstanding == 1
         finally:
@@ -440,7 +442,7 @@ async def test_the_standalone_master_adopts_no_job_outside_the_rule_and_ended_jo
             assert "default.jobP" not in replica.runners
             got = await fetch(replica.grpc_port, "fine", "fine-0")
             assert decode_claims(got.creds.jwt)["nats"]["pub"]["allow"] == [
-                "aegis.default.fine.worker.fine-0"
+                "aegis.default.fine.worker.fine-0"  # submitted to replicas: no creation id
             ]
             runner = replica.runners["default.fine"]
             runner.platform_event(ev.QuitRequested("the operator ended it"))
@@ -482,31 +484,32 @@ async def test_a_pods_credentials_report_as_that_pod_only(
     server without auth) is dropped and counted, never pod 0's fault."""
     async with master_service(nats_server, authority) as service:
         runner = await new_job(service, "imp", pods=2)
+        p = runner.prefix
         spy = Spy(service.bus)
-        await service.bus.subscribe("aegis.default.imp.worker.*", spy.on)
+        await service.bus.subscribe(f"{p}.worker.*", spy.on)
         errors: list[str] = []
         pod1 = await fetch(service.grpc_port, "imp", "imp-1")
         bus1 = await connect(nats_server, pod1.creds, errors)
         try:
             forged = ack("imp", "imp-0")  # pod 0's ACK, from pod 1's credentials
-            await bus1.publish("aegis.default.imp.worker.imp-0", forged)
-            await bus1.publish("aegis.default.imp.worker", forged)
+            await bus1.publish(f"{p}.worker.imp-0", forged)
+            await bus1.publish(f"{p}.worker", forged)
             await bus1.subscribe("_INBOX_default_imp_imp-0.>", spy.on)
             await bus1.flush()
-            for verb, subject in (("Publish", "aegis.default.imp.worker.imp-0"),
-                                  ("Publish", "aegis.default.imp.worker"),
+            for verb, subject in (("Publish", f"{p}.worker.imp-0"),
+                                  ("Publish", f"{p}.worker"),
                                   ("Subscription", "_INBOX_default_imp_imp-0.>")):  # fmt: skip
                 await async_wait_until(
                     lambda v=verb, s=subject: refused(errors, v, f'"{s}"'), what=f"{verb} {subject}"
                 )
-            await spy.caught_up("aegis.default.imp.worker.imp-0")
+            await spy.caught_up(f"{p}.worker.imp-0")
             assert forged not in spy.seen
             # on its own subject pod 1's own ACK is taken
-            await bus1.publish("aegis.default.imp.worker.imp-1", ack("imp", "imp-1"))
+            await bus1.publish(f"{p}.worker.imp-1", ack("imp", "imp-1"))
             await bus1.flush()
             await async_wait_until(lambda: runner.status.outstanding == 1, what="pod 1's ACK")
             # pod 0's ACK on pod 1's subject (as if the server had let it through)
-            await runner.on_worker_message("aegis.default.imp.worker.imp-1", forged)
+            await runner.on_worker_message(f"{p}.worker.imp-1", forged)
             assert runner.drops.counts["wrong_pod"] == 1
             assert runner.status.outstanding == 1 and runner.status.phase is Phase.PENDING
         finally:
@@ -601,9 +604,7 @@ async def test_a_flood_of_bad_messages_is_counted_exactly_and_logged_rarely(
         worker = await connect(nats_server, creds.creds, [])
         try:
             for i in range(300):
-                await worker.publish(
-                    "aegis.default.flood.worker.flood-0", b"{not json\n" + bytes(i)
-                )
+                await worker.publish(f"{runner.prefix}.worker.flood-0", b"{not json\n" + bytes(i))
             await worker.flush()
             await async_wait_until(lambda: runner.drops.counts["malformed"] == 300, 60, "drops")
         finally:

@@ -4,8 +4,8 @@ account with JetStream, and user JWTs scoped to one job (DESIGN section 4).
 A JWT is ``base64url(header).base64url(claims).base64url(ed25519 signature by the issuer)``.
 The server runs in operator mode with a MEMORY resolver preloaded with both account JWTs.
 The master's user may use every subject (and JetStream); a worker's user may only publish on
-its own pod's worker subject ``aegis.<namespace>.<job>.worker.<pod>`` and subscribe to its job's
-master subject ``aegis.<namespace>.<job>.master`` and its own inbox
+its own pod's worker subject ``aegis.<namespace>.<job>.<creation>.worker.<pod>`` and subscribe
+to its job's master subject ``aegis.<namespace>.<job>.<creation>.master`` and its own inbox
 ``_INBOX_<namespace>_<job>_<pod>.>``: it can never publish an order, nor report as another pod.
 Names follow one rule (``core.model.check_names``: no '.', '*', '>', no '_'), so no job's
 subjects or inbox are a prefix of another's.
@@ -22,6 +22,8 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -67,8 +69,25 @@ def decode_claims(token: str) -> dict[str, Any]:
     return claims
 
 
-def job_subject_prefix(namespace: str, job: str) -> str:
-    return f"aegis.{namespace}.{job}"
+# a job's creation id (``new_creation``; "": none). \A and \Z: msgspec searches the pattern, and
+# a "$" would let a trailing newline through
+CREATION_PATTERN = r"\A(?:[0-9a-f]{8})?\Z"
+
+
+def new_creation() -> str:
+    """A new job's creation id: 8 hex digits, part of its subjects (``job_subject_prefix``)."""
+    return secrets.token_hex(4)
+
+
+def job_subject_prefix(namespace: str, job: str, creation: str = "") -> str:
+    """``aegis.<namespace>.<job>.<creation>``: each creation of a name by an ``aegis run`` has
+    subjects of its own, so a master cut off from NATS while a new run took its job's name,
+    and its pods, never share a subject with the new job's. ``aegis.<namespace>.<job>`` for a
+    job with no creation id (submitted to replicas, or created by an older version): hex never
+    reads ``worker`` or ``master``. ``ValueError`` for an id of another shape."""
+    if re.fullmatch(CREATION_PATTERN, creation) is None:
+        raise ValueError(f"not a creation id: {creation[:40]!r}")
+    return f"aegis.{namespace}.{job}.{creation}" if creation else f"aegis.{namespace}.{job}"
 
 
 def worker_subject(prefix: str, pod: str) -> str:
@@ -227,14 +246,17 @@ class Authority:
     def master_creds(self, ttl_s: float | None = None) -> UserCreds:
         return self._user("aegis-master", None, None, ttl_s, inbox="_INBOX")
 
-    def worker_creds(self, namespace: str, job: str, pod: str, ttl_s: float | None) -> UserCreds:
+    def worker_creds(
+        self, namespace: str, job: str, pod: str, ttl_s: float | None, creation: str = ""
+    ) -> UserCreds:
         """Bound to one pod: publish its own worker subject only (the master takes a report
         from pod P only on P's subject), subscribe its job's master subject and its own inbox
-        only (``InvalidNameError`` for a name outside the rule)."""
+        only (``InvalidNameError`` for a name outside the rule, ``ValueError`` for a creation
+        id of another shape)."""
         check_names(namespace, job)
         if (problem := name_problem("pod", pod, POD_NAME_MAX)) is not None:
             raise InvalidNameError(problem)
-        prefix = job_subject_prefix(namespace, job)
+        prefix = job_subject_prefix(namespace, job, creation)
         inbox = pod_inbox_prefix(namespace, job, pod)
         pub, sub = [worker_subject(prefix, pod)], [f"{prefix}.master", f"{inbox}.>"]
         return self._user(f"{namespace}/{job}/{pod}", pub, sub, ttl_s, inbox=inbox)

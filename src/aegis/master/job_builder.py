@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_auth import Authority, new_creation
 from aegis.adapters.ports import Bus, StatusStore
 from aegis.core.model import JobSpec, JobStatus
 from aegis.master import env_report, job_record
@@ -46,7 +46,9 @@ class JobBuilder:
         log_dir: Path | None,
         notes: job_record.JobNotes | None = None,
     ) -> JobRunner:
-        """A job this master starts (``JobRunner.start`` writes its first record)."""
+        """A job this master starts (``JobRunner.start`` writes its first record), under a new
+        creation id (its subjects: ``nats_auth.job_subject_prefix``)."""
+        notes = msgspec.structs.replace(notes or job_record.JobNotes(), creation=new_creation())
         return self._runner(spec, status, platform, log_dir, _Stored(notes=notes))
 
     def adopt(

@@ -14,10 +14,11 @@ have another shape: such a record is still adopted (``read``), not skipped as ma
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from aegis.adapters.nats_auth import CREATION_PATTERN
 from aegis.core.model import JobSpec, JobStatus
 from aegis.master.pace import PaceNotes
 from aegis.master.round_orders import RoundOrder
@@ -38,6 +39,9 @@ class JobNotes(msgspec.Struct, kw_only=True, omit_defaults=True):
     # the process of the master that created the job (``spawn.owners.process_name``; "" none:
     # submitted to replicas): a new job may take the name once it is known to be gone
     creator: str = ""
+    # the id of this creation of the name, in the job's subjects (``nats_auth.new_creation``;
+    # "": created by an older version): kept by every leader of the job
+    creation: Annotated[str, msgspec.Meta(pattern=CREATION_PATTERN)] = ""
     ended: str = ""  # why the job ended, in the master's words (the EndJob reason; "": it runs)
     # ended, and the end's orders and platform call maybe not carried out yet (a new leader
     # carries them out: the old one may have died between the write and the acts)

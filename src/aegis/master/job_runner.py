@@ -93,7 +93,7 @@ class JobRunner:
         self.revision, self.epoch, self.fence = revision, epoch, fence
         self.notes = copy.deepcopy(notes or job_record.JobNotes())
         self.after_persist = after_persist
-        prefix = job_subject_prefix(spec.namespace, spec.job)
+        prefix = job_subject_prefix(spec.namespace, spec.job, self.notes.creation)
         self.prefix, self.master_subject = prefix, f"{prefix}.master"
         self.worker_subject = worker_subject(prefix, "*")  # every pod's (one token each)
         self.events = EventLogWriter(log_dir / "events.jsonl" if log_dir else None)

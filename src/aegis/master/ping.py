@@ -62,10 +62,12 @@ async def still_led(
     inbox_prefix: str,
     window_s: float,
     every_s: float = 1.0,
+    creation: str = "",
 ) -> str | None:
     """Why the job's name stays held, asked for ``window_s`` (:data:`ANSWERED` before
     :data:`REPORTING`, or :data:`UNTOLD`); None when nobody answered for it the whole time,
-    over a link that carried a round trip at the end."""
+    over a link that carried a round trip at the end. ``creation``: the record's (its pods
+    report on its subjects)."""
     inbox = f"{inbox_prefix}.ping{secrets.token_hex(8)}"
     answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     reported = asyncio.Event()
@@ -81,7 +83,7 @@ async def still_led(
     subs: list[Subscription] = []
     try:
         subs.append(await bus.subscribe(inbox, on_reply))
-        reports = worker_subject(job_subject_prefix(namespace, job), ">")  # every pod's
+        reports = worker_subject(job_subject_prefix(namespace, job, creation), ">")  # every pod's
         subs.append(await bus.subscribe(reports, on_report))
         ping = ControlRequest("ping", inbox, namespace, job=job)
         return await _ask(bus, ping, answered, reported, window_s, every_s)

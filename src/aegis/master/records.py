@@ -33,7 +33,10 @@ async def submit_job(
     pod_ips: list[str] | None = None,
 ) -> int:
     """Write a new job's first record; the leader picks it up (not one whose name is outside
-    the rule, ``core.model.check_names``: that record is skipped and counted as malformed)."""
+    the rule, ``core.model.check_names``: that record is skipped and counted as malformed).
+    It has no creation id: its subjects are ``aegis.<ns>.<job>``, as an older replica of a
+    rolling upgrade has them (it would drop the id at its first write, and hand out
+    credentials without it); its name is taken again only once it ended (``still_held``)."""
     status = initial_status(spec, [NodeName(n) for n in nodes], pod_ips=pod_ips)
     record = job_record.build(spec, status, job_record.JobNotes(token=token, nodes=list(nodes)))
     return await store.put(status_key(spec), job_record.encode(record), expected_revision=None)
@@ -122,6 +125,7 @@ class Live:
     pods: list[str]
     phase: Phase
     token: str  # "" when the runner has none
+    creation: str = ""  # the id of the job's creation (its subjects)
 
 
 def job_access(
@@ -133,14 +137,15 @@ def job_access(
     if live is not None:
         pods, phase = live.pods, live.phase.value
         token = live.token or (record.token if record else "")
+        creation = live.creation
     elif record is not None:
         pods, phase = list(record.status["pod_infos"]), str(record.status["phase"])
-        token = record.token
+        token, creation = record.token, record.creation
     else:
         return None
     ended = ended or phase in {p.value for p in TERMINAL_PHASES}
     by_rank = tuple(sorted(pods, key=lambda p: int(p.rsplit("-", 1)[-1])))
-    return JobAccess(namespace, job, token, by_rank, ended)
+    return JobAccess(namespace, job, token, by_rank, ended, creation)
 
 
 LoopOutcome = Literal["running", "ended", "deposed", "died"]

@@ -386,9 +386,8 @@ class Replica:
                     self.records[key] = record
         live = None
         if runner is not None:
-            live = records.Live(
-                list(runner.status.pod_infos), runner.status.phase, runner.notes.token
-            )
+            notes, status = runner.notes, runner.status
+            live = records.Live(list(status.pod_infos), status.phase, notes.token, notes.creation)
         return records.job_access(namespace, job, live, record, key in self.finished)
 
 

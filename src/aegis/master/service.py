@@ -118,7 +118,8 @@ class MasterService:
             return None
         pods = tuple(sorted(runner.status.pod_infos, key=lambda p: int(p.rsplit("-", 1)[-1])))
         ended = runner.status.phase in TERMINAL_PHASES or runner.done.is_set()
-        return grpc_creds.JobAccess(namespace, job, self.tokens[(namespace, job)], pods, ended)
+        token, creation = self.tokens[(namespace, job)], runner.notes.creation
+        return grpc_creds.JobAccess(namespace, job, token, pods, ended, creation)
 
     async def create_job(
         self,
@@ -182,7 +183,8 @@ class MasterService:
             if records.still_held(raw, owners.elsewhere) is not None:
                 raise self._exists(spec, why)
             # held only by an ``aegis run`` this host cannot judge: is it still there?
-            if (led := await self._still_led(spec)) is not None:
+            creation = records.decode_record(raw)[0].creation  # (read: still_held did)
+            if (led := await self._still_led(spec, creation)) is not None:
                 raise self._exists(spec, led)
         if not await self.store.remove(key, revision):
             raise self._exists(spec, "changed as this run looked at it (written by its leader, "
@@ -190,12 +192,12 @@ class MasterService:
         log.info("job %s/%s: the record of the job of that name (ended, or left by a master "
                  "that is gone) is replaced", spec.namespace, spec.job)  # fmt: skip
 
-    async def _still_led(self, spec: JobSpec) -> str | None:
+    async def _still_led(self, spec: JobSpec, creation: str) -> str | None:
         creds = getattr(self.bus, "creds", None)
         prefix = creds.inbox_prefix if isinstance(creds, UserCreds) else "_INBOX"
         window = self.settings.creator_answer_s
         led = await ping.still_led(self.bus, spec.namespace, spec.job, inbox_prefix=prefix,
-                                   window_s=window)  # fmt: skip
+                                   window_s=window, creation=creation)  # fmt: skip
         if led is None:
             log.warning("job %s/%s: nobody answered for the run on another host or container "
                         "that created it in %.0f s: it is gone", spec.namespace, spec.job,

@@ -56,6 +56,7 @@ class JobAccess:
     token: str  # the job's secret: each pod's is derived from it (``wire.tokens.pod_token``)
     pods: tuple[str, ...]
     ended: bool = False  # a job in a terminal phase gets no more credentials
+    creation: str = ""  # the id of the job's creation, in its subjects (``job_subject_prefix``)
 
 
 Lookup = Callable[[str, str], "JobAccess | Awaitable[JobAccess | None] | None"]
@@ -92,14 +93,14 @@ class _Servicer(aegis_pb2_grpc.CredentialsServicer):
             creds = UserCreds(jwt="", seed=b"", inbox_prefix="_INBOX", expires_at=None)
         else:
             creds = self.authority.worker_creds(
-                request.namespace, request.job, request.pod, self.ttl_s
+                request.namespace, request.job, request.pod, self.ttl_s, access.creation
             )
         return aegis_pb2.SyncWorkerCredsResponse(
             nats_url=self.nats_url,
             user_jwt=creds.jwt,
             user_seed=creds.seed,
             inbox_prefix=creds.inbox_prefix,
-            subject_prefix=job_subject_prefix(request.namespace, request.job),
+            subject_prefix=job_subject_prefix(request.namespace, request.job, access.creation),
             expires_at=creds.expires_at or 0.0,
             worker_num=len(access.pods),
             rank=access.pods.index(request.pod),
