@@ -70,23 +70,22 @@ async def _start_waiting(
     return running
 
 
-async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_end(
-    tmp_path: Path, open_nats: EmbeddedNats
+async def _refused_while_live(
+    url: str, tmp_path: Path, why: str, *, inside: tuple[str, ...] = ()
 ) -> None:
-    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
-    gate = tmp_path / "go"  # the first run's script waits for it before training
-    running = await _start_waiting(open_nats.url, first, gate)
+    """A run of the name started (under ``inside``), a second run refused in one line (``why``)
+    with no pod started, then the first run let go to its end: Succeed."""
+    first, second, gate = tmp_path / "first", tmp_path / "second", tmp_path / "go"
+    running = await _start_waiting(url, first, gate, inside=inside)
     try:
-        refused = await asyncio.to_thread(_run, open_nats.url, second)
+        refused = await asyncio.to_thread(_run, url, second)
         assert refused.returncode == 1, refused
         assert refused.stderr.splitlines() == [
-            f"aegis: error: job default/same in the status store of {open_nats.url} is not over "
-            "(phase RunCommand): another run leads it, or one on another host or container was "
-            "killed before its end; run it under another --job"
+            f"aegis: error: job default/same in the status store of {url} {why}; run it under "
+            "another --job"
         ], refused.stderr
         assert not (second / "logs" / "pods").exists()  # no pod of it started
         assert leftovers(second / "logs") == []
-
         gate.touch()
         assert await asyncio.wait_for(running.wait(), 240) == 0
     finally:
@@ -95,11 +94,37 @@ async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_e
             await running.wait()
     assert _phase(first) == "Succeed"
 
+
+async def _killed_then_run_again(
+    url: str, tmp_path: Path, *, inside: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """A run of the name SIGKILLed (under ``inside``) mid-job, its pods gone; then the next run
+    of the name, which succeeds (returned)."""
+    killed, after = tmp_path / "killed", tmp_path / "after"
+    running = await _start_waiting(url, killed, tmp_path / "never", inside=inside)
+    running.kill()
+    await running.wait()
+    await async_wait_until(lambda: leftovers(killed / "logs") == [], 60, "its pods gone",
+                           seen=lambda: leftovers(killed / "logs"))  # fmt: skip
+    again = await asyncio.to_thread(_run, url, after)
+    assert again.returncode == 0, again.stderr
+    assert _phase(after) == "Succeed"
+    assert leftovers(after / "logs") == []
+    return again
+
+
+async def test_a_name_in_use_is_refused_in_one_line_and_free_again_at_the_jobs_end(
+    tmp_path: Path, open_nats: EmbeddedNats
+) -> None:
+    why = ("is not over (phase RunCommand): another run leads it, or one on another host or "
+           "container was killed before its end")  # fmt: skip
+    await _refused_while_live(open_nats.url, tmp_path, why)
+    third = tmp_path / "third"
     again = await asyncio.to_thread(_run, open_nats.url, third)  # the name is free again
     assert again.returncode == 0, again.stderr
     assert "Traceback" not in again.stderr
     assert _phase(third) == "Succeed"
-    assert leftovers(first / "logs") == leftovers(third / "logs") == []
+    assert leftovers(tmp_path / "first" / "logs") == leftovers(third / "logs") == []
 
 
 async def test_the_name_of_a_killed_runs_job_is_free_once_the_run_is_gone(
@@ -107,17 +132,8 @@ async def test_the_name_of_a_killed_runs_job_is_free_once_the_run_is_gone(
 ) -> None:
     """A SIGKILLed run cannot end its job's record (RunCommand for ever): the next run of the
     name on this host sees that the master which created it is gone, and replaces it."""
-    killed, after = tmp_path / "killed", tmp_path / "after"
-    running = await _start_waiting(open_nats.url, killed, tmp_path / "never")
-    running.kill()
-    await running.wait()
-    await async_wait_until(lambda: leftovers(killed / "logs") == [], 60, "its pods gone",
-                           seen=lambda: leftovers(killed / "logs"))  # fmt: skip
-
-    again = await asyncio.to_thread(_run, open_nats.url, after)
-    assert again.returncode == 0, again.stderr
-    assert _phase(after) == "Succeed"
-    assert leftovers(after / "logs") == []
+    again = await _killed_then_run_again(open_nats.url, tmp_path)
+    assert "nobody answered" not in again.stderr  # judged here: nothing asked
 
 
 # Another container of this host: a pid namespace of its own (its processes' pids say nothing
@@ -135,18 +151,8 @@ async def test_the_name_of_a_run_killed_in_another_container_is_free_when_no_mas
     namespace, or another host): it was refused for ever, and freed by hand (``nats kv del``).
     Now a new run asks on the control subject whether a master leads the job; none answers
     within 10 s, and no pod of it reports, so it takes the name."""
-    killed, after = tmp_path / "killed", tmp_path / "after"
-    running = await _start_waiting(open_nats.url, killed, tmp_path / "never", inside=CONTAINER)
-    running.kill()
-    await running.wait()
-    await async_wait_until(lambda: leftovers(killed / "logs") == [], 60, "its pods gone",
-                           seen=lambda: leftovers(killed / "logs"))  # fmt: skip
-
-    again = await asyncio.to_thread(_run, open_nats.url, after)
-    assert again.returncode == 0, again.stderr
+    again = await _killed_then_run_again(open_nats.url, tmp_path, inside=CONTAINER)
     assert "nobody answered for the run on another host or container" in again.stderr
-    assert _phase(after) == "Succeed"
-    assert leftovers(after / "logs") == []
 
 
 @IN_A_CONTAINER
@@ -155,24 +161,8 @@ async def test_a_live_run_in_another_container_keeps_its_name(
 ) -> None:
     """Its master answers that it leads the job: the new run is refused, and the first one goes
     on to its end."""
-    first, second, gate = tmp_path / "first", tmp_path / "second", tmp_path / "go"
-    running = await _start_waiting(open_nats.url, first, gate, inside=CONTAINER)
-    try:
-        refused = await asyncio.to_thread(_run, open_nats.url, second)
-        assert refused.returncode == 1, refused
-        assert refused.stderr.splitlines() == [
-            f"aegis: error: job default/same in the status store of {open_nats.url} is led by a "
-            "run on another host or container (its master answers for it); run it under "
-            "another --job"
-        ], refused.stderr
-        assert not (second / "logs" / "pods").exists()
-        gate.touch()
-        assert await asyncio.wait_for(running.wait(), 240) == 0
-    finally:
-        if running.returncode is None:
-            running.kill()
-            await running.wait()
-    assert _phase(first) == "Succeed"
+    why = "is led by a run on another host or container (its master answers for it)"
+    await _refused_while_live(open_nats.url, tmp_path, why, inside=CONTAINER)
 
 
 async def test_ctl_with_a_runs_control_file_reaches_that_runs_master_only(
