@@ -11,8 +11,9 @@ carrying (passing) check results, takes RUN/RESTART orders as its run round, bea
 its round's phase and seq, and reports an Error (or a Finish) when told. Agents are grouped into
 jobs of ``--pods-per-job`` pods (50 by default: a mid-size job of 400 GPUs at 8 per pod, and the
 fan-out of one order to 50 agents is what a fault costs); the simulated agents of one job share
-one NATS connection (their job's worker credentials) but each has its own subscription, so the
-server still delivers every order once per agent. A simulator process owns whole jobs.
+one NATS connection (with the master's credentials: a worker's publish on its own pod's subject
+only) but each has its own subscription and reports on its own pod's subject, so the server
+still delivers every order once per agent. A simulator process owns whole jobs.
 
 Measured, per level, over a steady window of ``--steady-s`` seconds:
 - master CPU (utime+stime of the master process from /proc, in % of one core) and RSS; the
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aegis.adapters.nats_auth import Authority
+from aegis.adapters.nats_auth import Authority, job_subject_prefix, worker_subject
 from aegis.adapters.nats_bus import KvStore, NatsBus
 from aegis.adapters.nats_server import EmbeddedNats
 from aegis.core.model import JobSpec
@@ -86,8 +87,8 @@ class SimJob:
     fault: dict[str, Any] | None = None  # t0, seq, reached (pods), storm
 
     @property
-    def subject(self) -> str:
-        return f"aegis.{NAMESPACE}.{self.name}.worker"
+    def prefix(self) -> str:
+        return job_subject_prefix(NAMESPACE, self.name)  # (submitted to replicas: no creation)
 
 
 class Simulator:
@@ -111,17 +112,15 @@ class Simulator:
                         phase=phase, seq=seq, ts=ts, data=data,
                         id=f"{pod.name}/sim/{pod.ids}")  # fmt: skip
         assert pod.job.bus is not None
-        await pod.job.bus.publish(pod.job.subject, codec.encode(msg))
+        await pod.job.bus.publish(worker_subject(pod.job.prefix, pod.name), codec.encode(msg))
         return ts
 
     async def start(self) -> None:
         for job in self.jobs.values():
-            creds = self.authority.worker_creds(NAMESPACE, job.name, job.pods[0].name, None)
+            creds = self.authority.master_creds()  # (every pod's subject: a worker's has its own)
             job.bus = await NatsBus.connect(self.url, creds, name=f"sim-{job.name}")
             for pod in job.pods:
-                await job.bus.client.subscribe(
-                    f"aegis.{NAMESPACE}.{job.name}.master", cb=self._order_cb(pod)
-                )
+                await job.bus.client.subscribe(f"{job.prefix}.master", cb=self._order_cb(pod))
             await job.bus.flush()
             for pod in job.pods:
                 await self.send(pod, m.MessageType.ACK, Phase.PENDING, 0, m.AckData(pod.name))
