@@ -173,7 +173,9 @@ async def test_unknown_pod_or_job_is_refused(creds_server: int) -> None:
             )
 
 
-@pytest.mark.parametrize("creation", ["x.>", "*", "0a1b2c3d.worker", "0A1B2C3D", "0a1b2c3"])
+@pytest.mark.parametrize(
+    "creation", ["x.>", "*", "0a1b2c3d.worker", "0A1B2C3D", "0a1b2c3", "0a1b2c3d\n"]
+)
 def test_a_creation_id_of_another_shape_gets_no_credentials(creation: str) -> None:
     """The id comes from the job's record (a peer's word): one that would widen a pod's
     subjects (a wildcard, another token) is refused, never put in a JWT."""

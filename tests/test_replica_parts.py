@@ -45,11 +45,11 @@ RECORD = job_record.JobRecord(
 
 
 def test_job_access_comes_from_the_runner_of_a_led_job_and_pods_are_in_rank_order() -> None:
-    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, "live", "0a1b2c3d")
+    live = records.Live(["j-1", "j-0"], Phase.RUN_COMMAND, "live", "11111111")
     access = records.job_access("ns", "j", live, RECORD, ended=False)
     assert access is not None
     assert (access.token, access.pods, access.ended) == ("live", ("j-0", "j-1"), False)
-    assert access.creation == "0a1b2c3d"  # its pods' subjects
+    assert access.creation == "11111111"  # its pods' subjects, as the runner has them
     without = records.Live(["j-0"], Phase.RUN_COMMAND, "")  # the runner has no token: the record's
     assert (access := records.job_access("ns", "j", without, RECORD, ended=False)) is not None
     assert access.token == "t0k"
